@@ -1,0 +1,116 @@
+"""`HiCacheConfig`: the one frozen config of the subsystem, and its server flags.
+
+Flags are named as the ecosystem already names them (``--enable-hierarchical-cache``,
+``--hicache-ratio`` ...). A bad value is a ``ValueError`` naming the flag, raised when
+the config is built from parsed arguments.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+IO_BACKENDS = ("auto", "triton", "copy_engine", "torch")
+MEM_LAYOUTS = ("page_first", "layer_first")
+
+# field -> flag, so every error names what the user typed
+FLAGS = {
+    "enable_hierarchical_cache": "--enable-hierarchical-cache",
+    "hicache_ratio": "--hicache-ratio",
+    "hicache_size_gb": "--hicache-size",
+    "write_policy": "--hicache-write-policy",
+    "io_backend": "--hicache-io-backend",
+    "mem_layout": "--hicache-mem-layout",
+    "swa_full_tokens_ratio": "--swa-full-tokens-ratio",
+    "ranks_per_host": "--hicache-ranks-per-host",
+    "host_headroom_gb": "--hicache-host-headroom",
+    "max_copy_programs": "--hicache-max-copy-programs",
+}
+
+
+def _bad(field: str, msg: str) -> ValueError:
+    return ValueError(f"{field} ({FLAGS[field]}): {msg}")
+
+
+@dataclass(frozen=True)
+class HiCacheConfig:
+    """Everything the hierarchical cache is configured with.
+
+    Attributes:
+        enable_hierarchical_cache: master switch of the host tier.
+        hicache_ratio: host anchor tokens per device anchor token (> 0); SWA host rows
+            use the same ratio against device SWA rows.
+        hicache_size_gb: host bytes in GB (1e9) per rank; 0 = size by ``hicache_ratio``.
+        write_policy: ``write_through`` | ``write_through_selective`` | ``write_back``.
+        io_backend: transfer backend, ``auto`` | ``triton`` | ``copy_engine`` | ``torch``.
+        mem_layout: host layout, ``page_first`` | ``layer_first``.
+        swa_full_tokens_ratio: device SWA tokens per device full token (DeepSeek-V4), in (0, 1].
+        ranks_per_host: ranks sharing this host's memory; the host budget is split among them.
+        host_headroom_gb: host memory (GiB) left to the server; ``None`` = min(10 GiB, 10 % of RAM).
+        max_copy_programs: Triton copy grid bound (the SM budget the copies may take).
+    """
+
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float = 2.0
+    hicache_size_gb: float = 0.0
+    write_policy: str = "write_through"
+    io_backend: str = "auto"
+    mem_layout: str = "page_first"
+    swa_full_tokens_ratio: float = 0.1
+    ranks_per_host: int = 1
+    host_headroom_gb: float | None = None
+    max_copy_programs: int = 32
+
+    def __post_init__(self) -> None:
+        if not self.hicache_ratio > 0:
+            raise _bad("hicache_ratio", f"must be > 0, got {self.hicache_ratio}")
+        if self.hicache_size_gb < 0:
+            raise _bad("hicache_size_gb", f"must be >= 0 (0 = use --hicache-ratio), got {self.hicache_size_gb}")
+        for field, allowed in (("write_policy", WRITE_POLICIES), ("io_backend", IO_BACKENDS),
+                               ("mem_layout", MEM_LAYOUTS)):
+            if getattr(self, field) not in allowed:
+                raise _bad(field, f"must be one of {allowed}, got {getattr(self, field)!r}")
+        if not 0 < self.swa_full_tokens_ratio <= 1:
+            raise _bad("swa_full_tokens_ratio", f"must be in (0, 1], got {self.swa_full_tokens_ratio}")
+        if self.ranks_per_host < 1:
+            raise _bad("ranks_per_host", f"must be >= 1, got {self.ranks_per_host}")
+        if self.host_headroom_gb is not None and self.host_headroom_gb < 0:
+            raise _bad("host_headroom_gb", f"must be >= 0, got {self.host_headroom_gb}")
+        if self.max_copy_programs < 1:
+            raise _bad("max_copy_programs", f"must be >= 1, got {self.max_copy_programs}")
+
+    @property
+    def host_headroom_bytes(self) -> int | None:
+        return None if self.host_headroom_gb is None else int(self.host_headroom_gb * (1 << 30))
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "HiCacheConfig":
+        """Build from ``add_hicache_args`` flags. Raises ``ValueError`` naming the flag."""
+        return cls(**{f: getattr(args, f) for f in FLAGS})
+
+
+def add_hicache_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the hierarchical-cache flags to a server's (or tool's) parser; returns it."""
+    d = HiCacheConfig()
+    g = parser.add_argument_group("hierarchical cache")
+    g.add_argument("--enable-hierarchical-cache", dest="enable_hierarchical_cache", action="store_true",
+                   help="mirror device KV pools into pinned host pools")
+    g.add_argument("--hicache-ratio", dest="hicache_ratio", type=float, default=d.hicache_ratio,
+                   help="host tokens per device token (default %(default)s)")
+    g.add_argument("--hicache-size", dest="hicache_size_gb", type=float, default=d.hicache_size_gb,
+                   help="host pool size in GB per rank; 0 = use --hicache-ratio")
+    g.add_argument("--hicache-write-policy", dest="write_policy", default=d.write_policy,
+                   help=f"one of {', '.join(WRITE_POLICIES)}")
+    g.add_argument("--hicache-io-backend", dest="io_backend", default=d.io_backend,
+                   help=f"one of {', '.join(IO_BACKENDS)}")
+    g.add_argument("--hicache-mem-layout", dest="mem_layout", default=d.mem_layout,
+                   help=f"one of {', '.join(MEM_LAYOUTS)}")
+    g.add_argument("--swa-full-tokens-ratio", dest="swa_full_tokens_ratio", type=float,
+                   default=d.swa_full_tokens_ratio, help="device SWA tokens per full token (DeepSeek-V4)")
+    g.add_argument("--hicache-ranks-per-host", dest="ranks_per_host", type=int, default=d.ranks_per_host,
+                   help="ranks sharing this host's memory")
+    g.add_argument("--hicache-host-headroom", dest="host_headroom_gb", type=float, default=None,
+                   help="GiB of host memory left free (default min(10, 10%% of RAM))")
+    g.add_argument("--hicache-max-copy-programs", dest="max_copy_programs", type=int,
+                   default=d.max_copy_programs, help="Triton copy grid bound (SM budget)")
+    return parser

@@ -1,0 +1,51 @@
+"""`hicache plan`: per-pool device and host sizes for a model, and whether they fit this host."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from hicache.config import HiCacheConfig, add_hicache_args
+from hicache.models import preset
+from hicache.sizing import CachePlan, device_tokens_for_bytes, plan_sizes
+
+GIB = 1 << 30
+
+
+def add_plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="deepseek-v4-pro", help="preset name (default %(default)s)")
+    p.add_argument("--layers", type=int, default=None, help="use only the first N layers")
+    cap = p.add_mutually_exclusive_group()
+    cap.add_argument("--device-tokens", type=int, default=None, help="device anchor tokens")
+    cap.add_argument("--device-gib", type=float, default=None, help="device GiB for the KV pools")
+    p.add_argument("--json", action="store_true", help="print only the JSON plan")
+    add_hicache_args(p)
+
+
+def format_plan(plan: CachePlan) -> str:
+    head = (f"{'pool':<18}{'kind':<9}{'source':<8}{'layers':>7}{'row B/layer':>13}"
+            f"{'dev rows':>11}{'dev GiB':>10}{'host rows':>11}{'host GiB':>10}")
+    lines = [f"model {plan.stack.model}, page {plan.stack.page_size} tokens, "
+             f"host/device ratio {plan.effective_ratio:.3f}", head, "-" * len(head)]
+    for p in plan.pools:
+        lines.append(f"{p.name:<18}{p.kind:<9}{p.source or '-':<8}{p.num_layers:>7}{p.row_bytes:>13,}"
+                     f"{p.device_rows:>11,}{p.device_bytes / GIB:>10.3f}{p.host_rows:>11,}{p.host_bytes / GIB:>10.3f}")
+    lines.append("-" * len(head))
+    lines.append(f"{'total':<42}{'':>13}{'':>11}{plan.device_bytes_total / GIB:>10.3f}{'':>11}"
+                 f"{plan.host_bytes_total / GIB:>10.3f}")
+    verdict = "fit" if plan.fits else "do NOT fit (lower --hicache-ratio / --hicache-size)"
+    lines.append(f"host budget: {plan.budget.describe()}\nhost pools {verdict}")
+    return "\n".join(lines)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    config = HiCacheConfig.from_args(args)
+    stack = preset(args.model, args.layers)
+    if args.device_gib is not None:
+        if args.device_gib <= 0:
+            raise ValueError(f"--device-gib: must be > 0, got {args.device_gib}")
+        tokens = device_tokens_for_bytes(stack, int(args.device_gib * GIB), config)
+    else:
+        tokens = args.device_tokens if args.device_tokens is not None else 1 << 20
+    plan = plan_sizes(stack, tokens, config)
+    print(json.dumps(plan.to_json()) if args.json else format_plan(plan))
+    return 0

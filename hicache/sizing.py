@@ -1,0 +1,133 @@
+"""Sizing: device and host rows of every pool of a stack, from the config.
+
+Each own-indexed pool is a *root* with its own token space; every pool's rows are its
+root's tokens divided by its ``tokens_per_row``:
+
+    root            device tokens                          host tokens
+    anchor (kv)     device_tokens, whole pages             r x device anchor tokens
+    swa (STATE)     swa_full_tokens_ratio x anchor tokens  r x device swa tokens
+
+``r`` is ``--hicache-ratio``; with ``--hicache-size G`` it is derived so the host bytes of
+all pools come to G GB (1e9), which splits the bytes between anchor- and SWA-rooted pools
+in the same proportion the ratio would.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from host_pools.memory import HostBudget, host_budget
+from host_pools.spec import PoolKind, PoolSpec, Stack
+from hicache.config import HiCacheConfig
+
+
+class PoolPlan(NamedTuple):
+    """Rows and bytes of one pool on each tier (bytes cover all its layers)."""
+
+    name: str
+    kind: str
+    source: str | None
+    num_layers: int
+    row_bytes: int
+    device_rows: int
+    device_bytes: int
+    host_rows: int
+    host_bytes: int
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """The sizing of one stack: per pool, totals, and the host budget it must fit."""
+
+    stack: Stack
+    pools: tuple[PoolPlan, ...]
+    effective_ratio: float  # host/device tokens actually used (from --hicache-size if set)
+    budget: HostBudget
+
+    @property
+    def host_bytes_total(self) -> int:
+        return sum(p.host_bytes for p in self.pools)
+
+    @property
+    def device_bytes_total(self) -> int:
+        return sum(p.device_bytes for p in self.pools)
+
+    @property
+    def fits(self) -> bool:
+        return self.host_bytes_total <= self.budget.budget_bytes
+
+    def device_rows(self) -> dict[str, int]:
+        return {p.name: p.device_rows for p in self.pools}
+
+    def host_rows(self) -> dict[str, int]:
+        return {p.name: p.host_rows for p in self.pools}
+
+    def to_json(self) -> dict:
+        return {"pools": [p._asdict() for p in self.pools], "host_bytes_total": self.host_bytes_total,
+                "budget_bytes": self.budget.budget_bytes, "fits": self.fits}
+
+
+def _root_scale(stack: Stack, root: PoolSpec, config: HiCacheConfig) -> float:
+    """Device tokens of ``root`` per device anchor token."""
+    if root is stack.anchor:
+        return 1.0
+    return config.swa_full_tokens_ratio if root.kind is PoolKind.STATE else 1.0
+
+
+def _round(tokens: float, unit: int) -> int:
+    return int(tokens // unit) * unit
+
+
+def _root_unit(stack: Stack, root: PoolSpec) -> int:
+    """Allocation unit of a root: a page for the anchor, a row otherwise."""
+    return stack.page_size if root is stack.anchor else root.tokens_per_row
+
+
+def device_root_tokens(stack: Stack, device_tokens: int, config: HiCacheConfig) -> dict[str, int]:
+    """Device token slots of every own-indexed pool."""
+    if device_tokens < stack.page_size:
+        raise ValueError(f"device_tokens: need at least one page ({stack.page_size}), got {device_tokens}")
+    return {r.name: _round(device_tokens * _root_scale(stack, r, config), _root_unit(stack, r))
+            for r in stack.own_indexed}
+
+
+def _bytes_per_root_token(stack: Stack) -> dict[str, float]:
+    out = {r.name: 0.0 for r in stack.own_indexed}
+    for p in stack.data_pools():
+        out[stack.root_of(p.name).name] += p.row_bytes * p.num_layers / p.tokens_per_row
+    return out
+
+
+def device_tokens_for_bytes(stack: Stack, device_bytes: int, config: HiCacheConfig) -> int:
+    """Largest anchor token count whose device pools fit in ``device_bytes`` (``--device-gib``)."""
+    per_root = _bytes_per_root_token(stack)
+    per_anchor = sum(per_root[r.name] * _root_scale(stack, r, config) for r in stack.own_indexed)
+    if per_anchor <= 0:
+        raise ValueError("stack: holds no data, size it with --device-tokens")
+    return _round(device_bytes / per_anchor, stack.page_size)
+
+
+def plan_sizes(stack: Stack, device_tokens: int, config: HiCacheConfig,
+               budget: HostBudget | None = None) -> CachePlan:
+    """Rows and bytes per pool on device and host for ``device_tokens`` anchor tokens.
+
+    Raises:
+        ValueError: ``device_tokens`` below one page.
+    """
+    dev = device_root_tokens(stack, device_tokens, config)
+    per_root = _bytes_per_root_token(stack)
+    ratio = config.hicache_ratio
+    if config.hicache_size_gb > 0:
+        device_data = sum(dev[name] * per_root[name] for name in dev)
+        ratio = config.hicache_size_gb * 1e9 / device_data if device_data else ratio
+    host = {r.name: _round(dev[r.name] * ratio, _root_unit(stack, r)) for r in stack.own_indexed}
+    rows = []
+    for p in stack:
+        root = stack.root_of(p.name).name
+        d_rows, h_rows = dev[root] // p.tokens_per_row, host[root] // p.tokens_per_row
+        per_row = p.row_bytes * p.num_layers
+        rows.append(PoolPlan(p.name, p.kind.value, p.indices_from, p.num_layers, p.row_bytes,
+                             d_rows, d_rows * per_row, h_rows, h_rows * per_row))
+    if budget is None:
+        budget = host_budget(config.host_headroom_bytes, config.ranks_per_host)
+    return CachePlan(stack, tuple(rows), ratio, budget)
