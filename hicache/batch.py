@@ -1,0 +1,100 @@
+"""Merging queued operations into one transfer batch, and launching it.
+
+A batch concatenates, per own-indexed root pool (``kv``, ``swa``), the slots of every
+queued operation on both tiers; each data pool's rows are then derived *here*, lazily,
+from its root's merged slots, and transfers are grouped by the key (pool, source):
+
+    ops:      op1 {kv: 512, swa: 128}   op2 {kv: 256}   op3 {kv: 256, swa: 128}
+    merged:   kv: 1024 slots            swa: 256 slots
+    jobs:     (c4_kv, kv) 4 rows  (c4_indexer, kv) 4  (c128_kv, kv) 4
+              (swa, swa) 2 rows   (c4_state, swa) 2   (c4_indexer_state, swa) 2
+
+Backups (D2H) are one all-layer launch; loads (H2D) are one launch per model layer,
+each followed by that layer's done-event.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from host_pools.spec import Stack
+from transfer_kernels import CopyBackend, CopyJob, make_plan
+
+
+@dataclass(slots=True)
+class Op:
+    """One queued write or load: own-indexed slots on the source and destination tiers."""
+
+    op_id: int
+    direction: str  # "d2h" (write / backup) or "h2d" (load)
+    src: dict[str, torch.Tensor]
+    dst: dict[str, torch.Tensor]
+
+
+@dataclass(slots=True)
+class Batch:
+    """Operations merged into one launch set, and how it ended."""
+
+    ops: list[Op]
+    direction: str
+    consumer: int = -1
+    event: Any = None  # CUDA event recorded after the last launch; None on CPU
+    error: str | None = None
+    rows: dict[str, int] = field(default_factory=dict)  # rows moved per pool (for stats)
+
+
+def _merge(ops: list[Op], side: str) -> dict[str, torch.Tensor]:
+    per_root: dict[str, list[torch.Tensor]] = {}
+    for op in ops:
+        for root, slots in getattr(op, side).items():
+            per_root.setdefault(root, []).append(slots)
+    return {root: torch.cat(parts) if len(parts) > 1 else parts[0] for root, parts in per_root.items()}
+
+
+def plan_jobs(stack: Stack, ops: list[Op], tables: Callable[[str], tuple[Any, Any]]) -> dict[tuple, CopyJob]:
+    """Transfers of a batch keyed by (pool name, source pool), rows resolved from merged slots.
+
+    Args:
+        tables: pool name -> (source-tier table, destination-tier table).
+    """
+    src_rows = stack.derive_rows(_merge(ops, "src"))
+    dst_rows = stack.derive_rows(_merge(ops, "dst"))
+    jobs = {}
+    for name, rows in src_rows.items():
+        spec = stack.pool(name)
+        src_table, dst_table = tables(name)
+        jobs[(name, spec.indices_from or name)] = CopyJob(src_table, dst_table, rows, dst_rows[name])
+    return jobs
+
+
+@functools.lru_cache(maxsize=64)
+def layer_plan(stack: Stack, pools: tuple[str, ...]) -> list[list[tuple[str, int]]]:
+    """For each model layer, the (pool, pool-local layer) pairs it loads."""
+    per_layer: list[list[tuple[str, int]]] = [[] for _ in range(stack.num_model_layers)]
+    for name in pools:
+        for local, model_layer in enumerate(stack.pool(name).layer_ids):
+            per_layer[model_layer].append((name, local))
+    return per_layer
+
+
+def launch_backup(jobs: dict[tuple, CopyJob], backend: CopyBackend) -> None:
+    """All layers of every pool in one launch."""
+    if jobs:
+        backend.execute(make_plan(list(jobs.values())))
+
+
+def launch_load(stack: Stack, jobs: dict[tuple, CopyJob], backend: CopyBackend,
+                on_layer: Callable[[int], None]) -> None:
+    """One launch per model layer covering every pool that has it, then ``on_layer(i)``.
+
+    The whole batch is validated once; each layer launches a subset of that plan.
+    """
+    plan = make_plan(list(jobs.values()))
+    by_pool = {key[0]: job for key, job in zip(jobs, plan.jobs)}
+    for layer, entries in enumerate(layer_plan(stack, tuple(by_pool))):
+        if entries:
+            backend.execute(plan.subset(by_pool[name]._replace(layers=(local,)) for name, local in entries))
+        on_layer(layer)

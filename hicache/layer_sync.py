@@ -1,0 +1,72 @@
+"""`LayerDoneCounter`: per-layer completion events of a batch being loaded.
+
+The load stream records one event per model layer as that layer's rows land; the model's
+compute stream waits for layer ``i`` right before it reads layer ``i``, so attention on
+early layers overlaps the copies of later ones. A small ring of event sets lets the next
+batch start loading while the previous one is still being consumed. The CPU never blocks.
+
+    producer (load stream):  begin() -> k   record(0, k) record(1, k) ... record(L-1, k)
+    consumer (compute):      wait_until(0, k) ... wait_until(L-1, k)
+    ring:  k = 0, 1, ..., ring-1, 0, ...   (a slot is reused ring batches later)
+
+In CPU mode copies are synchronous: every method is a no-op apart from the bookkeeping.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class LayerDoneCounter:
+    """Ring of per-layer event sets shared by the load stream and the compute stream.
+
+    Args:
+        num_layers: model layers per batch.
+        device: ``cpu`` (no events) or a CUDA device.
+        ring: event sets in flight at once (>= 1).
+    Not thread-safe: driven by the scheduler thread.
+    """
+
+    def __init__(self, num_layers: int, device: torch.device | str = "cpu", ring: int = 3) -> None:
+        if num_layers < 0:
+            raise ValueError(f"num_layers: must be >= 0, got {num_layers}")
+        if ring < 1:
+            raise ValueError(f"ring: must be >= 1, got {ring}")
+        self.num_layers, self.ring = num_layers, ring
+        self.device = torch.device(device)
+        self._cuda = self.device.type == "cuda"
+        self._events = ([[torch.cuda.Event() for _ in range(num_layers)] for _ in range(ring)]
+                        if self._cuda else None)
+        self._next = 0
+        self.consumer = 0
+        self.recorded = [0] * ring  # layers recorded in each slot's current batch
+
+    def begin(self) -> int:
+        """Take the next ring slot for a new batch; returns its consumer index."""
+        k = self._next
+        self._next = (k + 1) % self.ring
+        self.recorded[k] = 0
+        return k
+
+    def record(self, layer: int, index: int) -> None:
+        """Mark ``layer`` of batch ``index`` done on the current (load) stream."""
+        if self._cuda:
+            self._events[index][layer].record()
+        self.recorded[index] = layer + 1
+
+    def set_consumer(self, index: int) -> None:
+        """Select the batch the compute stream waits on by default."""
+        if not 0 <= index < self.ring:
+            raise ValueError(f"index: must be in [0, {self.ring}), got {index}")
+        self.consumer = index
+
+    def wait_until(self, layer: int, index: int | None = None) -> None:
+        """Make the *current* (compute) stream wait until ``layer`` of the batch has landed.
+
+        Raises:
+            ValueError: ``layer`` outside ``[0, num_layers)``.
+        """
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer: must be in [0, {self.num_layers}), got {layer}")
+        if self._cuda:
+            k = self.consumer if index is None else index
+            torch.cuda.current_stream(self.device).wait_event(self._events[k][layer])
