@@ -14,6 +14,7 @@ each followed by that layer's done-event.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -96,5 +97,6 @@ def launch_load(stack: Stack, jobs: dict[tuple, CopyJob], backend: CopyBackend,
     by_pool = {key[0]: job for key, job in zip(jobs, plan.jobs)}
     for layer, entries in enumerate(layer_plan(stack, tuple(by_pool))):
         if entries:
-            backend.execute(plan.subset(by_pool[name]._replace(layers=(local,)) for name, local in entries))
+            backend.execute(plan.subset(dataclasses.replace(by_pool[name], layers=(local,))
+                                        for name, local in entries))
         on_layer(layer)

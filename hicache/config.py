@@ -7,6 +7,7 @@ the config is built from parsed arguments.
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
@@ -62,6 +63,10 @@ class HiCacheConfig:
     max_copy_programs: int = 32
 
     def __post_init__(self) -> None:
+        for field in ("hicache_ratio", "hicache_size_gb", "swa_full_tokens_ratio", "host_headroom_gb"):
+            value = getattr(self, field)
+            if value is not None and not math.isfinite(value):
+                raise _bad(field, f"must be a finite number, got {value}")
         if not self.hicache_ratio > 0:
             raise _bad("hicache_ratio", f"must be > 0, got {self.hicache_ratio}")
         if self.hicache_size_gb < 0:

@@ -60,12 +60,12 @@ class DevicePool:
             raise ValueError(f"tensors: pool {spec.name!r} has {spec.num_layers} layers, got {len(tensors)}")
         if not spec.has_data:
             raise ValueError(f"spec: pool {spec.name!r} holds no data; build it with DevicePool.logical")
-        num_rows = tensors[0][0].shape[0]
-        device = tensors[0][0].device
         for layer, bufs in enumerate(tensors):
             if len(bufs) != len(spec.buffers):
                 raise ValueError(f"tensors[{layer}]: pool {spec.name!r} has buffers "
                                  f"{[b.role for b in spec.buffers]}, got {len(bufs)} tensors")
+        num_rows, device = tensors[0][0].shape[0], tensors[0][0].device
+        for layer, bufs in enumerate(tensors):
             for b, t in zip(spec.buffers, bufs):
                 _check_tensor(f"tensors[{layer}][{b.role!r}]", t, (num_rows, *b.row_shape), b.dtype, device)
         return cls(spec, [list(b) for b in tensors], num_rows, device, page_size)

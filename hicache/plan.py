@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from host_pools.spec import Stack
 from hicache.config import HiCacheConfig, add_hicache_args
 from hicache.models import preset
 from hicache.sizing import CachePlan, device_tokens_for_bytes, plan_sizes
@@ -19,6 +20,16 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     cap.add_argument("--device-gib", type=float, default=None, help="device GiB for the KV pools")
     p.add_argument("--json", action="store_true", help="print only the JSON plan")
     add_hicache_args(p)
+
+
+def stack_from_args(args: argparse.Namespace) -> Stack:
+    """The preset named by ``--model``, cut to ``--layers``; errors name the flag."""
+    if args.layers is not None and args.layers < 1:
+        raise ValueError(f"--layers: must be >= 1, got {args.layers}")
+    try:
+        return preset(args.model, args.layers)
+    except ValueError as exc:
+        raise ValueError(f"--model: {exc}") from exc
 
 
 def format_plan(plan: CachePlan) -> str:
@@ -39,13 +50,15 @@ def format_plan(plan: CachePlan) -> str:
 
 def run_plan(args: argparse.Namespace) -> int:
     config = HiCacheConfig.from_args(args)
-    stack = preset(args.model, args.layers)
+    stack = stack_from_args(args)
     if args.device_gib is not None:
         if args.device_gib <= 0:
             raise ValueError(f"--device-gib: must be > 0, got {args.device_gib}")
         tokens = device_tokens_for_bytes(stack, int(args.device_gib * GIB), config)
     else:
         tokens = args.device_tokens if args.device_tokens is not None else 1 << 20
+        if tokens < stack.page_size:
+            raise ValueError(f"--device-tokens: need at least one page ({stack.page_size}), got {tokens}")
     plan = plan_sizes(stack, tokens, config)
     print(json.dumps(plan.to_json()) if args.json else format_plan(plan))
     return 0

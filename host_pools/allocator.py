@@ -64,7 +64,7 @@ class PageAllocator:
         with self._lock:
             if k > self._top:
                 return None
-            pages = self._stack[self._top - k:self._top][::-1].copy()
+            pages = np.sort(self._stack[self._top - k:self._top])
             self._top -= k
             self._owned[pages] = True
         return torch.from_numpy(self._pages_to_slots(pages))
@@ -109,7 +109,7 @@ class PageAllocator:
         if ps > 1 and not ((runs[:, 0] % ps == 0).all() and (runs == runs[:, :1] + self._offsets).all()):
             raise ValueError(f"slots: must be whole pages of {ps} aligned, consecutive slots")
         pages = runs[:, 0] // ps
-        if np.unique(pages).size != pages.size:
+        if _has_repeats(pages):
             raise ValueError("slots: the same page appears twice in one call")
         return pages
 
@@ -126,5 +126,11 @@ class PageAllocator:
             n_free = int(free.size)
             if n_owned + n_free != self.num_pages:
                 raise RuntimeError(f"allocator: {n_free=} + {n_owned=} != num_pages={self.num_pages}")
-            if self._owned[free].any() or np.unique(free).size != free.size:
+            if self._owned[free].any() or _has_repeats(free):
                 raise RuntimeError("allocator: a free page is owned or listed twice")
+
+
+def _has_repeats(values: np.ndarray) -> bool:
+    """True if any value occurs twice (a sort beats np.unique several times over here)."""
+    ordered = np.sort(values)
+    return bool((ordered[1:] == ordered[:-1]).any())

@@ -77,6 +77,15 @@ class HostPoolGroup:
         requests = {p.name: HostPool.bytes_for(p, host_rows[p.name]) for p in stack.data_pools()}
         reservation = HostReservation(pin=pin)
         storage = reservation.reserve(requests, budget, flag_hint)
+        try:
+            return cls._assemble(stack, host_rows, layout, storage, reservation)
+        except Exception:  # a bad layout or row count: give the memory back before raising
+            reservation.release()
+            raise
+
+    @classmethod
+    def _assemble(cls, stack: Stack, host_rows: Mapping[str, int], layout: str,
+                  storage: dict[str, torch.Tensor], reservation: HostReservation) -> "HostPoolGroup":
         built = {}
         for p in stack:
             page = stack.page_size if p is stack.anchor else None

@@ -1,0 +1,240 @@
+"""`PageAllocator`: alloc/free, refusals that change nothing, invariants under random use, threads."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from host_pools.allocator import PageAllocator
+
+
+def _snapshot(a: PageAllocator) -> tuple[int, int]:
+    a.check_integrity()
+    return a.available(), a.used()
+
+
+def _assert_whole_pages(slots: torch.Tensor, page_size: int) -> None:
+    runs = slots.view(-1, page_size)
+    assert bool((runs[:, 0] % page_size == 0).all()), f"{runs[:, 0]=}"
+    assert torch.equal(runs, runs[:, :1] + torch.arange(page_size)), "pages must be consecutive runs"
+
+
+# ---------------------------------------------------------------- basics
+
+
+def test_construction_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="page_size"):
+        PageAllocator(16, page_size=0)
+    with pytest.raises(ValueError, match="num_slots"):
+        PageAllocator(10, page_size=4)
+    with pytest.raises(ValueError, match="num_slots"):
+        PageAllocator(-4)
+
+
+def test_alloc_free_basics():
+    a = PageAllocator(10)
+    # a fresh allocator hands out ascending, contiguous slots
+    first = a.alloc(4)
+    assert first.dtype == torch.int64 and first.tolist() == [0, 1, 2, 3]
+    assert (a.available(), a.used()) == (6, 4)
+    second = a.alloc(6)
+    assert sorted(second.tolist()) == [4, 5, 6, 7, 8, 9] and a.available() == 0
+    assert a.is_owned(first) and a.is_owned(second)
+    # give the first block back: it is free again and can be re-allocated
+    assert a.free(first) == 4
+    assert a.available() == 4 and not a.is_owned(first)
+    again = a.alloc(4)
+    assert sorted(again.tolist()) == [0, 1, 2, 3]
+    a.check_integrity()
+
+
+def test_alloc_zero_returns_empty():
+    a = PageAllocator(8, page_size=4)
+    out = a.alloc(0)
+    assert out.numel() == 0 and a.available() == 8
+    assert a.free(out) == 0 and a.available() == 8
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_alloc_returns_none_when_short_and_changes_nothing(page_size):
+    a = PageAllocator(8 * page_size, page_size)
+    held = a.alloc(6 * page_size)
+    before = _snapshot(a)
+    # 2 pages are left; asking for 3 pages must fail without taking the 2
+    assert a.alloc(3 * page_size) is None
+    assert _snapshot(a) == before
+    assert a.alloc(2 * page_size) is not None and a.available() == 0
+    assert a.alloc(page_size) is None
+    assert a.is_owned(held)
+
+
+@pytest.mark.parametrize("page_size", [2, 64])
+def test_page_aligned_slots(page_size):
+    a = PageAllocator(8 * page_size, page_size)
+    # scramble the free list: allocate everything and free every other page
+    everything = a.alloc(8 * page_size)
+    pages = everything.view(8, page_size)
+    a.free(pages[1::2].reshape(-1))
+    a.free(pages[0:1].reshape(-1))
+    got = a.alloc(3 * page_size)
+    assert got.numel() == 3 * page_size
+    _assert_whole_pages(got, page_size)
+    # slots of one call are ascending within each page and every page is distinct
+    assert len(set(got.view(-1, page_size)[:, 0].tolist())) == 3
+    a.check_integrity()
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_alloc_is_ascending_within_a_call(page_size):
+    a = PageAllocator(8 * page_size, page_size)
+    everything = a.alloc(8 * page_size).view(8, page_size)
+    # free page 5, then page 2, in one call; both come back in the next alloc
+    a.free(torch.cat([everything[5], everything[2]]))
+    got = a.alloc(2 * page_size)
+    assert got.tolist() == sorted(got.tolist())
+
+
+# ---------------------------------------------------------------- refusals change nothing
+
+
+def _refusal_cases(page_size: int):
+    """(id, slots to free) pairs, against an allocator holding pages 0..3 of 8."""
+    ps = page_size
+    page = lambda p: torch.arange(p * ps, (p + 1) * ps)  # noqa: E731
+    cases = [
+        ("double_free", page(5)),  # page 5 was never allocated
+        ("out_of_range_high", torch.arange(8 * ps, 9 * ps)),
+        ("out_of_range_negative", torch.arange(-ps, 0)),
+        ("repeated_page", torch.cat([page(1), page(1)])),
+        ("mixed_owned_and_free", torch.cat([page(0), page(6)])),
+        ("float", page(0).to(torch.float32)),
+        ("two_d", page(0).view(1, -1)),
+    ]
+    if ps > 1:
+        cases += [
+            ("unaligned", torch.arange(ps // 2, ps // 2 + ps)),
+            ("partial_page", page(2)[:-1]),
+            ("non_consecutive", torch.cat([page(2)[:-1], page(2)[:1]])),
+        ]
+    return cases
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_free_refusals_change_nothing(page_size):
+    for case, bad in _refusal_cases(page_size):
+        a = PageAllocator(8 * page_size, page_size)
+        held = a.alloc(4 * page_size)
+        before = _snapshot(a)
+        with pytest.raises(ValueError, match="slots"):
+            a.free(bad)
+        assert _snapshot(a) == before, case
+        assert a.is_owned(held), case
+
+
+def test_second_free_of_the_same_slots_is_rejected():
+    a = PageAllocator(16, page_size=4)
+    slots = a.alloc(8)
+    # the first free succeeds, the second is a double free and changes nothing
+    a.free(slots)
+    before = _snapshot(a)
+    with pytest.raises(ValueError, match="double free"):
+        a.free(slots)
+    assert _snapshot(a) == before
+
+
+@pytest.mark.parametrize("n", [3, 6, -4])
+def test_alloc_rejects_non_multiple_or_negative(n):
+    a = PageAllocator(16, page_size=4)
+    before = _snapshot(a)
+    with pytest.raises(ValueError, match="num_slots"):
+        a.alloc(n)
+    assert _snapshot(a) == before
+
+
+def test_free_accepts_int32():
+    a = PageAllocator(8, page_size=2)
+    slots = a.alloc(4)
+    assert a.free(slots.to(torch.int32)) == 4 and a.available() == 8
+
+
+# ---------------------------------------------------------------- property test
+
+_OPS = st.lists(st.tuples(st.booleans(), st.integers(min_value=0, max_value=12)), min_size=1, max_size=60)
+
+
+@settings(max_examples=80, deadline=None)
+@given(page_size=st.sampled_from([1, 2, 8]), num_pages=st.integers(1, 24), ops=_OPS)
+def test_random_alloc_free_keeps_invariants(page_size, num_pages, ops):
+    a = PageAllocator(num_pages * page_size, page_size)
+    owned: list[torch.Tensor] = []  # blocks we hold, in allocation order
+    owned_slots: set[int] = set()
+    for is_alloc, k in ops:
+        if is_alloc:
+            got = a.alloc(k * page_size)
+            if k > num_pages - len(owned_slots) // page_size:
+                assert got is None
+                continue
+            assert got is not None and got.numel() == k * page_size
+            _assert_whole_pages(got, page_size)
+            new = set(got.tolist())
+            assert not new & owned_slots, "a slot was handed out twice"
+            assert len(new) == got.numel()
+            owned_slots |= new
+            owned.append(got)
+        elif owned:
+            block = owned.pop(k % len(owned))
+            assert a.free(block) == block.numel()
+            owned_slots -= set(block.tolist())
+        # free + used = total, and our view of ownership matches the allocator's
+        assert a.available() + len(owned_slots) == a.num_slots
+        assert a.used() == len(owned_slots)
+        a.check_integrity()
+    for block in owned:
+        assert a.is_owned(block)
+
+
+# ---------------------------------------------------------------- threads
+
+
+def test_concurrent_alloc_free_stays_consistent():
+    a = PageAllocator(64 * 16, page_size=16)
+    num_threads, rounds = 6, 300
+    kept: list[list[torch.Tensor]] = [[] for _ in range(num_threads)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(num_threads)
+
+    def worker(tid: int) -> None:
+        try:
+            g = torch.Generator().manual_seed(100 + tid)
+            start.wait()
+            mine: list[torch.Tensor] = []
+            for _ in range(rounds):
+                n = int(torch.randint(1, 5, (1,), generator=g)) * 16
+                got = a.alloc(n)
+                if got is not None:
+                    mine.append(got)
+                if mine and (got is None or int(torch.randint(0, 2, (1,), generator=g))):
+                    a.free(mine.pop(0))
+            kept[tid] = mine
+        except BaseException as exc:  # surfaced below; a thread cannot fail the test itself
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(num_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    # every kept slot is owned by exactly one thread, and the counts add up
+    all_kept = [s for mine in kept for block in mine for s in block.tolist()]
+    assert len(all_kept) == len(set(all_kept))
+    assert a.used() == len(all_kept) and a.available() + a.used() == a.num_slots
+    a.check_integrity()
+    for mine in kept:
+        for block in mine:
+            a.free(block)
+    assert a.available() == a.num_slots
+    a.check_integrity()

@@ -1,0 +1,241 @@
+"""Host memory: the budget (psutil, cgroup v1/v2, headroom, ranks) and all-or-nothing reservations."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from host_pools.group import HostPoolGroup
+from host_pools.memory import (GIB, HostBudget, HostMemoryError, HostReservation, cgroup_free_bytes,
+                               default_headroom_bytes, host_budget)
+from host_pools.pools import HostPool, LogicalHostPool
+from host_pools.spec import BufferSpec, PoolKind, PoolSpec, Stack
+
+V1_UNLIMITED = 9_223_372_036_854_771_712  # what cgroup v1 reports without a limit
+
+
+def _cgroup_v2(root, limit: str, usage: int | None) -> str:
+    (root / "memory.max").write_text(f"{limit}\n")
+    if usage is not None:
+        (root / "memory.current").write_text(f"{usage}\n")
+    return str(root)
+
+
+def _cgroup_v1(root, limit: int, usage: int) -> str:
+    (root / "memory").mkdir()
+    (root / "memory" / "memory.limit_in_bytes").write_text(f"{limit}\n")
+    (root / "memory" / "memory.usage_in_bytes").write_text(f"{usage}\n")
+    return str(root)
+
+
+def _budget(budget_bytes: int) -> HostBudget:
+    return HostBudget(available_bytes=budget_bytes, cgroup_free_bytes=None, headroom_bytes=0,
+                      ranks_per_host=1, budget_bytes=budget_bytes)
+
+
+# ---------------------------------------------------------------- cgroup and budget
+
+
+def test_cgroup_v2_limit_minus_usage(tmp_path):
+    root = _cgroup_v2(tmp_path, str(8 * GIB), 3 * GIB)
+    assert cgroup_free_bytes(root) == 5 * GIB
+
+
+def test_cgroup_v2_max_is_unlimited(tmp_path):
+    assert cgroup_free_bytes(_cgroup_v2(tmp_path, "max", 3 * GIB)) is None
+
+
+def test_cgroup_v2_usage_above_limit_gives_zero(tmp_path):
+    assert cgroup_free_bytes(_cgroup_v2(tmp_path, str(2 * GIB), 3 * GIB)) == 0
+
+
+def test_cgroup_v1_limit_minus_usage(tmp_path):
+    assert cgroup_free_bytes(_cgroup_v1(tmp_path, 6 * GIB, 1 * GIB)) == 5 * GIB
+
+
+def test_cgroup_v1_huge_limit_is_unlimited(tmp_path):
+    assert cgroup_free_bytes(_cgroup_v1(tmp_path, V1_UNLIMITED, 1 * GIB)) is None
+
+
+def test_no_cgroup_files_is_unlimited(tmp_path):
+    assert cgroup_free_bytes(str(tmp_path)) is None
+
+
+def test_host_budget_takes_the_smaller_of_psutil_and_cgroup(tmp_path):
+    root = _cgroup_v2(tmp_path, str(20 * GIB), 4 * GIB)  # cgroup allows 16 GiB more
+    # psutil has more than the cgroup allows: the cgroup wins
+    b = host_budget(headroom_bytes=2 * GIB, cgroup_root=root, available_bytes=100 * GIB)
+    assert (b.cgroup_free_bytes, b.budget_bytes) == (16 * GIB, 14 * GIB)
+    # psutil has less: psutil wins
+    b = host_budget(headroom_bytes=2 * GIB, cgroup_root=root, available_bytes=10 * GIB)
+    assert b.budget_bytes == 8 * GIB and b.available_bytes == 10 * GIB
+
+
+def test_host_budget_v1(tmp_path):
+    root = _cgroup_v1(tmp_path, 12 * GIB, 2 * GIB)
+    b = host_budget(headroom_bytes=1 * GIB, cgroup_root=root, available_bytes=64 * GIB)
+    assert b.budget_bytes == 9 * GIB
+
+
+def test_host_budget_unlimited_cgroup_uses_psutil(tmp_path):
+    root = _cgroup_v2(tmp_path, "max", 5 * GIB)
+    b = host_budget(headroom_bytes=3 * GIB, cgroup_root=root, available_bytes=11 * GIB)
+    assert b.cgroup_free_bytes is None and b.budget_bytes == 8 * GIB
+    assert "unlimited" in b.describe()
+
+
+def test_host_budget_splits_across_ranks(tmp_path):
+    root = _cgroup_v2(tmp_path, str(30 * GIB), 2 * GIB)
+    b = host_budget(headroom_bytes=4 * GIB, ranks_per_host=3, cgroup_root=root, available_bytes=99 * GIB)
+    # (28 - 4) GiB over 3 ranks
+    assert b.budget_bytes == 8 * GIB and b.ranks_per_host == 3
+    assert "3 rank(s)" in b.describe()
+
+
+def test_headroom_larger_than_memory_gives_zero_budget(tmp_path):
+    b = host_budget(headroom_bytes=8 * GIB, cgroup_root=str(tmp_path), available_bytes=5 * GIB)
+    assert b.budget_bytes == 0
+
+
+def test_default_headroom(tmp_path):
+    assert default_headroom_bytes(40 * GIB) == 4 * GIB
+    assert default_headroom_bytes(512 * GIB) == 10 * GIB
+    b = host_budget(cgroup_root=str(tmp_path), available_bytes=7 * GIB)
+    assert b.headroom_bytes == default_headroom_bytes()
+
+
+def test_available_bytes_override_is_used_as_is(tmp_path):
+    b = host_budget(headroom_bytes=0, cgroup_root=str(tmp_path), available_bytes=123_456_789)
+    assert b.available_bytes == 123_456_789 and b.budget_bytes == 123_456_789
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"ranks_per_host": 0}, "ranks_per_host"),
+    ({"headroom_bytes": -1}, "headroom_bytes"),
+])
+def test_host_budget_rejects_bad_arguments(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        host_budget(cgroup_root=str(tmp_path), available_bytes=GIB, **kwargs)
+
+
+# ---------------------------------------------------------------- HostReservation
+
+
+def test_reserve_refuses_over_budget_and_allocates_nothing(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(HostReservation, "_allocate", lambda self, name, n: calls.append(name))
+    # a container with 3 GiB of which 1 GiB is used: 2 GiB left, less than the 3.5 GiB asked
+    budget = host_budget(headroom_bytes=0, cgroup_root=_cgroup_v2(tmp_path, str(3 * GIB), GIB),
+                         available_bytes=64 * GIB)
+    requests = {"swa": 3 * GIB, "c4_kv": GIB // 2, "empty": 0}
+    res = HostReservation()
+    with pytest.raises(HostMemoryError) as info:
+        res.reserve(requests, budget, flag_hint="--hicache-ratio")
+    msg = str(info.value)
+    # the message lists every non-empty pool in GiB, what is available, and the flag to lower
+    assert "need 3.50 GiB" in msg  # the total
+    assert "swa" in msg and "3.000 GiB" in msg
+    assert "c4_kv" in msg and "0.500 GiB" in msg
+    assert "empty" not in msg
+    assert "budget is 2.00 GiB" in msg and "available 64.00 GiB, cgroup free 2.00 GiB" in msg
+    assert "Lower --hicache-ratio" in msg
+    assert res.buffers == {} and calls == []
+    assert isinstance(info.value, ValueError)
+
+
+def test_reserve_rejects_negative_requests():
+    with pytest.raises(ValueError, match="requests"):
+        HostReservation().reserve({"swa": -1}, _budget(GIB))
+
+
+def test_reserve_gives_exact_sizes():
+    res = HostReservation()
+    out = res.reserve({"a": 4096 * 3 + 17, "b": 1, "c": 0}, _budget(1 << 20))
+    assert {k: (v.dtype, v.numel()) for k, v in out.items()} == {
+        "a": (torch.uint8, 4096 * 3 + 17), "b": (torch.uint8, 1), "c": (torch.uint8, 0)}
+    assert res.total_bytes == 4096 * 3 + 18
+    # the memory is usable
+    out["a"].fill_(7)
+    assert int(out["a"][-1]) == 7
+    res.release()
+    assert res.buffers == {}
+
+
+def test_reserve_failure_midway_releases_everything(monkeypatch):
+    real = HostReservation._allocate
+
+    def flaky(self, name, nbytes):
+        if name == "second":
+            raise MemoryError("mmap refused")
+        return real(self, name, nbytes)
+
+    monkeypatch.setattr(HostReservation, "_allocate", flaky)
+    res = HostReservation()
+    with pytest.raises(HostMemoryError, match="host allocation failed"):
+        res.reserve({"first": 4096, "second": 4096}, _budget(1 << 20))
+    assert res.buffers == {}
+
+
+# ---------------------------------------------------------------- HostPoolGroup.allocate
+
+
+def _stack() -> Stack:
+    """Data-less anchor (page 8) + a history sidecar, and an own-indexed state pool + its sidecar."""
+    u8 = torch.uint8
+    return Stack((
+        PoolSpec("kv", PoolKind.ANCHOR, 0, (), tokens_per_row=1),
+        PoolSpec("hist", PoolKind.HISTORY, 2, (BufferSpec("kv", (40,), u8),), 8, indices_from="kv"),
+        PoolSpec("win", PoolKind.STATE, 3,
+                 (BufferSpec("kv", (24,), u8), BufferSpec("kv_scale", (2,), torch.float32)), 4, window_tokens=4),
+        PoolSpec("ring", PoolKind.STATE, 1, (BufferSpec("state", (2, 4), torch.float32),), 4,
+                 indices_from="win", window_tokens=4),
+    ), page_size=8)
+
+
+ROWS = {"kv": 64, "hist": 8, "win": 6, "ring": 6}  # 64 anchor tokens = 8 pages; 6 window rows
+
+
+def _expected_bytes() -> dict[str, int]:
+    return {"hist": 8 * 2 * 40, "win": 6 * 3 * 32, "ring": 6 * 1 * 32}
+
+
+def test_group_allocate_refusal_leaves_nothing_allocated(monkeypatch):
+    made: list[HostReservation] = []
+
+    class Recording(HostReservation):
+        def __init__(self, pin: bool = False) -> None:
+            super().__init__(pin)
+            made.append(self)
+
+        def _allocate(self, name, nbytes):  # must never be reached on a refusal
+            raise AssertionError(f"allocated {name} despite the refusal")
+
+    monkeypatch.setattr("host_pools.group.HostReservation", Recording)
+    need = sum(_expected_bytes().values())
+    with pytest.raises(HostMemoryError, match="Lower --hicache-size"):
+        HostPoolGroup.allocate(_stack(), ROWS, "page_first", _budget(need - 1), flag_hint="--hicache-size")
+    assert len(made) == 1 and made[0].buffers == {}
+
+
+def test_group_allocate_requires_every_row_count():
+    with pytest.raises(ValueError, match="ring"):
+        HostPoolGroup.allocate(_stack(), {k: v for k, v in ROWS.items() if k != "ring"}, "page_first",
+                               _budget(1 << 20))
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_group_allocate_success_gives_exact_sizes(layout):
+    expected = _expected_bytes()
+    group = HostPoolGroup.allocate(_stack(), ROWS, layout, _budget(sum(expected.values())))
+    assert {name: buf.numel() for name, buf in group.reservation.buffers.items()} == expected
+    assert isinstance(group["kv"], LogicalHostPool) and group["kv"].num_tokens == 64
+    for name, nbytes in expected.items():
+        pool = group[name]
+        assert isinstance(pool, HostPool) and pool.nbytes == nbytes and pool.layout == layout
+        # the pool's tensor is the reservation's memory, not a copy
+        assert pool.buffer.data_ptr() == group.reservation.buffers[name].data_ptr()
+    assert group.nbytes == sum(expected.values())
+    assert group["kv"].allocator.page_size == 8 and group["win"].allocator.page_size == 4
+    assert group["hist"].allocator is None and group["ring"].allocator is None
+    group.check_integrity()
+    group.close()
+    assert group.reservation.buffers == {}
