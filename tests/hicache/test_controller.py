@@ -22,17 +22,17 @@ STACKS = {
 
 
 def make(stack_name: str, layout: str = "page_first", backend="copy_engine", ratio: float = 2.0,
-         device_pages: int = 8):
+         device_pages: int = 8, device: str = "cpu"):
     stack = STACKS[stack_name]()
     config = HiCacheConfig(mem_layout=layout, io_backend="torch", hicache_ratio=ratio, swa_full_tokens_ratio=0.5)
-    return build(stack, device_pages * stack.page_size, config, device="cpu", budget=BIG, backend=backend)
+    return build(stack, device_pages * stack.page_size, config, device=device, budget=BIG, backend=backend)
 
 
 def fill_random(cache, gen) -> None:
     for pool in cache.device_pools.values():
         for views in pool.row_views():
             for v in views:
-                v.copy_(torch.randint(0, 256, v.shape, dtype=torch.uint8, generator=gen))
+                v.copy_(torch.randint(0, 256, v.shape, dtype=torch.uint8, generator=gen).to(v.device))
 
 
 def snapshot(cache, own_slots) -> dict:
@@ -59,6 +59,8 @@ def allocator_state(cache) -> dict:
 def backup(cache, kv, extra):
     host = cache.controller.write(kv, extra)
     cache.controller.start_writing()
+    if cache.controller.write_stream is not None:
+        torch.cuda.synchronize()
     acks = cache.controller.poll()
     assert [a.success for a in acks] == [True]
     return host
@@ -98,8 +100,7 @@ def _equal(a: dict, b: dict) -> bool:
         torch.equal(x, y) for name in a for la, lb in zip(a[name], b[name]) for x, y in zip(la, lb))
 
 
-def test_triton_round_trip_small(gen):
-    cache = make("dsv4", backend="triton", device_pages=2)
+def _round_trip(cache, gen) -> None:
     fill_random(cache, gen)
     kv, extra = alloc_device(cache, pages=1)
     expected = snapshot(cache, {"kv": kv, **extra})
@@ -107,9 +108,22 @@ def test_triton_round_trip_small(gen):
     fill_random(cache, gen)
     dev = cache.controller.load(host["kv"], {"swa": host["swa"]})
     cache.controller.start_loading()
+    if cache.controller.write_stream is not None:
+        torch.cuda.synchronize()
     assert [a.success for a in cache.controller.poll()] == [True]
     assert _equal(snapshot(cache, dev), expected)
     cache.controller.check_integrity()
+
+
+def test_triton_round_trip_small(gen):
+    _round_trip(make("dsv4", backend="triton", device_pages=2), gen)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("backend", ["triton", "copy_engine", "auto", "torch"])
+def test_cuda_round_trip(backend, layout, gen):
+    _round_trip(make("dsv4", layout, backend, device="cuda"), gen)
 
 
 def test_three_writes_merge_into_one_launch(gen):
