@@ -154,9 +154,10 @@ class HybridCacheController:
 
     @staticmethod
     def _check_range(slots: torch.Tensor, limit: int, name: str, what: str) -> None:
-        if int(slots.min()) < 0 or int(slots.max()) >= limit:
-            raise ValueError(f"{what}: slots of {name!r} must be in [0, {limit}), "
-                             f"got [{int(slots.min())}, {int(slots.max())}]")
+        arr = slots.numpy()
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= limit:
+            raise ValueError(f"{what}: slots of {name!r} must be in [0, {limit}), got [{lo}, {hi}]")
 
     @staticmethod
     def _alloc_all(src: dict[str, torch.Tensor], alloc: Callable, free: Callable) -> dict | None:

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
+import numpy as np
 import torch
 
 
@@ -164,18 +165,27 @@ class PoolSpec:
 
 
 def slots_to_rows(slots: torch.Tensor, tokens_per_row: int, what: str = "slots") -> torch.Tensor:
-    """``slots.view(-1, tokens_per_row)[:, 0] // tokens_per_row`` with the alignment checked."""
+    """``slots.view(-1, tokens_per_row)[:, 0] // tokens_per_row`` with the alignment checked.
+
+    Checks run in numpy on a CPU copy (no torch dispatch or thread-pool cost on small
+    index tensors); the rows come back as an int64 CPU tensor.
+
+    Raises:
+        ValueError: not a 1-D integer tensor, or not whole aligned runs of consecutive slots.
+    """
     if slots.dim() != 1 or slots.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"{what}: need a 1-D int64 tensor, got shape {tuple(slots.shape)} {slots.dtype}")
     if slots.numel() % tokens_per_row:
         raise ValueError(f"{what}: length {slots.numel()} is not a multiple of tokens_per_row={tokens_per_row}")
-    runs = slots.to(torch.int64).view(-1, tokens_per_row)
-    first = runs[:, :1]
-    if tokens_per_row > 1:
-        steps = torch.arange(tokens_per_row, dtype=torch.int64, device=slots.device)
-        if not (bool((first % tokens_per_row == 0).all()) and bool((runs == first + steps).all())):
+    arr = slots.detach().to("cpu", torch.int64).numpy()
+    first = arr[::tokens_per_row]
+    if tokens_per_row > 1 and arr.size:
+        runs = arr.reshape(-1, tokens_per_row)
+        consecutive = bool((runs[:, -1] - first == tokens_per_row - 1).all()) and \
+            bool((np.diff(runs, axis=1) == 1).all())
+        if not (consecutive and bool((first % tokens_per_row == 0).all())):
             raise ValueError(f"{what}: must come in aligned runs of {tokens_per_row} consecutive slots")
-    return first[:, 0] // tokens_per_row
+    return torch.from_numpy(first // tokens_per_row)
 
 
 @dataclass(frozen=True)

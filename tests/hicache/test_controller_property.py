@@ -8,19 +8,17 @@ from hypothesis import strategies as st
 from hicache import HiCacheConfig, build
 from hicache.models import deepseek_v4
 from host_pools.memory import HostBudget
-from transfer_kernels.base import CopyBackend
-from transfer_kernels.plan import CopyPlan
+from transfer_kernels import NullBackend
 
 BIG = HostBudget(1 << 40, None, 0, 1, 1 << 40)
 
 
-class Switchable(CopyBackend):
+class Switchable(NullBackend):
     """Moves nothing; raises while ``fail`` is set (bookkeeping only, fast)."""
 
-    name = "switchable"
     fail = False
 
-    def _execute(self, plan: CopyPlan) -> None:
+    def _execute(self, plan) -> None:
         if self.fail:
             raise RuntimeError("injected fault")
 

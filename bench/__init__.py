@@ -1,0 +1,1 @@
+"""Benchmarks: one script per question on a shared harness (bench.harness)."""

@@ -1,0 +1,86 @@
+"""The public entry points: copy rows of one pool or of a batch of pools in one call."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from transfer_kernels.auto import AutoBackend
+from transfer_kernels.base import CopyBackend
+from transfer_kernels.copy_engine import CopyEngineBackend
+from transfer_kernels.plan import CopyJob, LayersLike, make_plan
+from transfer_kernels.rows import RowsLike
+from transfer_kernels.table import RowTable
+from transfer_kernels.torch_ref import TorchBackend
+from transfer_kernels.triton_backend import TritonBackend
+
+BACKEND_NAMES = ("auto", "triton", "copy_engine", "torch")
+_FACTORIES = {"auto": AutoBackend, "triton": TritonBackend,
+              "copy_engine": CopyEngineBackend, "torch": TorchBackend}
+_SHARED: dict[str, CopyBackend] = {}
+
+
+def get_backend(backend: str | CopyBackend = "auto", fresh: bool = False) -> CopyBackend:
+    """Resolve a backend name to an instance (instances pass through).
+
+    Args:
+        backend: one of :data:`BACKEND_NAMES` or a :class:`CopyBackend`.
+        fresh: build a new instance instead of the process-wide shared one per name.
+
+    Returns:
+        The backend. Shared instances' ``launches`` counters are process-global.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if isinstance(backend, CopyBackend):
+        return backend
+    if backend not in _FACTORIES:
+        raise ValueError(f"backend: must be one of {BACKEND_NAMES} or a CopyBackend, "
+                         f"got {backend!r}")
+    if fresh:
+        return _FACTORIES[backend]()
+    if backend not in _SHARED:
+        _SHARED[backend] = _FACTORIES[backend]()
+    return _SHARED[backend]
+
+
+def copy_rows(src: RowTable, dst: RowTable, src_rows: RowsLike, dst_rows: RowsLike,
+              layers: LayersLike = None, backend: str | CopyBackend = "auto") -> None:
+    """Copy ``dst[l][b][dst_rows[i]] = src[l][b][src_rows[i]]`` for every layer and buffer.
+
+    Enqueued on the caller's current CUDA stream; never synchronizes the device when
+    the indices are CPU tensors and host memory is pinned (``"torch"`` excepted). Mutates
+    ``dst``'s memory. Thread-safe as far as torch is; a backend's ``launches`` counter
+    is not atomic.
+
+    Args:
+        src: the source side.
+        dst: the destination side; same buffer layout and layer count as ``src``.
+        src_rows: 1-D integer row indices into ``src`` (CPU tensor normally).
+        dst_rows: 1-D integer row indices into ``dst``, same length, no row twice.
+        layers: table-local layers to copy; ``None`` means all.
+        backend: a name of :data:`BACKEND_NAMES` or a :class:`CopyBackend`.
+
+    Raises:
+        ValueError: invalid input (see :mod:`transfer_kernels.plan`); nothing was copied.
+        TypeError: arguments of the wrong type.
+    """
+    impl = get_backend(backend)
+    impl.execute(make_plan([CopyJob(src, dst, src_rows, dst_rows)], layers, single=True))
+
+
+def copy_rows_batch(jobs: Sequence[CopyJob | tuple], layers: LayersLike = None,
+                    backend: str | CopyBackend = "auto") -> None:
+    """Copy several jobs (pools) in one call; ``"triton"`` makes it ONE kernel launch.
+
+    Args:
+        jobs: :class:`CopyJob` or ``(src, dst, src_rows, dst_rows[, layers])`` tuples.
+        layers: layers for jobs that name none; ``None`` means all layers of each job.
+        backend: a name of :data:`BACKEND_NAMES` or a :class:`CopyBackend`.
+
+    Raises:
+        ValueError: any job is invalid, or a (dst table, layer, row) is written twice
+            across jobs; nothing was copied.
+        TypeError: a job of the wrong shape or type.
+    """
+    impl = get_backend(backend)
+    impl.execute(make_plan(list(jobs), layers))

@@ -1,0 +1,49 @@
+"""Fault injection: a backend that fails on a chosen launch, for the controller's tests."""
+from __future__ import annotations
+
+from transfer_kernels.base import CopyBackend
+from transfer_kernels.plan import CopyPlan
+
+
+class FaultyBackend(CopyBackend):
+    """Delegates to ``inner`` but raises on launch number ``fail_on_launch`` (1-based).
+
+    The failing launch raises ``RuntimeError("injected fault on launch k")`` before
+    anything is copied; earlier and later launches copy normally. ``launches`` counts
+    every attempted launch, the failed one included.
+    """
+
+    def __init__(self, inner: str | CopyBackend, fail_on_launch: int) -> None:
+        """Args:
+            inner: a backend name (``"torch"``, ``"triton"``...) or instance to delegate to.
+            fail_on_launch: which launch fails, >= 1.
+
+        Raises:
+            ValueError: ``fail_on_launch`` < 1 or ``inner`` is an unknown name.
+        """
+        super().__init__()
+        if fail_on_launch < 1:
+            raise ValueError(f"fail_on_launch: must be >= 1, got {fail_on_launch}")
+        from transfer_kernels.api import get_backend  # api imports this module
+
+        self.inner = get_backend(inner, fresh=True) if isinstance(inner, str) else inner
+        self.fail_on_launch = fail_on_launch
+        self.name = f"faulty({self.inner.name})"
+
+    def check(self, plan: CopyPlan) -> None:
+        """The inner backend's check."""
+        self.inner.check(plan)
+
+    def _execute(self, plan: CopyPlan) -> None:
+        if self.launches == self.fail_on_launch:
+            raise RuntimeError(f"injected fault on launch {self.launches}")
+        self.inner.execute(plan)
+
+
+class NullBackend(CopyBackend):
+    """Validates and counts launches but moves no bytes (bookkeeping benchmarks and tests)."""
+
+    name = "null"
+
+    def _execute(self, plan: CopyPlan) -> None:
+        """Nothing to copy: the plan was already validated by ``make_plan``."""

@@ -1,0 +1,198 @@
+"""Row tables: one side of a transfer as per-(layer, buffer) base addresses and row strides.
+
+A *row table* describes every buffer of one pool on one side (host or device) as a 2-D
+``uint8`` view ``[num_rows, row_bytes[b]]`` per layer, so host ``page_first``, host
+``layer_first`` and per-layer device tensors are the same shape of problem::
+
+    views[layer][buffer]          base address       row stride (bytes)   row bytes
+    page_first  [R, L, RB]        buf[0, l, off_b]   L * RB               n_b
+    layer_first [L, R, RB]        buf[l, 0, off_b]   RB                   n_b
+    device t[l][b] [R, *shape]    t[l][b][0]         t.stride(0) * item   prod(shape) * item
+
+Within one table every layer has the same buffers: the same ``row_bytes[b]`` and
+``row_strides[b]`` for every layer, one ``num_rows`` and one device. Only the base
+addresses differ per layer; they live in ``ptrs`` (an int64 CPU tensor).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+# Widest vector access the Triton kernel issues (bytes); also the cap of ``align``.
+MAX_VECTOR_BYTES = 16
+
+
+def as_row_bytes(t: torch.Tensor) -> torch.Tensor:
+    """View a ``[num_rows, *row_shape]`` tensor of any dtype as ``uint8 [num_rows, row_bytes]``.
+
+    The result aliases ``t`` (writes land in ``t``); fp8, bool and other 1-byte dtypes work.
+
+    Args:
+        t: at least 1-D; each row (all dims after the first) must be contiguous in itself.
+            The row stride (dim 0) is arbitrary.
+
+    Returns:
+        A 2-D ``uint8`` view of ``t``.
+
+    Raises:
+        ValueError: ``t`` is 0-D or its rows are not contiguous (no view is possible).
+    """
+    if t.dim() == 0:
+        raise ValueError(f"t: must have a row dimension, got a 0-D tensor of {t.dtype}")
+    num_rows = t.shape[0]
+    try:
+        rows = t.view(num_rows, math.prod(t.shape[1:]))
+        if rows.dtype != torch.uint8:
+            # A 1-byte dtype keeps its shape; wider dtypes widen the last dim.
+            rows = rows.view(torch.uint8)
+    except RuntimeError as exc:
+        raise ValueError(
+            f"t: each row must be contiguous to view it as bytes, got shape "
+            f"{tuple(t.shape)} stride {t.stride()} ({exc})") from exc
+    return rows
+
+
+def _check_view(v: torch.Tensor, where: str) -> None:
+    if not isinstance(v, torch.Tensor):
+        raise TypeError(f"{where}: must be a torch.Tensor, got {type(v).__name__}")
+    if v.dtype != torch.uint8 or v.dim() != 2:
+        raise ValueError(f"{where}: must be a 2-D uint8 tensor, got {v.dim()}-D {v.dtype}")
+    if v.shape[1] == 0:
+        raise ValueError(f"{where}: rows must hold at least 1 byte, got shape {tuple(v.shape)}")
+    if v.shape[1] > 1 and v.stride(1) != 1:
+        raise ValueError(f"{where}: last-dim stride must be 1, got {v.stride(1)}")
+
+
+def _row_stride(v: torch.Tensor) -> int:
+    # A single-row view's stride is meaningless; report a dense stride for it.
+    return v.stride(0) if v.shape[0] > 1 else v.shape[1]
+
+
+@dataclass(frozen=True, eq=False)
+class RowTable:
+    """One side of a transfer: per-(layer, buffer) byte views of one pool.
+
+    Immutable after construction except for a per-device cache of descriptor tensors
+    (filled on first use, never changed after). Thread-safe for concurrent reads; the
+    first :meth:`device_desc` call on a device should not race (it would build twice).
+
+    Attributes:
+        name: label used in error messages (``"kv.host"``, ``"swa.device"``).
+        num_layers: layers of this table (>= 1).
+        num_buffers: buffers per layer (>= 1).
+        num_rows: rows of every view.
+        row_bytes: bytes of one row, per buffer.
+        row_strides: bytes between consecutive rows, per buffer.
+        ptrs: int64 CPU tensor ``[num_layers, num_buffers]`` of view base addresses.
+        align: int64 CPU tensor ``[num_layers, num_buffers]``: the largest power of two
+            (<= 16) dividing the base address, the row stride and the row bytes.
+        device: where the views live.
+        views: the views themselves (kept alive here).
+    """
+
+    name: str
+    num_layers: int
+    num_buffers: int
+    num_rows: int
+    row_bytes: tuple[int, ...]
+    row_strides: tuple[int, ...]
+    ptrs: torch.Tensor
+    align: torch.Tensor
+    device: torch.device
+    views: tuple[tuple[torch.Tensor, ...], ...] = field(repr=False)
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_views(cls, views: Sequence[Sequence[torch.Tensor]], name: str) -> RowTable:
+        """Build a table from ``views[layer][buffer]``, each a 2-D uint8 ``[num_rows, n_b]``.
+
+        Args:
+            views: per layer, per buffer byte views (see the module docstring).
+            name: label for error messages.
+
+        Returns:
+            A new table; the views are kept alive by it.
+
+        Raises:
+            ValueError: no layers or buffers, or layers disagree on buffer count, row
+                bytes, row stride, row count or device; a view is not 2-D uint8 with
+                last-dim stride 1.
+            TypeError: a view is not a tensor.
+        """
+        layers = tuple(tuple(layer) for layer in views)
+        if not layers or not layers[0]:
+            raise ValueError(f"views: {name} needs >= 1 layer and >= 1 buffer, got {len(layers)}"
+                             f" layers of {len(layers[0]) if layers else 0} buffers")
+        first = layers[0]
+        for l, layer in enumerate(layers):
+            if len(layer) != len(first):
+                raise ValueError(f"views[{l}]: {name} layer has {len(layer)} buffers, "
+                                 f"layer 0 has {len(first)}")
+            for b, v in enumerate(layer):
+                _check_view(v, f"views[{l}][{b}]")
+                _check_same_geometry(v, first[b], f"views[{l}][{b}]", name)
+        row_bytes = tuple(v.shape[1] for v in first)
+        row_strides = tuple(_row_stride(v) for v in first)
+        ptrs = torch.tensor([[v.data_ptr() for v in layer] for layer in layers], dtype=torch.int64)
+        return cls(name=name, num_layers=len(layers), num_buffers=len(first),
+                   num_rows=first[0].shape[0], row_bytes=row_bytes, row_strides=row_strides,
+                   ptrs=ptrs, align=_alignment(ptrs, row_strides, row_bytes),
+                   device=first[0].device, views=layers)
+
+    @property
+    def signature(self) -> tuple[int, ...]:
+        """The buffer layout (row bytes per buffer); two sides of a copy must match."""
+        return self.row_bytes
+
+    @property
+    def is_pinned(self) -> bool:
+        """True when every view is CPU page-locked memory (device-addressable through UVA)."""
+        if self.device.type != "cpu":
+            return False
+        if "pinned" not in self._cache:
+            self._cache["pinned"] = all(v.is_pinned() for layer in self.views for v in layer)
+        return self._cache["pinned"]
+
+    def device_desc(self, device: torch.device) -> torch.Tensor:
+        """The ``[num_layers, num_buffers, 2]`` int64 (base, row stride) table on ``device``.
+
+        Built on the first call per device and cached (the Triton kernel reads it by address).
+
+        Args:
+            device: where the kernel runs.
+
+        Returns:
+            A contiguous int64 tensor on ``device``; do not modify it.
+        """
+        key = ("desc", str(torch.device(device)))
+        desc = self._cache.get(key)
+        if desc is None:
+            strides = torch.tensor(self.row_strides, dtype=torch.int64).expand_as(self.ptrs)
+            desc = torch.stack([self.ptrs, strides], dim=-1).contiguous().to(device)
+            self._cache[key] = desc
+        return desc
+
+
+def _check_same_geometry(v: torch.Tensor, ref: torch.Tensor, where: str, name: str) -> None:
+    if v.shape[1] != ref.shape[1]:
+        raise ValueError(f"{where}: {name} row bytes {v.shape[1]} differ from layer 0's "
+                         f"{ref.shape[1]}")
+    if v.shape[0] != ref.shape[0]:
+        raise ValueError(f"{where}: {name} has {v.shape[0]} rows, layer 0 has {ref.shape[0]}")
+    if _row_stride(v) != _row_stride(ref):
+        raise ValueError(f"{where}: {name} row stride {_row_stride(v)} differs from layer 0's "
+                         f"{_row_stride(ref)}")
+    if v.device != ref.device:
+        raise ValueError(f"{where}: {name} is on {v.device}, layer 0 on {ref.device}")
+
+
+def _alignment(ptrs: torch.Tensor, row_strides: tuple[int, ...],
+               row_bytes: tuple[int, ...]) -> torch.Tensor:
+    """Largest power of two <= MAX_VECTOR_BYTES dividing address, stride and row bytes."""
+    per_buffer = [math.gcd(s, n, MAX_VECTOR_BYTES) for s, n in zip(row_strides, row_bytes)]
+    g = torch.gcd(ptrs, torch.tensor(per_buffer, dtype=torch.int64).expand_as(ptrs))
+    # gcd with 16 is already a power of two (a divisor of 16).
+    return g
