@@ -2,22 +2,46 @@
 from __future__ import annotations
 
 import argparse
+import runpy
 import sys
+from pathlib import Path
 
 from hicache.plan import add_plan_args, run_plan
+from hicache.replay import add_replay_args, run_replay
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hicache", description="hierarchical KV cache tools")
     sub = parser.add_subparsers(dest="command", required=True)
     add_plan_args(sub.add_parser("plan", help="size device and host pools for a model"))
+    add_replay_args(sub.add_parser("replay", help="replay a request trace through the cache, per host ratio"))
+    bench = sub.add_parser("bench", help="run a benchmark of bench/ (source checkout)")
+    bench.add_argument("name", choices=BENCHES, help="which benchmark")
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags")
     return parser
+
+
+BENCHES = ("h2d", "allocator", "controller", "tree", "replay")
+BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run ``bench/<name>.py`` as a script with the remaining arguments."""
+    script = BENCH_DIR / f"{args.name}.py"
+    if not script.exists():
+        raise ValueError(f"bench: {script} not found; benchmarks ship with the source checkout")
+    sys.argv = [str(script), *args.args]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:  # the scripts end with sys.exit(code)
+        return int(exc.code or 0)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"plan": run_plan}[args.command](args)
+        return {"plan": run_plan, "replay": run_replay, "bench": run_bench}[args.command](args)
     except ValueError as exc:  # bad flags and refusals: one clear line, no traceback
         print(f"hicache {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,301 @@
+"""`HiRadixCache`: a page-granular prefix tree whose nodes live on device, host or both.
+
+Built on what `hicache.build` returns; the write policy and the sizes come from its
+config and plan. One request's life through the tree (the replay tool does exactly this):
+
+    m = tree.match_prefix(tokens)            device hit + host hit (MatchResult)
+    tree.inc_lock_ref(m.last_host_node)      nothing on the path is evicted meanwhile
+    tree.load_back(m.last_host_node)         if m.host_hit_length (or a snapshot) must move
+    ctrl.start_loading(); tree.poll()        the ack publishes the device copies
+    ... allocate device slots for the rest (tree.evict when short), compute them ...
+    tree.insert(tokens, slots, extra=...)    takes ownership; queues backups per policy
+    ctrl.start_writing(); tree.poll()        the acks publish the host copies
+    tree.dec_lock_ref(m.last_host_node)
+
+Keys, matches, inserts and evictions are whole pages (``stack.page_size`` tokens).
+
+    write policy              backs a node up                       device eviction of a
+                                                                    node not backed up
+    write_through             at every insert reaching it           deletes it
+    write_through_selective   at the 2nd insert reaching it         deletes it
+    write_back                when it is evicted from the device    backs it up, then drops
+                                                                    the device copy
+
+Under both write-through policies a node is backed up only after its parent, so the
+backed-up nodes form a prefix from the root. Node tiers: `hicache.radix_node`; eviction:
+`hicache.radix_evict`; transfers and acks: `hicache.radix_io`; hybrid (DeepSeek-V4)
+match rule and snapshots: `hicache.radix_hybrid`; invariants: `hicache.radix_check`.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Mapping
+
+import torch
+
+from hicache.radix_check import check_tree
+from hicache.radix_evict import EvictionMixin
+from hicache.radix_hybrid import SnapshotMixin, select_match_end, snapshot_sizes
+from hicache.radix_io import TransferMixin
+from hicache.radix_node import (EMPTY_SLOTS, InsertResult, MatchResult, TreeNode, as_key, common_pages,
+                                new_root, page_key)
+
+
+class HiRadixCache(EvictionMixin, SnapshotMixin, TransferMixin):
+    """Prefix tree over page-aligned token ids with device and host tiers.
+
+    Args:
+        cache: a `hicache.HiCache` (``hicache.build(...)``); the tree owns its
+            controller's acks (call ``tree.poll()``, never ``controller.poll()``).
+        host_tier: use the host tier; default: when the host anchor pool has any room.
+    Raises:
+        ValueError: a stack with an own-indexed pool other than the anchor that is not a
+            STATE pool.
+    Not thread-safe: call from the scheduler thread.
+    """
+
+    def __init__(self, cache: Any, *, host_tier: bool | None = None) -> None:
+        self.cache, self.stack, self.ctrl = cache, cache.stack, cache.controller
+        self.page_size = self.stack.page_size
+        self.policy = cache.config.write_policy
+        self.anchor = self.stack.anchor.name
+        self.device_pool = cache.device_pools[self.anchor]
+        self.host_pool = cache.host_group.pools[self.anchor]
+        self.state_sizes = snapshot_sizes(self.stack)
+        self.hybrid = bool(self.state_sizes)
+        self.host_enabled = self.host_pool.num_tokens > 0 if host_tier is None else host_tier
+        self.root = new_root()
+        self._clock = 0
+        self._dev_leaves: set[TreeNode] = set()
+        self._host_leaves: set[TreeNode] = set()
+        self._dev_states: set[TreeNode] = set()
+        self._host_states: set[TreeNode] = set()
+        self.counters: Counter = Counter()
+        self._init_transfers()
+
+    # ---- matching ----------------------------------------------------------------
+    def match_prefix(self, token_ids: Any) -> MatchResult:
+        """Longest usable cached prefix of ``token_ids`` (a partial last page is ignored).
+
+        Non-hybrid stacks may split a node so the match ends on a node boundary. Touches
+        the matched nodes (LRU). Hybrid rule: `hicache.radix_hybrid`.
+
+        Returns:
+            `MatchResult` (device slots and last device node; host hit length and last
+            host node, which equals the last device node when nothing is on host only).
+        Raises:
+            ValueError: ``token_ids`` not 1-D.
+        """
+        key = as_key(token_ids, self.page_size, strict=False)
+        path, partial = self._walk(key)
+        if partial is not None and not self.hybrid:
+            path.append(self._split(*partial))
+        d, e = select_match_end(path, self.hybrid)
+        self._touch(path[:e + 1])
+        dev = path[:d + 1]
+        slots = torch.cat([n.device for n in dev]) if len(dev) > 1 else (dev[0].device if dev else EMPTY_SLOTS)
+        last_dev = dev[-1] if dev else self.root
+        last_host = path[e] if e >= 0 else self.root
+        return MatchResult(slots, last_dev, last_host.end - last_dev.end, last_host)
+
+    def _walk(self, key) -> tuple[list[TreeNode], tuple[TreeNode, int] | None]:
+        """Fully matched nodes, and the node matched only partly with its matched tokens."""
+        node, off, path, ps = self.root, 0, [], self.page_size
+        while off < key.size:
+            child = node.children.get(page_key(key, off, ps))
+            if child is None:
+                break
+            n = common_pages(child.tokens, key[off:], ps)
+            if n < child.num_tokens:
+                return path, (child, n)
+            path.append(child)
+            off += n
+            node = child
+        return path, None
+
+    def _touch(self, nodes) -> None:
+        self._clock += 1
+        for n in nodes:
+            n.last_access = self._clock
+
+    def _split(self, node: TreeNode, num_tokens: int) -> TreeNode:
+        """Cut ``node`` after ``num_tokens`` (whole pages); returns the new upper half.
+
+        The upper half takes the prefix slices of both tiers and copies lock, hits,
+        access time and any transfer in flight; the snapshot stays with the lower half
+        (it belongs to the end boundary, which does not move).
+        """
+        parent = node.parent
+        upper = TreeNode(tokens=node.tokens[:num_tokens], end=node.end - node.num_tokens + num_tokens,
+                         parent=parent, lock_ref=node.lock_ref, hit_count=node.hit_count,
+                         last_access=node.last_access, pending=node.pending)
+        if node.device is not None:
+            upper.device, node.device = node.device[:num_tokens], node.device[num_tokens:]
+        if node.host is not None:
+            upper.host, node.host = node.host[:num_tokens], node.host[num_tokens:]
+        parent.children[page_key(upper.tokens, 0, self.page_size)] = upper
+        node.tokens = node.tokens[num_tokens:]
+        node.parent = upper
+        upper.children[page_key(node.tokens, 0, self.page_size)] = node
+        return upper
+
+    # ---- inserting ---------------------------------------------------------------
+    def insert(self, token_ids: Any, device_slots: torch.Tensor,
+               extra: Mapping[str, torch.Tensor] | None = None) -> InsertResult:
+        """Cache ``token_ids`` whose KV sits in ``device_slots``; takes ownership of the slots.
+
+        Pages already cached on the device under other slots have the given slots freed;
+        host-only pages are revived with them. ``extra`` is the device snapshot at the
+        end of ``token_ids`` (``{"swa": slots}``, hybrid stacks only; freed when the
+        boundary already has one). Queues backups per write policy (launch with
+        ``controller.start_writing()``). Mutates the tree.
+
+        Returns:
+            `InsertResult`: tokens already cached on the device, and the node ending at
+            ``len(token_ids)``.
+        Raises:
+            ValueError: tokens not whole pages, slot count differing from the token count,
+                or ``extra`` naming other pools / sizes than the stack's snapshot.
+        """
+        key = as_key(token_ids, self.page_size, strict=True)
+        slots = torch.as_tensor(device_slots, dtype=torch.int64)
+        if slots.dim() != 1 or slots.numel() != key.size:
+            raise ValueError(f"device_slots: need {key.size} slots (one per token), got shape {tuple(slots.shape)}")
+        snap = self._check_extra(extra, key.size)
+        path, cached, complete = self._insert_path(key, slots)
+        last = path[-1] if path else self.root
+        if snap and complete:
+            self._attach_snapshot(last, snap)
+        elif snap:
+            for name, s in snap.items():
+                self.cache.device_pools[name].free(s)
+        self._touch(path)
+        self._backup_path(path)
+        return InsertResult(cached, last)
+
+    def _check_extra(self, extra: Mapping[str, torch.Tensor] | None, num_tokens: int) -> dict:
+        if not extra:
+            return {}
+        if set(extra) != set(self.state_sizes):
+            raise ValueError(f"extra: must name exactly the snapshot pools {sorted(self.state_sizes)}, "
+                             f"got {sorted(extra)}")
+        if num_tokens == 0:
+            raise ValueError("extra: the empty prefix cannot take a snapshot")
+        out = {}
+        for name, slots in extra.items():
+            slots = torch.as_tensor(slots, dtype=torch.int64)
+            if slots.dim() != 1 or slots.numel() != self.state_sizes[name]:
+                raise ValueError(f"extra[{name!r}]: a snapshot is {self.state_sizes[name]} slots, "
+                                 f"got shape {tuple(slots.shape)}")
+            out[name] = slots
+        return out
+
+    def _insert_path(self, key, slots: torch.Tensor) -> tuple[list[TreeNode], int, bool]:
+        """Walk/extend the tree along ``key``; (path, tokens cached on device, reached the end)."""
+        path, partial = self._walk(key)
+        if partial is not None:
+            path.append(self._split(*partial))
+        off = path[-1].end if path else 0
+        if all(n.device is not None for n in path):  # common case: one compare for the path
+            cached = off
+            self._free_duplicates(path, slots[:off])
+        else:
+            cached = 0
+            for node in path:
+                cached += self._adopt(node, slots[node.end - node.num_tokens:node.end])
+                if node.device is None:  # a load is in flight: nothing may hang below it yet
+                    self.device_pool.free(slots[node.end:])
+                    return path[:path.index(node) + 1], cached, node.end == key.size
+        if off < key.size:
+            path.append(self._new_node(path[-1] if path else self.root, key[off:], slots[off:]))
+        return path, cached, True
+
+    def _free_duplicates(self, path: list[TreeNode], slots: torch.Tensor) -> None:
+        """Free the caller's slots that differ from the tree's own for the same pages."""
+        if not path:
+            return
+        own = torch.cat([n.device for n in path]) if len(path) > 1 else path[0].device
+        if not torch.equal(own, slots):
+            dup = slots[slots != own]
+            self.device_pool.free(dup)
+
+    def _new_node(self, parent: TreeNode, tokens, slots: torch.Tensor) -> TreeNode:
+        node = TreeNode(tokens=tokens.copy(), end=parent.end + tokens.size, parent=parent, device=slots.clone())
+        parent.children[page_key(node.tokens, 0, self.page_size)] = node
+        self._dev_leaves.add(node)
+        return node
+
+    def _adopt(self, node: TreeNode, slots: torch.Tensor) -> int:
+        """Give a matched node the caller's slots if it lacks a device copy; else free them."""
+        if node.device is None and node.pending is None:
+            node.device = slots.clone()
+            self._dev_leaves.add(node)
+            self.counters["revived_tokens"] += node.num_tokens
+            return 0
+        if node.device is None:  # a load is bringing it back
+            self.device_pool.free(slots)
+        else:
+            dup = slots[slots != node.device]
+            if dup.numel():
+                self.device_pool.free(dup)
+        return node.num_tokens if node.device is not None else 0
+
+    def _backup_path(self, path: list[TreeNode]) -> None:
+        for n in path:
+            n.hit_count += 1
+        if not self.host_enabled or self.policy == "write_back":
+            return
+        threshold = 1 if self.policy == "write_through" else 2
+        for n in path:  # top-down: a node only after its parent (prefix invariant)
+            if n.hit_count < threshold or not self._needs_backup(n):
+                continue
+            parent = n.parent
+            parent_ok = parent.host is not None or (parent.pending is not None and
+                                                    self._pending[parent.pending].kind == "backup")
+            if not parent_ok or self._backup(n) is None:
+                break
+
+    # ---- locks -------------------------------------------------------------------
+    def inc_lock_ref(self, node: TreeNode) -> None:
+        """Lock ``node`` and its ancestors: no tier of them is evicted until unlocked."""
+        while not node.is_root:
+            node.lock_ref += 1
+            node = node.parent
+
+    def dec_lock_ref(self, node: TreeNode) -> None:
+        """Undo one `inc_lock_ref` of ``node``. Raises RuntimeError on an unlocked node."""
+        while not node.is_root:
+            if node.lock_ref <= 0:
+                raise RuntimeError(f"dec_lock_ref: {node!r} is not locked")
+            node.lock_ref -= 1
+            node = node.parent
+
+    # ---- views -------------------------------------------------------------------
+    def device_slots(self, node: TreeNode) -> torch.Tensor:
+        """Device anchor slots of tokens ``[0, node.end)``.
+
+        Raises:
+            ValueError: part of the path is not on the device.
+        """
+        parts = []
+        while not node.is_root:
+            if node.device is None:
+                raise ValueError(f"node: {node!r} has no device copy")
+            parts.append(node.device)
+            node = node.parent
+        return torch.cat(parts[::-1]) if parts else EMPTY_SLOTS
+
+    def snapshot_slots(self, node: TreeNode) -> tuple[dict | None, dict | None]:
+        """(device, host) snapshot slots of ``node``'s boundary, each keyed by pool or None."""
+        return node.state_device, node.state_host
+
+    def stats(self) -> dict:
+        """Counters of the tree (backups, loads, evictions...) and the controller's."""
+        return {"tree": dict(self.counters), "controller": self.ctrl.stats()}
+
+    def check_integrity(self) -> None:
+        """Raise RuntimeError if an invariant is broken (see `hicache.radix_check`).
+
+        Call when the caller holds no device slots outside the tree (between requests).
+        """
+        check_tree(self)

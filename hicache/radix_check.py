@@ -1,0 +1,133 @@
+"""`check_tree`: every invariant of a `HiRadixCache`, checked from scratch.
+
+    structure   each child is filed under its first page; lengths are whole pages; ``end``
+                adds up; lock counts never exceed the parent's; no dead node is reachable
+    tiers       each node has history on some tier; device history implies the parent's;
+                a snapshot on a tier implies the history there; under write-through
+                policies host history implies the parent's (backed-up nodes are a prefix)
+    slots       per pool and tier: free + cached + locked + in flight = total, no slot is
+                held twice, and every held slot is allocated in its allocator
+    candidates  every evictable leaf and snapshot is in the set eviction draws from
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+
+def _fail(msg: str) -> None:
+    raise RuntimeError(f"check_integrity: {msg}")
+
+
+def _nodes(tree) -> list:
+    out, stack = [], list(tree.root.children.values())
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(node.children.values())
+    return out
+
+
+def _check_structure(tree, node) -> None:
+    ps, parent = tree.page_size, node.parent
+    if node.dead or parent.children.get(node.tokens[:ps].tobytes()) is not node:
+        _fail(f"{node!r} is dead or not filed under its first page in its parent")
+    if node.num_tokens == 0 or node.num_tokens % ps or node.end != parent.end + node.num_tokens:
+        _fail(f"{node!r}: length not whole pages of {ps} or end != parent.end + length ({parent.end})")
+    for tier in ("device", "host"):
+        slots = getattr(node, tier)
+        if slots is not None and slots.numel() != node.num_tokens:
+            _fail(f"{node!r}: {tier} has {slots.numel()} slots for {node.num_tokens} tokens")
+    if node.lock_ref < 0 or (not parent.is_root and parent.lock_ref < node.lock_ref):
+        _fail(f"{node!r}: lock_ref {node.lock_ref} negative or above the parent's {parent.lock_ref}")
+    if node.pending is not None and node.pending not in tree._pending:
+        _fail(f"{node!r}: pending op {node.pending} unknown to the tree")
+
+
+def _check_tiers(tree, node) -> None:
+    parent = node.parent
+    if node.device is None and node.host is None:
+        _fail(f"{node!r} holds its history on no tier")
+    if node.device is not None and parent.device is None:
+        _fail(f"{node!r} is on the device but its parent {parent!r} is not")
+    if (node.state_device and node.device is None) or (node.state_host and node.host is None):
+        _fail(f"{node!r}: a snapshot on a tier without the history there")
+    for snap in (node.state_device, node.state_host):
+        if snap and {k: v.numel() for k, v in snap.items()} != tree.state_sizes:
+            _fail(f"{node!r}: snapshot sizes {[(k, v.numel()) for k, v in snap.items()]} != {tree.state_sizes}")
+    if tree.policy != "write_back" and node.host is not None and parent.host is None:
+        _fail(f"{node!r} is backed up but its parent {parent!r} is not ({tree.policy})")
+
+
+def _check_candidates(tree, node) -> None:
+    if node.device is not None and not node.has_device_child() and node not in tree._dev_leaves:
+        _fail(f"device leaf {node!r} missing from the eviction candidates")
+    if node.device is None and node.host is not None and not node.children and node not in tree._host_leaves:
+        _fail(f"host leaf {node!r} missing from the host eviction candidates")
+    if node.state_device and node not in tree._dev_states:
+        _fail(f"{node!r}: device snapshot missing from its candidate set")
+    if node.state_host and node not in tree._host_states:
+        _fail(f"{node!r}: host snapshot missing from its candidate set")
+
+
+def _held_slots(tree, nodes) -> dict:
+    """(tier, pool) -> {"cached": [...], "locked": [...], "in_flight": [...]} slot tensors."""
+    held = defaultdict(lambda: defaultdict(list))
+    for node in nodes:
+        kind = "cached" if node.evictable else "locked"
+        for tier, slots, snap in (("device", node.device, node.state_device),
+                                  ("host", node.host, node.state_host)):
+            if slots is not None:
+                held[(tier, tree.anchor)][kind].append(slots)
+            for name, s in (snap or {}).items():
+                held[(tier, name)][kind].append(s)
+    for rec in tree._pending.values():
+        tier = "host" if rec.kind == "backup" else "device"
+        for name, s in rec.dst.items():
+            held[(tier, name)]["in_flight"].append(s)
+    return held
+
+
+def _check_slots(tree, nodes) -> None:
+    held = _held_slots(tree, nodes)
+    pools = {"device": tree.cache.device_pools, "host": tree.cache.host_group.pools}
+    for name in [tree.anchor, *tree.state_sizes]:
+        for tier in ("device", "host"):
+            pool, parts = pools[tier][name], held[(tier, name)]
+            counts = {k: sum(int(s.numel()) for s in v) for k, v in parts.items()}
+            free, total = pool.available(), pool.num_tokens
+            if free + sum(counts.values()) != total:
+                _fail(f"{tier} {name}: {free=} + {counts} != {total=}")
+            everything = [s for v in parts.values() for s in v]
+            if not everything:
+                continue
+            _check_unique_owned(f"{tier} {name}", torch.cat(everything), pool.allocator)
+
+
+def _check_unique_owned(what: str, flat: torch.Tensor, allocator) -> None:
+    """Held slots are whole allocator pages, each page held once and allocated."""
+    try:
+        owned = allocator.is_owned(flat)  # validates: whole aligned pages, no page twice
+    except ValueError as exc:
+        _fail(f"{what}: held slots are not distinct whole pages ({exc})")
+    if not owned:
+        _fail(f"{what}: the tree holds slots its allocator calls free")
+
+
+def check_tree(tree) -> None:
+    """Raise RuntimeError naming the first broken invariant of ``tree``.
+
+    Assumes the caller holds no device slots outside the tree and that every
+    controller op on these pools was queued by the tree.
+    """
+    nodes = _nodes(tree)
+    for node in nodes:
+        _check_structure(tree, node)
+        _check_tiers(tree, node)
+        _check_candidates(tree, node)
+    for op, rec in tree._pending.items():
+        if rec.node.dead:
+            _fail(f"op {op} in flight on a deleted node {rec.node!r}")
+    _check_slots(tree, nodes)
+    tree.ctrl.check_integrity()

@@ -1,0 +1,166 @@
+"""Hybrid stacks (DeepSeek-V4): where a match may end, and state snapshots on their own.
+
+History pools (``HitPolicy.ALL_PAGES``: the anchor and everything derived from it, e.g.
+``c4_kv``, ``c4_indexer``, ``c128_kv``) must cover every page of a match. State pools
+(``TRAILING_PAGES``: ``swa`` and the compressor rings derived from it) only need the
+trailing window at the match end, so each node keeps one *snapshot* of the state root
+pools for its end boundary (``window_tokens`` rounded up to rows: one 128-token ``swa``
+row for DeepSeek-V4).
+
+    query  0        256                 768      1024     1280      (page = 256 tokens)
+           |---A----|---------B---------|---C----|---D----|--E ...   nodes on its path
+    history  D+H      D+H                 D+H      H        H        D = device, H = host
+    snapshot -        d+h                 -        h        -        d/h = snapshot there
+                      ^                            ^
+                      last_device_node             last_host_node  (the match end)
+
+    * the match ends at the deepest node boundary with the full history chain (every node
+      of the tree has its history on some tier, so any path qualifies) AND a snapshot on
+      either tier: here 1024 (end of D); the root (empty state) always qualifies.
+    * the device hit ends at the deepest boundary <= the match end whose history up to it
+      is all on the device and whose snapshot is on the device: here 512 (end of B). C's
+      history is on the device but C has no snapshot, so it counts as host hit.
+    * ``load_back(D)`` loads the host-only history (D's pages) and D's snapshot; pages
+      already on the device (C) are not moved again.
+    * ``evict_states`` / ``evict_host_states`` drop snapshots alone: the history chain
+      stays, the boundary just stops being a match end until a new snapshot is inserted.
+    * a snapshot lives on a tier only while its node's history does (evicting the history
+      drops the snapshot on that tier too).
+
+Non-hybrid stacks have no state root: every boundary qualifies, the match runs to the
+deepest page shared with the query (splitting a node there) and the device hit to the
+deepest device node.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Sequence
+
+import torch
+
+from host_pools.spec import PoolKind, Stack
+from hicache.radix_node import TreeNode
+
+
+def snapshot_sizes(stack: Stack) -> dict[str, int]:
+    """Slots one snapshot takes in each state root pool (own-indexed, non-anchor).
+
+    The window is the largest ``window_tokens`` among the pools rooted there, rounded up
+    to whole rows of the root.
+
+    Raises:
+        ValueError: an own-indexed non-anchor pool that is not a STATE pool (a second
+            history token space has no place in a prefix tree keyed by the anchor).
+    """
+    sizes = {}
+    for root in stack.own_indexed:
+        if root is stack.anchor:
+            continue
+        if root.kind is not PoolKind.STATE:
+            raise ValueError(f"stack: own-indexed pool {root.name!r} is {root.kind.value}; HiRadixCache "
+                             "supports only STATE pools besides the anchor")
+        window = max(p.window_tokens for p in stack if stack.root_of(p.name).name == root.name)
+        rows = -(-window // root.tokens_per_row)
+        sizes[root.name] = rows * root.tokens_per_row
+    return sizes
+
+
+def select_match_end(path: Sequence[TreeNode], hybrid: bool) -> tuple[int, int]:
+    """Indices into ``path`` of the last device node and the match end (-1 = the root).
+
+    Args:
+        path: fully matched nodes from the root's child downwards.
+        hybrid: whether boundaries need a snapshot.
+    """
+    if not hybrid:
+        d = -1
+        for i, node in enumerate(path):  # device nodes are closed under parent
+            if node.device is None:
+                break
+            d = i
+        return d, len(path) - 1
+    e = -1
+    for i, node in enumerate(path):
+        if node.state_device or node.state_host:
+            e = i
+    d = -1
+    for i in range(e + 1):
+        node = path[i]
+        if node.device is None:
+            break
+        if node.state_device:
+            d = i
+    return d, e
+
+
+class SnapshotMixin:
+    """State-snapshot bookkeeping of `HiRadixCache` (attach, free, evict on their own)."""
+
+    def _attach_snapshot(self, node: TreeNode, snap: dict[str, torch.Tensor]) -> bool:
+        """Give ``node`` a device snapshot; False (and ``snap`` freed) if it has one or cannot take one.
+
+        A node whose history is not on the device, or with a load in flight (which may bring
+        a snapshot), takes none; a backup in flight does not matter (it does not cover it).
+        """
+        loading = node.pending is not None and self._pending[node.pending].kind == "load"
+        if node.state_device is not None or loading or node.device is None:
+            for name, slots in snap.items():
+                if node.state_device is None or not torch.equal(node.state_device[name], slots):
+                    self.cache.device_pools[name].free(slots)
+            return False
+        node.state_device = dict(snap)
+        self._dev_states.add(node)
+        return True
+
+    def _free_device_states(self, node: TreeNode) -> None:
+        if node.state_device is not None:
+            for name, slots in node.state_device.items():
+                self.cache.device_pools[name].free(slots)
+            node.state_device = None
+            self._dev_states.discard(node)
+
+    def _free_host_states(self, node: TreeNode) -> None:
+        if node.state_host is not None:
+            for name, slots in node.state_host.items():
+                self.cache.host_group.pools[name].free(slots)
+            node.state_host = None
+            self._host_states.discard(node)
+
+    def _first_state_root(self) -> str:
+        if not self.state_sizes:
+            raise ValueError("evict_states: this stack has no state pools")
+        return next(iter(self.state_sizes))
+
+    def evict_states(self, num_slots: int) -> int:
+        """Drop device snapshots, least recently used first, until ``num_slots`` are free.
+
+        The nodes keep their history (and any host snapshot). Locked or in-flight nodes
+        are skipped. Mutates the tree; not thread-safe.
+
+        Returns:
+            Slots freed in the first state root pool (``swa``).
+        Raises:
+            ValueError: the stack has no state pools.
+        """
+        name = self._first_state_root()
+        return self._evict_snapshots(num_slots, self._dev_states, self._free_device_states, name)
+
+    def evict_host_states(self, num_slots: int) -> int:
+        """Free host snapshots (LRU, never of a node in use); the history chain stays.
+
+        Returns:
+            Host slots freed in the first state root pool.
+        """
+        name = self._first_state_root()
+        return self._evict_snapshots(num_slots, self._host_states, self._free_host_states, name)
+
+    def _evict_snapshots(self, num_slots: int, pool: set, free, name: str) -> int:
+        heap = [(n.last_access, n.id, n) for n in pool if n.evictable]
+        heapq.heapify(heap)
+        freed, per = 0, self.state_sizes[name]
+        while heap and freed < num_slots:
+            node = heapq.heappop(heap)[2]
+            free(node)
+            freed += per
+        self.counters["states_evicted"] += freed // per
+        return freed

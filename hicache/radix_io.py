@@ -1,0 +1,240 @@
+"""Transfers of `HiRadixCache`: backups (D2H) and load-backs (H2D) through the controller.
+
+An operation marks every node it covers ``pending = op_id`` and is remembered with its
+destination slots; nothing about the node's tiers changes until its ack:
+
+    queue (write / load)        ack ok                       ack failed
+    node.pending = op  ------>  publish dst slots on the     forget (the controller
+    (frozen: no eviction,       chain, snapshot on the       already freed dst); the
+     no second transfer)        op's node; unfreeze          node is as it was; unfreeze
+
+A node split while in flight hands ``pending`` to its new upper half, so the chain of an
+op is "walk up from the op's node while ``pending == op``"; destination slots are dealt
+out top-down to the chain nodes that lack that tier.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from hicache.controller import Ack
+from hicache.radix_node import EMPTY_SLOTS, TreeNode
+
+# Our op ids live far above the controller's default ids (which count from 0).
+_OP_BASE = 1 << 40
+
+
+@dataclass(slots=True)
+class PendingOp:
+    """An operation of the tree in flight."""
+
+    kind: str  # "backup" | "load"
+    node: TreeNode  # deepest node of the chain; owner of the snapshot
+    dst: dict  # destination slots keyed by pool name (what write()/load() returned)
+    with_state: bool  # whether the snapshot moves too
+
+
+class TransferMixin:
+    """Backup, load-back and ack routing of `HiRadixCache`."""
+
+    def _init_transfers(self) -> None:
+        self._pending: dict[int, PendingOp] = {}
+        self._op_ids = itertools.count(_OP_BASE)
+
+    # ---- backups -----------------------------------------------------------------
+    def _needs_backup(self, node: TreeNode) -> bool:
+        if node.pending is not None or node.device is None:
+            return False
+        return node.host is None or (node.state_device is not None and node.state_host is None)
+
+    def _backup(self, node: TreeNode) -> int | None:
+        """Queue a backup of ``node``'s device-only history and snapshot; its op id, or None.
+
+        When the host is short, host leaves (then host snapshots) are evicted first; if a
+        snapshot still does not fit, the history is backed up without it.
+        """
+        anchor = node.device if node.host is None else EMPTY_SLOTS
+        state = node.state_device if node.state_host is None else None
+        self._make_host_room(anchor.numel(), state is not None)
+        op = next(self._op_ids)
+        dst = self.ctrl.write(anchor, state, op_id=op)
+        if dst is None and state is not None and anchor.numel():
+            state = None
+            dst = self.ctrl.write(anchor, None, op_id=op)
+        if dst is None:
+            self.counters["backups_refused"] += 1
+            return None
+        node.pending = op
+        self._pending[op] = PendingOp("backup", node, dst, state is not None)
+        self.counters["backups"] += 1
+        return op
+
+    def _make_host_room(self, anchor_tokens: int, with_state: bool) -> None:
+        short = anchor_tokens - self.host_pool.available()
+        if short > 0:
+            self.evict_host(short)
+        if with_state:
+            for name, size in self.state_sizes.items():
+                short = size - self.cache.host_group.pools[name].available()
+                if short > 0:
+                    self.evict_host_states(short)
+
+    # ---- loads -------------------------------------------------------------------
+    def load_back(self, node: TreeNode) -> dict[str, torch.Tensor] | None:
+        """Queue the load of ``node``'s host-only history chain (and its host snapshot).
+
+        The chain is every host-only node from the deepest device ancestor down to
+        ``node``. Device room is made by evicting (nodes on ``node``'s path are locked
+        meanwhile). The device slots are published on the nodes when the ack arrives
+        (`poll` after ``controller.start_loading()``); ``node`` stays locked until then.
+        Mutates the tree; not thread-safe.
+
+        Returns:
+            Device slots keyed by pool name (the anchor key always present, empty when only
+            the snapshot moves), or ``None`` when the device is short or part of the chain
+            is already in flight (nothing changes then).
+        Raises:
+            ValueError: ``node`` is the root or no longer in the tree.
+        """
+        if node.is_root or node.dead:
+            raise ValueError(f"node: {node!r} is the root or was evicted")
+        chain = self._host_chain(node)
+        need_state = node.state_device is None and node.state_host is not None
+        if not chain and not need_state:
+            return {self.anchor: EMPTY_SLOTS}
+        if node.pending is not None or any(n.pending is not None for n in chain):
+            return None
+        host = torch.cat([n.host for n in chain]) if chain else EMPTY_SLOTS
+        self.inc_lock_ref(node)
+        self._make_device_room(host.numel(), need_state)
+        op = next(self._op_ids)
+        dst = self.ctrl.load(host, node.state_host if need_state else None, op_id=op)
+        if dst is None:
+            self.dec_lock_ref(node)
+            self.counters["loads_refused"] += 1
+            return None
+        for n in (*chain, node):
+            n.pending = op
+        self._pending[op] = PendingOp("load", node, dst, need_state)
+        self.counters["loads"] += 1
+        return {self.anchor: dst.get(self.anchor, EMPTY_SLOTS), **dst}
+
+    def _host_chain(self, node: TreeNode) -> list[TreeNode]:
+        chain = []
+        while not node.is_root and node.device is None:
+            chain.append(node)
+            node = node.parent
+        return chain[::-1]
+
+    def _make_device_room(self, anchor_tokens: int, with_state: bool) -> None:
+        short = anchor_tokens - self.device_pool.available()
+        if short > 0:
+            self.evict(short)
+        if with_state:
+            for name, size in self.state_sizes.items():
+                short = size - self.cache.device_pools[name].available()
+                if short > 0:
+                    self.evict_states(short)
+
+    # ---- acks --------------------------------------------------------------------
+    def poll(self) -> list[Ack]:
+        """Process every finished ack of the controller (never blocks).
+
+        Acks of this tree's ops publish (or, failed, forget) their slots; acks of ops
+        the tree did not queue are returned untouched. Launching is the caller's:
+        ``controller.start_writing()`` / ``start_loading()``. Mutates the tree.
+
+        Returns:
+            All acks, in order.
+        """
+        acks = self.ctrl.poll()
+        for ack in acks:
+            rec = self._pending.pop(ack.op_id, None)
+            if rec is not None:
+                self._finish(rec, ack)
+        return acks
+
+    def wait(self, ops=None) -> None:
+        """Launch what ``ops`` need and poll until they are acked (default: every op of this tree).
+
+        Launches queued writes if a backup is awaited and queued loads if a load is (the
+        whole controller queue of that direction goes). Blocks until done (CUDA: polls).
+
+        Raises:
+            RuntimeError: an awaited op is neither queued nor in flight in the controller.
+        """
+        todo = set(self._pending) if ops is None else set(ops) & self._pending.keys()
+        kinds = {self._pending[op].kind for op in todo}
+        if "backup" in kinds:
+            self.ctrl.start_writing()
+        if "load" in kinds:
+            self.ctrl.start_loading()
+        while todo & self._pending.keys():
+            if not self.ctrl.pending():
+                raise RuntimeError(f"wait: ops {sorted(todo & self._pending.keys())} are unknown to the controller")
+            self.poll()
+
+    def pending_ops(self) -> int:
+        return len(self._pending)
+
+    def _chain(self, node: TreeNode, op: int) -> list[TreeNode]:
+        chain = []
+        while node is not None and node.pending == op:
+            node.pending = None
+            chain.append(node)
+            node = node.parent
+        return chain[::-1]
+
+    def _finish(self, rec: PendingOp, ack: Ack) -> None:
+        chain = self._chain(rec.node, ack.op_id)
+        if rec.kind == "load":
+            self.dec_lock_ref(rec.node)
+        if not ack.success:
+            self.counters[f"{rec.kind}s_failed"] += 1
+            return
+        if rec.kind == "backup":
+            self._publish_backup(rec, chain)
+        else:
+            self._publish_load(rec, chain)
+
+    def _publish_backup(self, rec: PendingOp, chain: list[TreeNode]) -> None:
+        slots = rec.dst.get(self.anchor)
+        top = chain[0]
+        if self.policy != "write_back" and slots is not None and top.parent.host is None:
+            # The parent's backup failed meanwhile: keep backed-up nodes a prefix from the root.
+            for name, s in rec.dst.items():
+                self.cache.host_group.pools[name].free(s)
+            self.counters["backups_discarded"] += 1
+            return
+        if slots is not None:
+            self._deal(chain, slots, "host")
+        if rec.with_state:
+            rec.node.state_host = {name: rec.dst[name] for name in self.state_sizes}
+            self._host_states.add(rec.node)
+
+    def _publish_load(self, rec: PendingOp, chain: list[TreeNode]) -> None:
+        slots = rec.dst.get(self.anchor)
+        if slots is not None:
+            for node in self._deal(chain, slots, "device"):
+                self._dev_leaves.add(node)
+        if rec.with_state:
+            rec.node.state_device = {name: rec.dst[name] for name in self.state_sizes}
+            self._dev_states.add(rec.node)
+
+    @staticmethod
+    def _deal(chain: list[TreeNode], slots: torch.Tensor, tier: str) -> list[TreeNode]:
+        """Hand ``slots`` out top-down to the chain nodes lacking ``tier``; returns them."""
+        takers = [n for n in chain if getattr(n, tier) is None]
+        if len(takers) == 1 and takers[0].num_tokens == slots.numel():  # the common case: no split
+            setattr(takers[0], tier, slots)
+            return takers
+        total = sum(n.num_tokens for n in takers)
+        if total != slots.numel():
+            raise RuntimeError(f"ack: {slots.numel()=} slots for {total=} tokens on {takers!r}")
+        off = 0
+        for n in takers:
+            setattr(n, tier, slots[off:off + n.num_tokens])
+            off += n.num_tokens
+        return takers

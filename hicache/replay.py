@@ -1,0 +1,188 @@
+"""`hicache replay`: replay a request trace through the hierarchical cache, per host ratio.
+
+Every invocation first replays the device-only baseline (no host tier, ratio 0), then
+each ``--hicache-ratio`` (``1,2,4`` sweeps). Per run it reports device, host and total
+hit rates (fractions of prompt tokens served from cache), tokens recomputed, pages and
+bytes moved each way, transfer GB/s (CPU mode: time inside the synchronous launches)
+and the peak host bytes in use; a sweep also writes a PNG of hit rate vs ratio.
+
+Every page brought back from the host (and every device hit) is checked byte for byte
+against what its prefix must hold (`hicache.replay_content`); the first mismatch stops
+the run with exit status 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from hicache.build import build
+from hicache.config import IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES, HiCacheConfig
+from hicache.models import preset
+from hicache.replay_content import ReplayMismatch
+from hicache.replay_run import Replayer, RunStats
+from hicache.replay_workload import Request, chat_workload, load_trace
+
+DEFAULT_PLOT = "bench/results/replay_hit_rate.png"
+JSON_KEYS = ("hicache_ratio", "hit_rate", "device_hit_rate", "host_hit_rate", "tokens_total",
+             "tokens_recomputed", "bytes_h2d", "bytes_d2h", "mismatches")
+
+
+def _ratios(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--hicache-ratio: need numbers like 1,2,4, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"--hicache-ratio: every ratio must be > 0, got {text!r}")
+    return values
+
+
+def add_replay_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", default=None, help="Mooncake JSONL trace (default: built-in chat workload)")
+    p.add_argument("--model", default="deepseek-v3", help="preset name (default %(default)s)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="use only the first N layers (default 4 for deepseek-v4-* presets, which covers "
+                        "every pool family, else 2)")
+    p.add_argument("--device-tokens", type=int, default=None,
+                   help="device anchor tokens (default 32768; 1048576 with --trace)")
+    p.add_argument("--hicache-ratio", type=_ratios, default=[1.0, 2.0, 4.0],
+                   help="host/device ratio, or a list to sweep (default 1,2,4)")
+    p.add_argument("--hicache-write-policy", dest="write_policy", default="write_through", help=", ".join(WRITE_POLICIES))
+    p.add_argument("--hicache-io-backend", dest="io_backend", default="auto", help=", ".join(IO_BACKENDS))
+    p.add_argument("--hicache-mem-layout", dest="mem_layout", default="page_first", help=", ".join(MEM_LAYOUTS))
+    p.add_argument("--swa-full-tokens-ratio", type=float, default=0.1, help="DeepSeek-V4 device SWA share")
+    p.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
+    p.add_argument("--seed", type=int, default=0, help="seed of the built-in workload")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: on a shared 2-core machine more threads stall)")
+    p.add_argument("--plot", default=DEFAULT_PLOT, help="PNG of hit rate vs ratio (sweeps; '' = none)")
+    p.add_argument("--json", action="store_true", help="print only the JSON results")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def _workload(args: argparse.Namespace) -> list[Request]:
+    if args.max_requests is not None and args.max_requests < 1:
+        raise ValueError(f"--max-requests: must be >= 1, got {args.max_requests}")
+    if args.trace:
+        return load_trace(args.trace, args.max_requests)
+    reqs = chat_workload(args.seed)
+    return reqs[:args.max_requests] if args.max_requests else reqs
+
+
+def _config(args: argparse.Namespace, ratio: float) -> HiCacheConfig:
+    # ratio 0 = device-only baseline: a ratio so small that every host pool has 0 rows
+    return HiCacheConfig(hicache_ratio=ratio if ratio > 0 else 1e-12, write_policy=args.write_policy,
+                         io_backend=args.io_backend, mem_layout=args.mem_layout,
+                         swa_full_tokens_ratio=args.swa_full_tokens_ratio)
+
+
+class Progress:
+    """A one-line progress bar on stderr, redrawn about 50 times per run."""
+
+    def __init__(self, total: int, label: str, enabled: bool) -> None:
+        self.total, self.label, self.enabled = total, label, enabled
+        self.step = max(1, total // 50)
+
+    def __call__(self, done: int) -> None:
+        if self.enabled and (done % self.step == 0 or done == self.total):
+            bar = "#" * (30 * done // self.total)
+            print(f"\r{self.label:<14} [{bar:<30}] {done}/{self.total}", end="", file=sys.stderr, flush=True)
+            if done == self.total:
+                print(file=sys.stderr)
+
+
+def replay_one(args: argparse.Namespace, stack, requests: list[Request], ratio: float) -> RunStats:
+    """Build a fresh cache for ``ratio`` (0 = no host tier) and replay ``requests`` on it."""
+    device_tokens = args.device_tokens or (1 << 20 if args.trace else 32768)
+    cache = build(stack, device_tokens, _config(args, ratio), device=args.device)
+    try:
+        label = "device only" if ratio == 0 else f"ratio {ratio:g}"
+        progress = Progress(len(requests), label, not args.no_progress)
+        return Replayer(cache, ratio).run(requests, progress)
+    finally:
+        cache.close()
+
+
+def _row(st: RunStats) -> dict:
+    total = max(st.tokens_total, 1)
+    return {"hicache_ratio": st.hicache_ratio, "hit_rate": (st.device_hit_tokens + st.host_hit_tokens) / total,
+            "device_hit_rate": st.device_hit_tokens / total, "host_hit_rate": st.host_hit_tokens / total,
+            "tokens_total": st.tokens_total, "tokens_recomputed": st.tokens_recomputed,
+            "bytes_h2d": st.bytes_h2d, "bytes_d2h": st.bytes_d2h, "mismatches": st.mismatches}
+
+
+def format_table(stack, runs: list[RunStats]) -> str:
+    head = (f"{'ratio':>6}{'hit':>8}{'device':>8}{'host':>8}{'recomputed':>12}{'pages h2d':>11}{'pages d2h':>11}"
+            f"{'GB h2d':>9}{'GB d2h':>9}{'h2d GB/s':>10}{'d2h GB/s':>10}{'peak host GB':>14}{'wall s':>8}")
+    lines = [f"model {stack.model}, page {stack.page_size} tokens (CPU-mode transfer rates)", head, "-" * len(head)]
+    for st in runs:
+        r = _row(st)
+        h2d = st.bytes_h2d / st.seconds_h2d / 1e9 if st.seconds_h2d else 0.0
+        d2h = st.bytes_d2h / st.seconds_d2h / 1e9 if st.seconds_d2h else 0.0
+        lines.append(f"{st.hicache_ratio:>6g}{r['hit_rate']:>8.3f}{r['device_hit_rate']:>8.3f}{r['host_hit_rate']:>8.3f}"
+                     f"{st.tokens_recomputed:>12,}{st.pages_h2d:>11,}{st.pages_d2h:>11,}{st.bytes_h2d / 1e9:>9.3f}"
+                     f"{st.bytes_d2h / 1e9:>9.3f}{h2d:>10.2f}{d2h:>10.2f}{st.peak_host_bytes / 1e9:>14.3f}"
+                     f"{st.wall_s:>8.1f}")
+    return "\n".join(lines)
+
+
+def plot(runs: list[RunStats], path: str, title: str = "") -> None:
+    """Hit rates vs ratio (the baseline at 0) as a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [_row(st) for st in runs]
+    x = [r["hicache_ratio"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in (("hit_rate", "total"), ("device_hit_rate", "device"), ("host_hit_rate", "host")):
+        ax.plot(x, [r[key] for r in rows], marker="o", label=label)
+    ax.set_xlabel("--hicache-ratio (0 = device only)")
+    ax.set_ylabel("fraction of prompt tokens served from cache")
+    ax.set_ylim(0, 1)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    """The ``replay`` subcommand. ValueError (bad flags, bad trace lines) goes to the CLI."""
+    if args.threads < 1:
+        raise ValueError(f"--threads: must be >= 1, got {args.threads}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(args: argparse.Namespace) -> int:
+    layers = args.layers if args.layers is not None else (4 if args.model.startswith("deepseek-v4") else 2)
+    stack = preset(args.model, layers)
+    requests = _workload(args)  # every trace line is checked before anything replays
+    for ratio in args.hicache_ratio:
+        _config(args, ratio)  # bad flag values fail before the first run
+    runs: list[RunStats] = []
+    try:
+        for ratio in [0.0, *args.hicache_ratio]:
+            runs.append(replay_one(args, stack, requests, ratio))
+    except ReplayMismatch as exc:
+        print(f"hicache replay: MISMATCH: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"runs": [_row(st) for st in runs]}))
+    else:
+        print(format_table(stack, runs))
+    if args.plot and len(runs) > 2:
+        plot(runs, args.plot, f"{stack.model}, {len(requests)} requests, {args.write_policy} (CPU replay)")
+        if not args.json:
+            print(f"plot: {args.plot}")
+    return 0

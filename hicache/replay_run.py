@@ -1,0 +1,227 @@
+"""One replay: requests through `HiRadixCache` + controller + real transfers, content checked.
+
+Simulated server loop per request (requests finish at once; output tokens are only
+counted, or, in the chat workload, part of the next turn's prompt):
+
+    match_prefix -> lock the match end -> load_back the host part (start_loading, wait)
+      -> check every device page of the prefix (and the snapshot) byte for byte
+      -> allocate device slots for the rest (evict when short) -> fill their content
+      -> insert (backups per policy; start_writing; poll) -> unlock
+
+Hybrid stacks: the "prefill" also saves a state snapshot at the prompt end and at the
+last 512-token block boundary inside the computed part, where the next request of a
+Mooncake session (whose hash_ids re-block the previous prompt) branches off.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from hicache.radix_cache import HiRadixCache
+from hicache.radix_node import EMPTY_SLOTS
+from hicache.replay_content import ContentModel, ReplayMismatch, prefix_hashes, state_seed
+from hicache.replay_workload import BLOCK_TOKENS, Request, request_tokens
+
+
+@dataclass(slots=True)
+class RunStats:
+    """Totals of one replay (tokens are prompt tokens)."""
+
+    hicache_ratio: float
+    requests: int = 0
+    tokens_total: int = 0
+    device_hit_tokens: int = 0
+    host_hit_tokens: int = 0
+    tokens_recomputed: int = 0
+    uncached_requests: int = 0  # prompts the device could not hold (computed, not cached)
+    pages_h2d: int = 0
+    pages_d2h: int = 0
+    bytes_h2d: int = 0
+    bytes_d2h: int = 0
+    seconds_h2d: float = 0.0
+    seconds_d2h: float = 0.0
+    peak_host_bytes: int = 0
+    bytes_checked: int = 0
+    mismatches: int = 0
+    wall_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class Replayer:
+    """Replays requests against one built cache.
+
+    Args:
+        cache: a `hicache.HiCache`.
+        hicache_ratio: the label of this run (0 = device-only baseline: no host tier).
+        verify_hits: also check device-hit pages, not only loaded ones.
+    """
+
+    def __init__(self, cache, hicache_ratio: float, verify_hits: bool = True) -> None:
+        self.cache, self.ctrl, self.stack = cache, cache.controller, cache.stack
+        self.tree = HiRadixCache(cache, host_tier=hicache_ratio > 0)
+        self.content = ContentModel(cache)
+        self.page = self.stack.page_size
+        self.anchor = self.stack.anchor.name
+        self.stats = RunStats(hicache_ratio)
+        self.verify_hits = verify_hits
+        self._instrument()
+
+    def _instrument(self) -> None:
+        """Time the launches (CPU mode copies synchronously inside them)."""
+        def timed(fn, field):
+            def run():
+                t0 = time.perf_counter()
+                out = fn()
+                setattr(self.stats, field, getattr(self.stats, field) + time.perf_counter() - t0)
+                return out
+            return run
+        self.ctrl.start_writing = timed(self.ctrl.start_writing, "seconds_d2h")
+        self.ctrl.start_loading = timed(self.ctrl.start_loading, "seconds_h2d")
+
+    def run(self, requests: list[Request], progress=None, check_every: int = 250) -> RunStats:
+        """Serve every request in order; raises `ReplayMismatch` on the first bad byte."""
+        t0 = time.perf_counter()
+        for i, req in enumerate(requests):
+            self.serve(i, req)
+            if check_every and (i + 1) % check_every == 0:
+                self.tree.check_integrity()
+            if progress is not None:
+                progress(i + 1)
+        self.tree.wait()
+        self.tree.check_integrity()
+        self._collect_transfers()
+        self.stats.wall_s = time.perf_counter() - t0
+        return self.stats
+
+    def serve(self, i: int, req: Request) -> None:
+        st, tree = self.stats, self.tree
+        st.requests += 1
+        st.tokens_total += req.input_length
+        tokens = request_tokens(req, self.page)
+        hashes = prefix_hashes(tokens, self.page) if tokens.size else []
+        m = tree.match_prefix(tokens)
+        lock = m.last_host_node
+        tree.inc_lock_ref(lock)
+        try:
+            prefix = self._prefix(i, tokens, hashes, m)
+            self._compute(tokens, hashes, prefix)
+        finally:
+            tree.dec_lock_ref(lock)
+        tree.poll()
+        st.tokens_recomputed += req.input_length - prefix.numel()
+        st.peak_host_bytes = max(st.peak_host_bytes, self._host_bytes_used())
+
+    # ---- the cached prefix ---------------------------------------------------------
+    def _prefix(self, i: int, tokens, hashes: list[int], m) -> torch.Tensor:
+        """Device slots of the usable prefix after any load-back; checks its content."""
+        st, tree = self.stats, self.tree
+        st.device_hit_tokens += m.device_hit_length
+        if self.verify_hits:
+            self._check(i, m.device_slots, hashes, 0, m.last_device_node, "device hit")
+        if m.last_host_node is m.last_device_node or tree.load_back(m.last_host_node) is None:
+            return m.device_slots
+        self.ctrl.start_loading()
+        tree.wait()
+        again = tree.match_prefix(tokens)
+        if again.last_device_node is not m.last_host_node:  # the load failed: recompute
+            return m.device_slots
+        start = m.device_hit_length
+        self._check(i, again.device_slots[start:], hashes, start, again.last_device_node, "loaded")
+        st.host_hit_tokens += again.device_hit_length - start
+        return again.device_slots
+
+    def _check(self, i: int, slots: torch.Tensor, hashes: list[int], start: int, node, what: str) -> None:
+        ps = self.page
+        first, last = start // ps, (start + slots.numel()) // ps
+        st = self.stats
+        try:
+            st.bytes_checked += self.content.verify(self.anchor, slots, hashes[first:last],
+                                                    f"request {i}: {what} tokens [{start}, {last * ps})")
+            if node.state_device and last:
+                for root, s in node.state_device.items():
+                    st.bytes_checked += self.content.verify(root, s, [state_seed(hashes[last - 1])],
+                                                            f"request {i}: {what} snapshot at {last * ps}")
+        except ReplayMismatch:
+            st.mismatches += 1
+            raise
+
+    # ---- computing the rest --------------------------------------------------------
+    def _alloc(self, pool: str, n: int, evict) -> torch.Tensor | None:
+        dev = self.cache.device_pools[pool]
+        slots = dev.alloc(n)
+        if slots is None:
+            evict(n - dev.available())
+            slots = dev.alloc(n)
+        return slots
+
+    def _compute(self, tokens, hashes: list[int], prefix: torch.Tensor) -> None:
+        """Allocate, fill and insert the pages past ``prefix`` (and snapshots if hybrid)."""
+        start = prefix.numel()
+        new = self._alloc(self.anchor, tokens.size - start, self.tree.evict) if tokens.size > start else EMPTY_SLOTS
+        if new is None:
+            self.stats.uncached_requests += 1
+            return
+        self.content.fill(self.anchor, new, hashes[start // self.page:])
+        slots = torch.cat([prefix, new]) if start else new
+        snaps = self._snapshots(tokens.size, start, hashes)
+        for end in sorted(b for b in snaps if b < tokens.size):
+            node = self.tree.insert(tokens[:end], slots[:end], extra=snaps.pop(end)).last_node
+            if node.end != end or node.device is None:  # stopped at a load in flight
+                self._free(slots[end:], snaps)
+                return
+            # insert took ownership of slots[:end]: continue with the tree's own slots
+            slots = torch.cat([self.tree.device_slots(node), slots[end:]])
+        self.tree.insert(tokens, slots, extra=snaps.get(tokens.size))
+        self.ctrl.start_writing()
+
+    def _free(self, slots: torch.Tensor, snaps: dict[int, dict]) -> None:
+        if slots.numel():
+            self.cache.device_pools[self.anchor].free(slots)
+        for snap in snaps.values():
+            for root, s in snap.items():
+                self.cache.device_pools[root].free(s)
+
+    def _snapshots(self, end: int, start: int, hashes: list[int]) -> dict[int, dict]:
+        """State snapshots at the prompt end and the last block boundary in (start, end)."""
+        if not self.tree.hybrid or end <= start:
+            return {}
+        bounds = {end}
+        block = end - end % BLOCK_TOKENS
+        if start < block < end and block % self.page == 0:
+            bounds.add(block)
+        snaps = {}
+        for b in bounds:
+            snap = {}
+            for root, size in self.tree.state_sizes.items():
+                s = self._alloc(root, size, self.tree.evict_states)
+                if s is None:
+                    break
+                self.content.fill(root, s, [state_seed(hashes[b // self.page - 1])])
+                snap[root] = s
+            if len(snap) == len(self.tree.state_sizes):
+                snaps[b] = snap
+            else:
+                for root, s in snap.items():
+                    self.cache.device_pools[root].free(s)
+        return snaps
+
+    # ---- accounting ----------------------------------------------------------------
+    def _host_bytes_used(self) -> int:
+        host = self.cache.host_group.pools
+        total = 0
+        for spec in self.stack.data_pools():
+            used = host[self.stack.root_of(spec.name).name].allocator.used()
+            total += used // spec.tokens_per_row * spec.num_layers * spec.row_bytes
+        return total
+
+    def _collect_transfers(self) -> None:
+        ctrl = self.ctrl.stats()
+        st = self.stats
+        st.bytes_d2h = sum(ctrl["d2h"]["bytes"].values())
+        st.bytes_h2d = sum(ctrl["h2d"]["bytes"].values())
+        st.pages_d2h = ctrl["d2h"]["tokens"].get(self.anchor, 0) // self.page
+        st.pages_h2d = ctrl["h2d"]["tokens"].get(self.anchor, 0) // self.page

@@ -1,0 +1,147 @@
+"""Workloads of `hicache replay`: Mooncake traces, a built-in chat workload, and their tokens.
+
+A request is what a Mooncake trace line holds: ``hash_ids`` name 512-token blocks of the
+prompt (equal ids = equal content, and in Mooncake an id also fixes everything before
+it), ``input_length`` prompt tokens, ``output_length`` generated tokens.
+
+    block h  -> 512 token ids, a fixed function of h (splitmix64 of h * 512 + i)
+    prompt   =  concat(block(h) for h in hash_ids)[:input_length], then cut to whole pages
+
+    tokens   |<------ block 7 ------>|<------ block 9 ------>|<-- block 4 ..-->|
+             0                      512                     1024   input_length
+    pages    |  p0  |  p1  |  p2  |  p3  |  p4  |  p5  |  p6  |  (drop the partial page)
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+BLOCK_TOKENS = 512
+VOCAB = 1 << 17
+FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+
+
+class Request(NamedTuple):
+    """One prompt of the workload (a Mooncake trace line)."""
+
+    timestamp: int
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+_OFFSETS = np.arange(BLOCK_TOKENS, dtype=np.uint64)
+
+
+def request_tokens(req: Request, page_size: int) -> np.ndarray:
+    """The prompt's token ids (int64), truncated to ``input_length`` then to whole pages."""
+    ids = np.asarray(req.hash_ids, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        tokens = _splitmix64(ids[:, None] * np.uint64(BLOCK_TOKENS) + _OFFSETS) % np.uint64(VOCAB)
+    n = req.input_length - req.input_length % page_size
+    return tokens.reshape(-1)[:n].astype(np.int64)
+
+
+def _bad(lineno: int, path: str, msg: str) -> ValueError:
+    return ValueError(f"--trace {path}: line {lineno}: {msg}")
+
+
+def _int_field(rec: dict, name: str, lineno: int, path: str) -> int:
+    value = rec[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(lineno, path, f"{name!r} must be an integer, got {value!r}")
+    if value < 0:
+        raise _bad(lineno, path, f"{name!r} must be >= 0, got {value}")
+    return value
+
+
+def parse_line(line: str, lineno: int, path: str = "<trace>") -> Request:
+    """One trace line as a `Request`.
+
+    Raises:
+        ValueError: naming the line: not a JSON object, a missing field, a non-integer or
+            negative length, bad ``hash_ids``, or blocks not covering ``input_length``.
+    """
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise _bad(lineno, path, f"not valid JSON ({exc.msg})") from None
+    if not isinstance(rec, dict):
+        raise _bad(lineno, path, "must be a JSON object")
+    missing = [f for f in FIELDS if f not in rec]
+    if missing:
+        raise _bad(lineno, path, f"missing field(s) {missing}; need {list(FIELDS)}")
+    ts, n_in, n_out = (_int_field(rec, f, lineno, path) for f in FIELDS[:3])
+    ids = rec["hash_ids"]
+    if not isinstance(ids, list) or any(isinstance(h, bool) or not isinstance(h, int) or h < 0 for h in ids):
+        raise _bad(lineno, path, "'hash_ids' must be a list of non-negative integers")
+    if len(ids) * BLOCK_TOKENS < n_in:
+        raise _bad(lineno, path, f"{len(ids)} hash_ids cover {len(ids) * BLOCK_TOKENS} tokens, "
+                                 f"fewer than input_length={n_in}")
+    return Request(ts, n_in, n_out, tuple(ids))
+
+
+def load_trace(path: str | Path, max_requests: int | None = None) -> list[Request]:
+    """Parse a Mooncake JSONL trace (blank lines skipped); all lines checked before any replay.
+
+    Raises:
+        ValueError: a bad line (its number in the message), or a file with no requests.
+    """
+    path = str(path)
+    out: list[Request] = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if max_requests is not None and len(out) >= max_requests:
+                break
+            if line.strip():
+                out.append(parse_line(line, lineno, path))
+    if not out:
+        raise ValueError(f"--trace {path}: no requests in the file")
+    return out
+
+
+def chat_workload(seed: int = 0, conversations: int = 64, max_turns: int = 8,
+                  system_prompts: int = 4) -> list[Request]:
+    """A seeded multi-turn chat workload (no file needed).
+
+    Each conversation starts from one of ``system_prompts`` shared 2-block prompts; every
+    turn appends the previous answer (``output_length`` tokens, modelled as part of the
+    next prompt) and a new user message, so turn t+1's prompt extends turn t's. Turns of
+    different conversations interleave at random.
+    """
+    rng = random.Random(seed)
+    next_id = 2 * system_prompts
+    queues = []
+    for _ in range(conversations):
+        sp = rng.randrange(system_prompts)
+        ids, length, reqs = [2 * sp, 2 * sp + 1], 2 * BLOCK_TOKENS, []
+        for _turn in range(rng.randint(2, max_turns)):
+            length += rng.randint(150, 900)  # the new user message
+            while len(ids) * BLOCK_TOKENS < length:
+                ids.append(next_id)
+                next_id += 1
+            out = rng.randint(80, 400)
+            reqs.append((length, out, tuple(ids)))
+            length += out  # the answer becomes part of the next prompt
+        queues.append(reqs)
+    order = [c for c, q in enumerate(queues) for _ in q]
+    rng.shuffle(order)
+    cursor = [0] * conversations
+    out_reqs = []
+    for ts, c in enumerate(order):
+        n_in, n_out, ids = queues[c][cursor[c]]
+        cursor[c] += 1
+        out_reqs.append(Request(ts, n_in, n_out, ids))
+    return out_reqs
