@@ -61,8 +61,9 @@ def plan_jobs(stack: Stack, ops: list[Op], tables: Callable[[str], tuple[Any, An
     Args:
         tables: pool name -> (source-tier table, destination-tier table).
     """
-    src_rows = stack.derive_rows(_merge(ops, "src"))
-    dst_rows = stack.derive_rows(_merge(ops, "dst"))
+    # every op's slots were validated for their root's page when it was queued
+    src_rows = stack.derive_rows(_merge(ops, "src"), check=False)
+    dst_rows = stack.derive_rows(_merge(ops, "dst"), check=False)
     jobs = {}
     for name, rows in src_rows.items():
         spec = stack.pool(name)

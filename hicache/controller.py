@@ -110,7 +110,7 @@ class HybridCacheController:
         if dst is None:
             return None
         for name, slots in dst.items():  # fresh host pages are unreadable until acked
-            self._host_valid[name][host[name].allocator.pages_of(slots)] = False
+            self._host_valid[name][self._host_pages(name, slots)] = False
         return self._enqueue("d2h", src, dst, op_id)
 
     def load(self, host_indices: torch.Tensor, extra: Mapping[str, torch.Tensor] | None = None,
@@ -127,11 +127,18 @@ class HybridCacheController:
         for name, slots in src.items():
             alloc = self.host_group.pools[name].allocator
             pages = alloc.pages_of(slots)
-            if not (alloc.is_owned(slots) and self._host_valid[name][pages].all()):
+            if not (alloc.owns_pages(pages) and self._host_valid[name][pages].all()):
                 raise ValueError(f"host_indices: slots of pool {name!r} were never written or were freed")
         dst = self._alloc_all(src, lambda n, k: self._alloc[n](k), lambda n, s: self._free[n](s))
         if dst is None:
             return None
+        try:  # a server-supplied allocator must hand out whole aligned pages too
+            self._own_slots(dst.get(self.stack.anchor.name), {k: v for k, v in dst.items()
+                                                             if k != self.stack.anchor.name}, "device_alloc")
+        except ValueError:
+            for name, slots in dst.items():
+                self._free[name](slots)
+            raise
         return self._enqueue("h2d", src, dst, op_id)
 
     def _own_slots(self, anchor: torch.Tensor, extra: Mapping[str, torch.Tensor] | None,
@@ -170,6 +177,11 @@ class HybridCacheController:
                 return None
             taken[name] = got.to("cpu", torch.int64)
         return taken
+
+    def _host_pages(self, name: str, slots: torch.Tensor):
+        """Pages of host slots this controller allocated itself (already whole pages)."""
+        page = self.host_group.pools[name].allocator.page_size
+        return slots.numpy()[::page] // page
 
     def _enqueue(self, direction: str, src: dict, dst: dict, op_id: int | None) -> dict[str, torch.Tensor]:
         op_id = next(self._ids) if op_id is None else op_id
@@ -251,7 +263,7 @@ class HybridCacheController:
         for op in batch.ops:
             if ok and batch.direction == "d2h":
                 for name, slots in op.dst.items():
-                    self._host_valid[name][self.host_group.pools[name].allocator.pages_of(slots)] = True
+                    self._host_valid[name][self._host_pages(name, slots)] = True
             tokens, nbytes = self.counters.op_volume(self.stack, op.src)
             acks.append(Ack(op.op_id, batch.direction, ok, tokens, nbytes, batch.error))
             self.counters.record(batch.direction, ok, tokens, nbytes)

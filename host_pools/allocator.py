@@ -90,7 +90,10 @@ class PageAllocator:
 
     def is_owned(self, slots: torch.Tensor) -> bool:
         """True when every page of ``slots`` is currently allocated."""
-        pages = self.pages_of(slots)
+        return self.owns_pages(self.pages_of(slots))
+
+    def owns_pages(self, pages: np.ndarray) -> bool:
+        """True when every page in ``pages`` (from ``pages_of``) is currently allocated."""
         with self._lock:
             return bool(self._owned[pages].all())
 

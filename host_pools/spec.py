@@ -12,6 +12,7 @@ set) has no allocator: its rows come from its *source* pool's token slots.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -232,28 +233,48 @@ class Stack:
     def __iter__(self) -> Iterator[PoolSpec]:
         return iter(self.pools)
 
+    @functools.cached_property
+    def _by_name(self) -> dict[str, PoolSpec]:
+        return {p.name: p for p in self.pools}
+
+    @functools.cached_property
+    def _roots(self) -> dict[str, PoolSpec]:
+        roots = {}
+        for p in self.pools:
+            cur = p
+            while cur.indices_from is not None:
+                cur = self._by_name[cur.indices_from]
+            roots[p.name] = cur
+        return roots
+
+    @functools.cached_property
+    def _row_groups(self) -> dict[str, dict[int, tuple[str, ...]]]:
+        """root name -> tokens_per_row -> data pools with that root and row size."""
+        groups: dict[str, dict[int, list[str]]] = {}
+        for p in self.data_pools():
+            groups.setdefault(self._roots[p.name].name, {}).setdefault(p.tokens_per_row, []).append(p.name)
+        return {r: {t: tuple(names) for t, names in g.items()} for r, g in groups.items()}
+
     @property
     def anchor(self) -> PoolSpec:
         return next(p for p in self.pools if p.kind is PoolKind.ANCHOR)
 
     def pool(self, name: str) -> PoolSpec:
         """The pool called ``name``; ``ValueError`` listing the known names otherwise."""
-        for p in self.pools:
-            if p.name == name:
-                return p
-        raise ValueError(f"pool: unknown pool {name!r}; this stack has {[p.name for p in self.pools]}")
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise ValueError(f"pool: unknown pool {name!r}; this stack has {[p.name for p in self.pools]}") from None
 
-    @property
+    @functools.cached_property
     def own_indexed(self) -> tuple[PoolSpec, ...]:
         """Pools with their own allocator (the anchor and e.g. ``swa``)."""
         return tuple(p for p in self.pools if p.indices_from is None)
 
     def root_of(self, name: str) -> PoolSpec:
         """The own-indexed pool whose slots ``name``'s rows ultimately derive from."""
-        cur = self.pool(name)
-        while cur.indices_from is not None:
-            cur = self.pool(cur.indices_from)
-        return cur
+        self.pool(name)
+        return self._roots[name]
 
     def data_pools(self) -> tuple[PoolSpec, ...]:
         return tuple(p for p in self.pools if p.has_data)
@@ -262,22 +283,30 @@ class Stack:
     def num_model_layers(self) -> int:
         return max((max(p.layer_ids) + 1 for p in self.pools if p.num_layers), default=0)
 
-    def derive_rows(self, own_slots: "dict[str, torch.Tensor]") -> dict[str, torch.Tensor]:
+    def derive_rows(self, own_slots: "dict[str, torch.Tensor]", check: bool = True) -> dict[str, torch.Tensor]:
         """Rows of every data pool whose root's token slots are in ``own_slots``.
 
         Args:
             own_slots: token slots keyed by own-indexed pool name (``{"kv": ..., "swa": ...}``).
+            check: validate alignment; ``False`` only for slots already validated for
+                their root's page (the controller checks at ``write``/``load`` time).
         Returns:
-            ``{pool_name: rows}`` for each data pool rooted at one of the given pools.
+            ``{pool_name: rows}`` for each data pool rooted at one of the given pools;
+            pools with the same root and row size share one rows tensor.
         Raises:
             ValueError: slots not in aligned runs of a pool's ``tokens_per_row``.
         """
         out = {}
-        for spec in self.data_pools():
-            root = self.root_of(spec.name).name
-            if root in own_slots:
-                out[spec.name] = slots_to_rows(own_slots[root], spec.tokens_per_row,
-                                               what=f"slots of {root!r} (for pool {spec.name!r})")
+        for root, by_rows in self._row_groups.items():
+            if root not in own_slots:
+                continue
+            slots = own_slots[root]
+            for tpr, names in by_rows.items():
+                if check:
+                    rows = slots_to_rows(slots, tpr, what=f"slots of {root!r} (for pool {', '.join(map(repr, names))})")
+                else:
+                    rows = torch.from_numpy(slots.numpy()[::tpr] // tpr)
+                out.update(dict.fromkeys(names, rows))
         return out
 
     def row_bytes_per_anchor_page(self, names: Sequence[str] | None = None) -> int:

@@ -218,10 +218,15 @@ def _check_double_writes(planned: list[PlannedJob], single: bool) -> None:
         if job.dst_rows.device.type == "cpu" and job.num_rows and job.layers:
             by_table.setdefault(id(job.dst), []).append(i)
     for idxs in by_table.values():
+        if len(idxs) == 1:  # the common case: one job per destination table
+            _check_group(planned, (idxs[0],), single)
+            continue
         # Group jobs by which of them write each layer; check each distinct group once.
-        writers = {tuple(i for i in idxs if layer in planned[i].layers)
-                   for layer in {l for i in idxs for l in planned[i].layers}}
-        for group in writers:
+        per_layer: dict[int, list[int]] = {}
+        for i in idxs:
+            for layer in planned[i].layers:
+                per_layer.setdefault(layer, []).append(i)
+        for group in {tuple(g) for g in per_layer.values()}:
             _check_group(planned, group, single)
 
 

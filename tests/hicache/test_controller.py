@@ -241,3 +241,19 @@ def test_bad_input_changes_nothing(gen):
     cache.host_group.pools["swa"].free(host["swa"])
     assert allocator_state(cache) == before and ctrl.pending() == 0
     ctrl.check_integrity()
+
+
+def test_server_allocator_with_unaligned_slots_is_refused(gen):
+    cache = make("dsv4")
+    fill_random(cache, gen)
+    kv, extra = alloc_device(cache)
+    host = backup(cache, kv, extra)
+    # a server allocator that hands out slots off by one: refused, and given back
+    given_back = []
+    ctrl = type(cache.controller)(cache.device_pools, cache.host_group, cache.config, backend="torch",
+                                  device_alloc={"kv": lambda n: torch.arange(1, n + 1)},
+                                  device_free={"kv": given_back.append})
+    ctrl._host_valid = cache.controller._host_valid  # same host pages, already backed up
+    with pytest.raises(ValueError, match="device_alloc"):
+        ctrl.load(host["kv"])
+    assert len(given_back) == 1 and ctrl.pending() == 0
