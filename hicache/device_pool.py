@@ -11,10 +11,11 @@ from typing import Sequence
 import torch
 
 from host_pools.allocator import PageAllocator
+from host_pools.pools import OwnSlotsMixin
 from host_pools.spec import PoolSpec
 
 
-class DevicePool:
+class DevicePool(OwnSlotsMixin):
     """Device buffers of one pool plus, when own-indexed, its slot allocator.
 
     Args:
@@ -77,31 +78,8 @@ class DevicePool:
         return cls(spec, [], num_tokens, torch.device(device), page_size)
 
     @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
     def nbytes(self) -> int:
         return self.num_rows * self.spec.num_layers * self.spec.row_bytes
-
-    def _own(self) -> PageAllocator:
-        if self.allocator is None:
-            raise ValueError(f"pool {self.name!r} borrows indices from {self.spec.indices_from!r}")
-        return self.allocator
-
-    def alloc(self, num_tokens: int) -> torch.Tensor | None:
-        """Device token slots (whole pages), or ``None`` when short. Thread-safe."""
-        return self._own().alloc(num_tokens)
-
-    def free(self, slots: torch.Tensor) -> int:
-        """Give device slots back; ``ValueError`` on bad or double frees (nothing changes)."""
-        return self._own().free(slots)
-
-    def available(self) -> int:
-        return self._own().available()
-
-    def rows_of(self, slots: torch.Tensor) -> torch.Tensor:
-        return self.spec.rows_of(slots)
 
     def row_views(self) -> list[list[torch.Tensor]]:
         """``views[layer][buffer]``: ``[num_rows, buffer_bytes]`` uint8 views of the tensors."""

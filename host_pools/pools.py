@@ -20,7 +20,44 @@ from host_pools.spec import PoolKind, PoolSpec
 LAYOUTS = ("page_first", "layer_first")
 
 
-class LogicalHostPool:
+class OwnSlotsMixin:
+    """Slot allocation of a pool that may own an allocator (own-indexed) or borrow (sidecar).
+
+    Needs ``self.spec`` and ``self.allocator`` (``None`` for a sidecar). Thread-safe
+    through the allocator.
+    """
+
+    spec: PoolSpec
+    allocator: PageAllocator | None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def _own(self) -> PageAllocator:
+        if self.allocator is None:
+            raise ValueError(f"pool {self.name!r} borrows indices from {self.spec.indices_from!r}; "
+                             "allocate from its source")
+        return self.allocator
+
+    def alloc(self, num_tokens: int) -> torch.Tensor | None:
+        """Whole-page token slots from this pool's allocator, or ``None`` when short."""
+        return self._own().alloc(num_tokens)
+
+    def free(self, slots: torch.Tensor) -> int:
+        """Give slots back; ``ValueError`` on unaligned, out-of-range or double frees (nothing changes)."""
+        return self._own().free(slots)
+
+    def available(self) -> int:
+        """Free token slots."""
+        return self._own().available()
+
+    def rows_of(self, slots: torch.Tensor) -> torch.Tensor:
+        """Rows of aligned runs of this pool's token slots."""
+        return self.spec.rows_of(slots)
+
+
+class LogicalHostPool(OwnSlotsMixin):
     """The data-less anchor (DeepSeek-V4): page-aligned host token slots, no tensor.
 
     Args:
@@ -39,26 +76,11 @@ class LogicalHostPool:
         self.num_rows = self.num_tokens
 
     @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
     def nbytes(self) -> int:
         return 0
 
-    def alloc(self, num_tokens: int) -> torch.Tensor | None:
-        """Page-aligned token slots, or ``None`` when short. Thread-safe."""
-        return self.allocator.alloc(num_tokens)
 
-    def free(self, slots: torch.Tensor) -> int:
-        """Give slots back; ``ValueError`` on unaligned, out-of-range or double frees."""
-        return self.allocator.free(slots)
-
-    def available(self) -> int:
-        return self.allocator.available()
-
-
-class HostPool:
+class HostPool(OwnSlotsMixin):
     """Host mirror of one device pool: one uint8 tensor, optionally with its own allocator.
 
     Args:
@@ -107,31 +129,8 @@ class HostPool:
         return num_rows * spec.num_layers * spec.row_bytes
 
     @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
     def nbytes(self) -> int:
         return self.buffer.numel()
-
-    def _own(self) -> PageAllocator:
-        if self.allocator is None:
-            raise ValueError(f"pool {self.name!r} borrows indices from {self.spec.indices_from!r}; "
-                             "allocate from its source")
-        return self.allocator
-
-    def alloc(self, num_tokens: int) -> torch.Tensor | None:
-        """Row-aligned token slots from this pool's own allocator, or ``None`` when short."""
-        return self._own().alloc(num_tokens)
-
-    def free(self, slots: torch.Tensor) -> int:
-        return self._own().free(slots)
-
-    def available(self) -> int:
-        return self._own().available()
-
-    def rows_of(self, slots: torch.Tensor) -> torch.Tensor:
-        return self.spec.rows_of(slots)
 
     def row_views(self) -> list[list[torch.Tensor]]:
         """``views[layer][buffer]``: 2-D uint8 ``[num_rows, buffer_bytes]`` strided views."""
