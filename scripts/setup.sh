@@ -20,6 +20,9 @@ pipi() { "$V" -m pip install -q --disable-pip-version-check "$@"; }
 for mod in numpy psutil pytest hypothesis matplotlib; do
   "$V" -c "import $mod" 2>/dev/null || pipi "$mod"
 done
-"$V" -c "import setuptools" 2>/dev/null || pipi setuptools
+# editable install without build isolation: needs setuptools >= 64 and wheel locally
+"$V" -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 64)" 2>/dev/null \
+  || pipi "setuptools>=64"
+"$V" -c "import wheel" 2>/dev/null || pipi wheel
 pipi --no-deps --no-build-isolation -e .
 touch "$STAMP"
