@@ -82,11 +82,15 @@ def _config(args: argparse.Namespace, ratio: float) -> HiCacheConfig:
 
 
 class Progress:
-    """A one-line progress bar on stderr, redrawn about 50 times per run."""
+    """A one-line progress bar on stderr, redrawn about 50 times per run.
+
+    On a terminal the line is redrawn in place; in a log (stderr not a TTY) only the
+    finished line is written, so CI logs get one line per run instead of fifty.
+    """
 
     def __init__(self, total: int, label: str, enabled: bool) -> None:
         self.total, self.label, self.enabled = total, label, enabled
-        self.step = max(1, total // 50)
+        self.step = max(1, total // 50) if sys.stderr.isatty() else max(1, total)
 
     def __call__(self, done: int) -> None:
         if self.enabled and (done % self.step == 0 or done == self.total):
