@@ -241,6 +241,11 @@ class HybridCacheController:
 
     def _rollback(self, batch: Batch, exc: BaseException) -> None:
         batch.error = f"{type(exc).__name__}: {exc}"
+        stream = self.write_stream if batch.direction == "d2h" else self.load_stream
+        if stream is not None:
+            # Launches before the failing one may still be copying into the slots freed
+            # below: whatever reuses them on the current stream must run after those.
+            torch.cuda.current_stream(self.device).wait_stream(stream)
         for op in batch.ops:
             for name, slots in op.dst.items():
                 if batch.direction == "d2h":
