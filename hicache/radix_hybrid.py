@@ -16,9 +16,9 @@ row for DeepSeek-V4).
 
     * the match ends at the deepest node boundary with the full history chain (every node
       of the tree has its history on some tier, so any path qualifies) AND a snapshot on
-      either tier: here 1024 (end of D); the root (empty state) always qualifies.
+      either tier: here 1280 (end of D); the root (empty state) always qualifies.
     * the device hit ends at the deepest boundary <= the match end whose history up to it
-      is all on the device and whose snapshot is on the device: here 512 (end of B). C's
+      is all on the device and whose snapshot is on the device: here 768 (end of B). C's
       history is on the device but C has no snapshot, so it counts as host hit.
     * ``load_back(D)`` loads the host-only history (D's pages) and D's snapshot; pages
       already on the device (C) are not moved again.
