@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -44,7 +44,6 @@ class Batch:
     consumer: int = -1
     event: Any = None  # CUDA event recorded after the last launch; None on CPU
     error: str | None = None
-    rows: dict[str, int] = field(default_factory=dict)  # rows moved per pool (for stats)
 
 
 def _merge(ops: list[Op], side: str) -> dict[str, torch.Tensor]:

@@ -230,7 +230,6 @@ class HybridCacheController:
 
     def _launch(self, batch: Batch) -> None:
         jobs = plan_jobs(self.stack, batch.ops, self._table_pair(batch.direction))
-        batch.rows = {key[0]: int(job.src_rows.numel()) for key, job in jobs.items()}
         if batch.direction == "d2h":
             launch_backup(jobs, self.backend)
         else:

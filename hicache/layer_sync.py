@@ -38,20 +38,17 @@ class LayerDoneCounter:
                         if self._cuda else None)
         self._next = 0
         self.consumer = 0
-        self.recorded = [0] * ring  # layers recorded in each slot's current batch
 
     def begin(self) -> int:
         """Take the next ring slot for a new batch; returns its consumer index."""
         k = self._next
         self._next = (k + 1) % self.ring
-        self.recorded[k] = 0
         return k
 
     def record(self, layer: int, index: int) -> None:
         """Mark ``layer`` of batch ``index`` done on the current (load) stream."""
         if self._cuda:
             self._events[index][layer].record()
-        self.recorded[index] = layer + 1
 
     def set_consumer(self, index: int) -> None:
         """Select the batch the compute stream waits on by default."""

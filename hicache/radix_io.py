@@ -72,14 +72,20 @@ class TransferMixin:
         return op
 
     def _make_host_room(self, anchor_tokens: int, with_state: bool) -> None:
-        short = anchor_tokens - self.host_pool.available()
+        self._make_room(self.host_pool, self.cache.host_group.pools, self.evict_host,
+                        self.evict_host_states, anchor_tokens, with_state)
+
+    def _make_room(self, anchor_pool, pools, evict, evict_states, anchor_tokens: int,
+                   with_state: bool) -> None:
+        """Evict on one tier until ``anchor_tokens`` (and, with state, one snapshot) fit."""
+        short = anchor_tokens - anchor_pool.available()
         if short > 0:
-            self.evict_host(short)
+            evict(short)
         if with_state:
             for name, size in self.state_sizes.items():
-                short = size - self.cache.host_group.pools[name].available()
+                short = size - pools[name].available()
                 if short > 0:
-                    self.evict_host_states(short)
+                    evict_states(short)
 
     # ---- loads -------------------------------------------------------------------
     def load_back(self, node: TreeNode) -> dict[str, torch.Tensor] | None:
@@ -129,14 +135,8 @@ class TransferMixin:
         return chain[::-1]
 
     def _make_device_room(self, anchor_tokens: int, with_state: bool) -> None:
-        short = anchor_tokens - self.device_pool.available()
-        if short > 0:
-            self.evict(short)
-        if with_state:
-            for name, size in self.state_sizes.items():
-                short = size - self.cache.device_pools[name].available()
-                if short > 0:
-                    self.evict_states(short)
+        self._make_room(self.device_pool, self.cache.device_pools, self.evict,
+                        self.evict_states, anchor_tokens, with_state)
 
     # ---- acks --------------------------------------------------------------------
     def poll(self) -> list[Ack]:

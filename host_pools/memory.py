@@ -200,8 +200,3 @@ class HostReservation:
         self.buffers.clear()
 
 
-def pin_available() -> bool:
-    """Whether host buffers should be pinned: CUDA is present and initialisable."""
-    return torch.cuda.is_available()
-
-
