@@ -23,7 +23,8 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import harness  # noqa: E402
-from transfer_kernels import RowTable, copy_rows, get_backend  # noqa: E402
+from transfer_kernels import (AutoBackend, RowTable, TritonBackend, copy_rows,  # noqa: E402
+                              get_backend, tuning)
 
 
 class PoolGeometry(NamedTuple):
@@ -64,6 +65,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--layouts", default="page_first,layer_first")
     p.add_argument("--directions", default="h2d,d2h")
     p.add_argument("--reps", type=int, default=None)
+    p.add_argument("--triton-programs", type=int, default=None,
+                   help="grid cap of the triton backend (default: tuning.TRITON_MAX_PROGRAMS)")
+    p.add_argument("--tile-bytes", type=int, default=None,
+                   help="tile of the triton backend (default: tuning.TRITON_TILE_BYTES)")
     p.add_argument("--out", type=Path, default=None, help="JSON path (PNG next to it)")
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
@@ -133,7 +138,7 @@ def measure(args: argparse.Namespace, sides: Sides, name: str, layout: str, dire
     limit = harness.time_fn(memcpy.fn(num_bytes, direction), args.device, reps=args.reps)
     rows = [dict(base, backend="memcpy", **limit._asdict())]
     for backend in args.backends:
-        impl = get_backend(backend, fresh=True)
+        impl = make_backend(backend, args)
         t = harness.time_fn(lambda: copy_rows(src, dst, src_rows, dst_rows, layers, impl),
                             args.device, warmup=2, reps=args.reps)
         rows.append(dict(base, backend=backend, **t._asdict()))
@@ -141,6 +146,16 @@ def measure(args: argparse.Namespace, sides: Sides, name: str, layout: str, dire
         r["GBps"] = harness.gbps(num_bytes, r["p50_ms"])
         r["frac_limit"] = r["GBps"] / rows[0]["GBps"]
     return rows
+
+
+def make_backend(name: str, args: argparse.Namespace):
+    """A fresh backend; the triton one (alone or inside auto) with the CLI's grid and tile."""
+    if args.triton_programs is None and args.tile_bytes is None:
+        return get_backend(name, fresh=True)
+    triton = TritonBackend(args.triton_programs, args.tile_bytes or tuning.TRITON_TILE_BYTES)
+    if name == "triton":
+        return triton
+    return AutoBackend(triton=triton) if name == "auto" else get_backend(name, fresh=True)
 
 
 def sweep(args: argparse.Namespace) -> list[dict]:
@@ -205,7 +220,12 @@ def run(argv: Sequence[str] | None = None) -> list[dict]:
         else harness.device_name(args.device)
     print(f"h2d benchmark on {label}: pools={args.pools} layers={args.layers} "
           f"rows={args.batch_sizes} backends={args.backends}")
-    rows = sweep(args)
+    if args.device.type == "cuda":
+        # A side stream, as the controller uses (the batched copy refuses the legacy one).
+        with torch.cuda.stream(torch.cuda.Stream(args.device)):
+            rows = sweep(args)
+    else:
+        rows = sweep(args)
     out = args.out or harness.RESULTS_DIR / f"h2d_{harness.device_slug(args.device)}.json"
     config = {k: (str(v) if isinstance(v, (Path, torch.device)) else v)
               for k, v in vars(args).items()}

@@ -14,7 +14,6 @@ each followed by that layer's done-event.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -33,6 +32,7 @@ class Op:
     direction: str  # "d2h" (write / backup) or "h2d" (load)
     src: dict[str, torch.Tensor]
     dst: dict[str, torch.Tensor]
+    host_gens: dict[str, Any] | None = None  # d2h: allocation generations of the dst pages
 
 
 @dataclass(slots=True)
@@ -91,12 +91,21 @@ def launch_load(stack: Stack, jobs: dict[tuple, CopyJob], backend: CopyBackend,
                 on_layer: Callable[[int], None]) -> None:
     """One launch per model layer covering every pool that has it, then ``on_layer(i)``.
 
-    The whole batch is validated once; each layer launches a subset of that plan.
+    The whole batch is validated and prepared once (the triton backend stages every
+    layer's descriptors and indices in one copy); each layer's launch is a slice of it.
     """
     plan = make_plan(list(jobs.values()))
-    by_pool = {key[0]: job for key, job in zip(jobs, plan.jobs)}
-    for layer, entries in enumerate(layer_plan(stack, tuple(by_pool))):
-        if entries:
-            backend.execute(plan.subset(dataclasses.replace(by_pool[name], layers=(local,))
-                                        for name, local in entries))
+    groups = load_groups(stack, tuple(key[0] for key in jobs))
+    prepared = backend.prepare(plan, groups)
+    for layer in range(len(groups)):
+        prepared.launch(layer)
         on_layer(layer)
+
+
+@functools.lru_cache(maxsize=64)
+def load_groups(stack: Stack, pools: tuple[str, ...]) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """For each model layer, the (job index, pool-local layer) pairs it loads; job ``j``
+    is pool ``pools[j]``."""
+    job_of = {name: j for j, name in enumerate(pools)}
+    return tuple(tuple((job_of[name], local) for name, local in entries)
+                 for entries in layer_plan(stack, pools))

@@ -27,8 +27,9 @@ class HiCache:
     controller: HybridCacheController
 
     def close(self) -> None:
-        """Unpin host memory (call at shutdown; buffers go with their last reference)."""
-        self.host_group.close()
+        """Wait for in-flight copies, then unpin host memory (call at shutdown; buffers go
+        with their last reference). Further transfers raise ``RuntimeError``."""
+        self.controller.close()
 
 
 def build_device_pools(stack: Stack, device_rows: dict[str, int], device: torch.device) -> dict[str, DevicePool]:

@@ -2,14 +2,18 @@
 
 Life of an operation (``write`` = backup D2H, ``load`` = H2D):
 
-    write()/load()     validate, allocate destination slots all-or-nothing, queue
-         |             (short on any pool -> free what this call took, return None)
+    write()/load()     validate (once, here), allocate destination slots all-or-nothing,
+         |             queue (short on any pool -> free what this call took, return None;
+         |             an allocator that raises -> free what this call took, re-raise)
     start_writing()/start_loading()
-         |             merge every queued op into one batch (see hicache.batch), launch
-         |             (a raising launch -> free the batch's destination slots, fail acks)
-    poll()             finished batches -> Acks in order; successful writes mark their
-                       host pages readable by later loads
+         |             merge every queued op of that direction into one batch (see
+         |             hicache.batch), launch (a raising launch -> free the batch's
+         |             destination slots, fail its acks; a load returns None)
+    poll()             finished batches -> Acks, in order per direction; a successful
+                       write makes its host pages loadable
 
+Acks, not CUDA events, say that data is valid: a rolled-back load still signals every
+layer event of its consumer (so no waiter hangs), but its device slots were freed.
 CPU mode (device ``cpu``) runs the same path synchronously, without streams.
 """
 from __future__ import annotations
@@ -22,16 +26,17 @@ import numpy as np
 import torch
 
 from host_pools.group import HostPoolGroup
-from host_pools.spec import slots_to_rows
 from hicache.batch import Batch, Op, launch_backup, launch_load, plan_jobs
 from hicache.config import HiCacheConfig
 from hicache.device_pool import DevicePool
 from hicache.layer_sync import LayerDoneCounter
+from hicache.slots import alloc_all, check_owned, check_pages, edge_slots, free_all
 from hicache.stats import TransferStats
 from transfer_kernels import CopyBackend, RowTable, TritonBackend, get_backend
 
 AllocFn = Callable[[int], "torch.Tensor | None"]
 FreeFn = Callable[[torch.Tensor], Any]
+DIRECTIONS = ("d2h", "h2d")
 
 
 class Ack(NamedTuple):
@@ -55,7 +60,9 @@ class HybridCacheController:
         backend: overrides ``config.io_backend`` (a name or a `CopyBackend`, e.g. a
             `FaultyBackend` in tests).
         device_alloc / device_free: the server's own device allocators per own-indexed
-            pool name; default to the device pools' allocators.
+            pool name; default to the device pools' allocators. Slots they hand out are
+            checked (whole pages, in range); slots passed to ``write`` are checked to be
+            allocated only for pools using the device pools' own allocators.
     Not thread-safe: call from the scheduler thread.
     """
 
@@ -70,124 +77,114 @@ class HybridCacheController:
         self.device_pools, self.host_group, self.config = dict(device_pools), host_group, config
         self.backend = get_backend(backend) if backend is not None else _make_backend(config)
         own = [p.name for p in self.stack.own_indexed]
+        self._server_alloc = set((device_alloc or {}).keys()) & set(own)
         self._alloc = {n: (device_alloc or {}).get(n, self.device_pools[n].alloc) for n in own}
         self._free = {n: (device_free or {}).get(n, self.device_pools[n].free) for n in own}
-        # Host pages whose backup finished: only those may be loaded.
-        self._host_valid = {n: np.zeros(host_group.pools[n].allocator.num_pages, np.bool_) for n in own}
+        # Per host page: the allocation generation its last acked backup wrote into.
+        # A page is loadable only while it is still that allocation (0 = never written).
+        self._host_stamp = {n: np.zeros(host_group.pools[n].allocator.num_pages, np.int64)
+                            for n in own}
         self.device = next(iter(self.device_pools.values())).device
         self._cuda = self.device.type == "cuda"
         self.write_stream = torch.cuda.Stream(self.device) if self._cuda else None
         self.load_stream = torch.cuda.Stream(self.device) if self._cuda else None
         self.layer_done = LayerDoneCounter(self.stack.num_model_layers, self.device)
-        self._queues: dict[str, list[Op]] = {"d2h": [], "h2d": []}
-        self._inflight: deque[Batch] = deque()
+        self._queues: dict[str, list[Op]] = {d: [] for d in DIRECTIONS}
+        self._inflight: dict[str, deque[Batch]] = {d: deque() for d in DIRECTIONS}
         self._ids = itertools.count()
         self._tables: dict[tuple[str, str], RowTable] = {}
         self.counters = TransferStats()
         self.last_op_id = -1
+        self.closed = False
+        if self._cuda:
+            self._stage_descriptors()
+
+    def _stage_descriptors(self) -> None:
+        """Upload every table's descriptor now, not on the first transfer's hot path."""
+        for p in self.stack.data_pools():
+            self.device_pools[p.name].row_table().device_desc(self.device)
+            self._host_table(p.name).device_desc(self.device)
 
     # ---- queueing -------------------------------------------------------------------
-    def write(self, device_indices: torch.Tensor, extra: Mapping[str, torch.Tensor] | None = None,
-              *, op_id: int | None = None) -> dict[str, torch.Tensor] | None:
+    def write(self, device_indices: Any, extra: Mapping[str, Any] | None = None
+              ) -> dict[str, torch.Tensor] | None:
         """Queue a backup of device slots; allocate their host slots all-or-nothing.
 
         Args:
-            device_indices: anchor device token slots (whole pages, int64, CPU).
+            device_indices: anchor device token slots (whole pages; an int64 CPU tensor,
+                a list or a numpy array; empty when only ``extra`` moves).
             extra: device slots of other own-indexed pools, e.g. ``{"swa": slots}``.
-            op_id: the caller's id for the ack (default: a fresh integer).
         Returns:
             Host slots keyed by pool name, or ``None`` if any host pool is short (nothing
-            is allocated or queued then).
+            is allocated or queued then). The op's id is ``last_op_id`` afterwards.
         Raises:
-            ValueError: unaligned or out-of-range slots, or ``extra`` naming a pool that is
-                not an own-indexed pool of the stack.
+            ValueError: slots that are unaligned, out of range, repeated, on a CUDA device
+                or not allocated on the device; ``extra`` naming a pool that is not an
+                own-indexed pool of the stack. Nothing changes.
+            RuntimeError: the controller is closed.
         """
-        src = self._own_slots(device_indices, extra, "device_indices")
+        self._check_open()
+        src = edge_slots(self.stack, device_indices, extra, "device_indices")
         for name, slots in src.items():
-            self._check_range(slots, self.device_pools[name].num_tokens, name, "device_indices")
+            pool = self.device_pools[name]
+            check_pages(slots, pool.allocator.page_size, pool.num_tokens, _label("device_indices", name))
+            if name not in self._server_alloc:
+                check_owned(pool.allocator, slots, _label("device_indices", name))
         host = self.host_group.pools
-        dst = self._alloc_all(src, lambda n, k: host[n].alloc(k), lambda n, s: host[n].free(s))
+        dst = alloc_all(src, lambda n, k: host[n].alloc(k), lambda n, s: host[n].free(s))
         if dst is None:
             return None
-        for name, slots in dst.items():  # fresh host pages are unreadable until acked
-            self._host_valid[name][self._host_pages(name, slots)] = False
-        return self._enqueue("d2h", src, dst, op_id)
+        gens = {n: host[n].allocator.generations(host[n].allocator.pages_of(s)) for n, s in dst.items()}
+        return self._enqueue(Op(-1, "d2h", src, dst, gens))
 
-    def load(self, host_indices: torch.Tensor, extra: Mapping[str, torch.Tensor] | None = None,
-             *, op_id: int | None = None) -> dict[str, torch.Tensor] | None:
+    def load(self, host_indices: Any, extra: Mapping[str, Any] | None = None
+             ) -> dict[str, torch.Tensor] | None:
         """Queue a load of host slots; allocate their device slots all-or-nothing.
 
+        Args:
+            host_indices: anchor host token slots from an acked ``write`` (whole pages).
+            extra: host slots of other own-indexed pools, e.g. ``{"swa": slots}``.
         Returns:
             Device slots keyed by pool name, or ``None`` if any device pool is short.
         Raises:
             ValueError: bad slots or pool names, or host slots that were never written
-                (backup not acked) or were freed.
+                (backup not acked), were freed, or were freed and allocated again since.
+                Also when a server allocator hands out bad slots (they are given back).
+            RuntimeError: the controller is closed.
         """
-        src = self._own_slots(host_indices, extra, "host_indices")
+        self._check_open()
+        src = edge_slots(self.stack, host_indices, extra, "host_indices")
         for name, slots in src.items():
-            alloc = self.host_group.pools[name].allocator
-            pages = alloc.pages_of(slots)
-            if not (alloc.owns_pages(pages) and self._host_valid[name][pages].all()):
-                raise ValueError(f"host_indices: slots of pool {name!r} were never written or were freed")
-        dst = self._alloc_all(src, lambda n, k: self._alloc[n](k), lambda n, s: self._free[n](s))
+            self._check_loadable(name, slots)
+        dst = alloc_all(src, lambda n, k: self._alloc[n](k), lambda n, s: self._free[n](s))
         if dst is None:
             return None
-        try:  # a server-supplied allocator must hand out whole aligned pages too
-            self._own_slots(dst.get(self.stack.anchor.name), {k: v for k, v in dst.items()
-                                                             if k != self.stack.anchor.name}, "device_alloc")
-        except ValueError:
+        try:  # a server-supplied allocator must hand out whole aligned pages in range too
             for name, slots in dst.items():
-                self._free[name](slots)
+                pool = self.device_pools[name]
+                check_pages(slots, pool.allocator.page_size, pool.num_tokens, _label("device_alloc", name))
+        except ValueError:
+            free_all(dst, lambda n, s: self._free[n](s))
             raise
-        return self._enqueue("h2d", src, dst, op_id)
+        return self._enqueue(Op(-1, "h2d", src, dst))
 
-    def _own_slots(self, anchor: torch.Tensor, extra: Mapping[str, torch.Tensor] | None,
-                   what: str) -> dict[str, torch.Tensor]:
-        own = {p.name for p in self.stack.own_indexed}
-        anchor_name = self.stack.anchor.name
-        slots = {anchor_name: anchor} if anchor is not None and anchor.numel() else {}
-        for name, s in (extra or {}).items():
-            if name not in own or name == anchor_name:
-                raise ValueError(f"extra: {name!r} is not an own-indexed pool other than the anchor; "
-                                 f"allowed: {sorted(own - {anchor_name})}")
-            if s.numel():
-                slots[name] = s
-        if not slots:
-            raise ValueError(f"{what}: nothing to transfer (empty anchor slots and no extra)")
-        for name, s in slots.items():
-            unit = self.stack.page_size if name == anchor_name else self.stack.pool(name).tokens_per_row
-            slots_to_rows(s, unit, what=f"{what} ({name!r}, whole pages of {unit})")
-        return {n: s.to("cpu", torch.int64) for n, s in slots.items()}
+    def _check_loadable(self, name: str, slots: torch.Tensor) -> None:
+        pool = self.host_group.pools[name]
+        what = _label("host_indices", name)
+        check_pages(slots, pool.allocator.page_size, pool.num_tokens, what)
+        pages = check_owned(pool.allocator, slots, what, "never written, or freed")
+        if not (self._host_stamp[name][pages] == pool.allocator.generations(pages)).all():
+            raise ValueError(f"{what}: slots were never written (backup not acked yet), or were "
+                             f"freed and allocated again since their backup")
 
-    @staticmethod
-    def _check_range(slots: torch.Tensor, limit: int, name: str, what: str) -> None:
-        arr = slots.numpy()
-        lo, hi = int(arr.min()), int(arr.max())
-        if lo < 0 or hi >= limit:
-            raise ValueError(f"{what}: slots of {name!r} must be in [0, {limit}), got [{lo}, {hi}]")
+    def _enqueue(self, op: Op) -> dict[str, torch.Tensor]:
+        op.op_id = self.last_op_id = next(self._ids)
+        self._queues[op.direction].append(op)
+        return dict(op.dst)
 
-    @staticmethod
-    def _alloc_all(src: dict[str, torch.Tensor], alloc: Callable, free: Callable) -> dict | None:
-        taken: dict[str, torch.Tensor] = {}
-        for name, slots in src.items():
-            got = alloc(name, slots.numel())
-            if got is None:
-                for n, s in taken.items():
-                    free(n, s)
-                return None
-            taken[name] = got.to("cpu", torch.int64)
-        return taken
-
-    def _host_pages(self, name: str, slots: torch.Tensor):
-        """Pages of host slots this controller allocated itself (already whole pages)."""
-        page = self.host_group.pools[name].allocator.page_size
-        return slots.numpy()[::page] // page
-
-    def _enqueue(self, direction: str, src: dict, dst: dict, op_id: int | None) -> dict[str, torch.Tensor]:
-        op_id = next(self._ids) if op_id is None else op_id
-        self.last_op_id = op_id
-        self._queues[direction].append(Op(op_id, direction, src, dst))
-        return dict(dst)
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("controller: closed (host memory was released by close())")
 
     # ---- launching ------------------------------------------------------------------
     def _table_pair(self, direction: str) -> Callable[[str], tuple[RowTable, RowTable]]:
@@ -199,34 +196,51 @@ class HybridCacheController:
     def _host_table(self, name: str) -> RowTable:
         key = ("host", name)
         if key not in self._tables:
-            self._tables[key] = RowTable.from_views(self.host_group.pools[name].row_views(), name=name)
+            self._tables[key] = RowTable.from_views(self.host_group.pools[name].row_views(), name=name,
+                                                    chunk_starts=self.host_group.pin_chunks(name))
         return self._tables[key]
 
     def start_writing(self) -> None:
-        """Launch every queued write as one batch (all layers, on the write stream)."""
+        """Launch every queued write as one batch (all layers, on the write stream).
+
+        Raises:
+            RuntimeError: the controller is closed.
+        """
+        self._check_open()
         self._start("d2h")
 
-    def start_loading(self) -> int:
-        """Launch every queued load as one batch, layer by layer; returns its consumer index."""
+    def start_loading(self) -> int | None:
+        """Launch every queued load as one batch, layer by layer, on the load stream.
+
+        Returns:
+            The batch's consumer index for ``layer_done.wait_until`` (the current one
+            when nothing was queued), or ``None`` when the launch failed and the batch was
+            rolled back (its acks report failure; its layer events are all signalled).
+        Raises:
+            RuntimeError: the controller is closed.
+        """
+        self._check_open()
         return self._start("h2d")
 
-    def _start(self, direction: str) -> int:
+    def _start(self, direction: str) -> int | None:
         ops, self._queues[direction] = self._queues[direction], []
         if not ops:
-            return self.layer_done.consumer
+            return self.layer_done.consumer if direction == "h2d" else None
         batch = Batch(ops, direction)
         if direction == "h2d":
             batch.consumer = self.layer_done.begin()
         stream = self.write_stream if direction == "d2h" else self.load_stream
-        try:
-            with _on_stream(stream):
+        on_stream = _on_stream(stream)
+        with on_stream:
+            try:
                 self._launch(batch)
-        except Exception as exc:  # any launch failure rolls the whole batch back
-            self._rollback(batch, exc)
-        self._inflight.append(batch)
-        if direction == "h2d":
-            self.layer_done.set_consumer(batch.consumer)
-        return batch.consumer
+            except Exception as exc:  # any launch failure rolls the whole batch back
+                self._rollback(batch, exc, on_stream.outer)
+        self._inflight[direction].append(batch)
+        if direction == "d2h":
+            return None
+        self.layer_done.set_consumer(batch.consumer)
+        return None if batch.error else batch.consumer
 
     def _launch(self, batch: Batch) -> None:
         jobs = plan_jobs(self.stack, batch.ops, self._table_pair(batch.direction))
@@ -234,31 +248,44 @@ class HybridCacheController:
             launch_backup(jobs, self.backend)
         else:
             launch_load(self.stack, jobs, self.backend, lambda i: self.layer_done.record(i, batch.consumer))
+        self._record_event(batch)
+
+    def _record_event(self, batch: Batch) -> None:
         if self._cuda:
             batch.event = torch.cuda.Event()
             batch.event.record()
 
-    def _rollback(self, batch: Batch, exc: BaseException) -> None:
+    def _rollback(self, batch: Batch, exc: BaseException, outer: Any = None) -> None:
+        """Free the batch's destination slots; on CUDA it runs on the batch's stream and
+        ``outer`` is the caller's (compute) stream."""
         batch.error = f"{type(exc).__name__}: {exc}"
-        stream = self.write_stream if batch.direction == "d2h" else self.load_stream
-        if stream is not None:
+        if batch.direction == "h2d":
+            # Every layer event fires after what was enqueued: no waiter hangs or reads early.
+            self.layer_done.record_all(batch.consumer)
+        if outer is not None:
             # Launches before the failing one may still be copying into the slots freed
-            # below: whatever reuses them on the current stream must run after those.
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-        for op in batch.ops:
-            for name, slots in op.dst.items():
-                if batch.direction == "d2h":
-                    self.host_group.pools[name].free(slots)
-                else:
-                    self._free[name](slots)
+            # below: whatever reuses them on the compute stream must run after those.
+            outer.wait_stream(torch.cuda.current_stream(self.device))
+        self._record_event(batch)
+        host = self.host_group.pools
+        free = ((lambda n, s: host[n].free(s)) if batch.direction == "d2h"
+                else (lambda n, s: self._free[n](s)))
+        errors = [e for op in batch.ops for e in free_all(op.dst, free)]
+        if errors:
+            batch.error += "; rollback: " + "; ".join(errors)
         self.counters.rollback(batch.direction)
 
     # ---- completion -----------------------------------------------------------------
     def poll(self) -> list[Ack]:
-        """Acks of finished batches, oldest first (never blocks)."""
+        """Acks of finished batches (never blocks): per direction, oldest first.
+
+        A finished load is not held back by an unfinished backup (or the reverse).
+        """
         acks: list[Ack] = []
-        while self._inflight and (self._inflight[0].event is None or self._inflight[0].event.query()):
-            acks.extend(self._finish(self._inflight.popleft()))
+        for direction in DIRECTIONS:
+            queue = self._inflight[direction]
+            while queue and (queue[0].event is None or queue[0].event.query()):
+                acks.extend(self._finish(queue.popleft()))
         return acks
 
     def _finish(self, batch: Batch) -> list[Ack]:
@@ -267,15 +294,42 @@ class HybridCacheController:
         for op in batch.ops:
             if ok and batch.direction == "d2h":
                 for name, slots in op.dst.items():
-                    self._host_valid[name][self._host_pages(name, slots)] = True
+                    self._host_stamp[name][self._host_pages(name, slots)] = op.host_gens[name]
             tokens, nbytes = self.counters.op_volume(self.stack, op.src)
             acks.append(Ack(op.op_id, batch.direction, ok, tokens, nbytes, batch.error))
             self.counters.record(batch.direction, ok, tokens, nbytes)
         return acks
 
+    def _host_pages(self, name: str, slots: torch.Tensor) -> np.ndarray:
+        """Pages of host slots this controller allocated itself (already whole pages)."""
+        page = self.host_group.pools[name].allocator.page_size
+        return slots.numpy()[::page] // page
+
     def pending(self) -> int:
         """Operations queued or in flight (not yet acked)."""
-        return sum(len(q) for q in self._queues.values()) + sum(len(b.ops) for b in self._inflight)
+        return (sum(len(q) for q in self._queues.values())
+                + sum(len(b.ops) for q in self._inflight.values() for b in q))
+
+    def close(self) -> None:
+        """Wait for every launched copy, roll back queued ops, release host memory.
+
+        Afterwards ``write``/``load``/``start_*`` raise ``RuntimeError``; ``poll`` still
+        returns the remaining acks (queued ops fail with "closed"). Idempotent.
+        """
+        if self.closed:
+            return
+        for stream in (self.write_stream, self.load_stream):
+            if stream is not None:
+                stream.synchronize()
+        for direction in DIRECTIONS:
+            ops, self._queues[direction] = self._queues[direction], []
+            if ops:
+                batch = Batch(ops, direction, consumer=self.layer_done.begin())
+                self._rollback(batch, RuntimeError("controller closed before launch"))
+                self._inflight[direction].append(batch)
+        self.closed = True
+        self._tables.clear()
+        self.host_group.close()
 
     def check_integrity(self) -> None:
         """``RuntimeError`` if any host or device allocator breaks free + used = total."""
@@ -289,6 +343,10 @@ class HybridCacheController:
         return self.counters.as_dict()
 
 
+def _label(what: str, pool: str) -> str:
+    return f"{what} (pool {pool!r})"
+
+
 def _make_backend(config: HiCacheConfig) -> CopyBackend:
     if config.io_backend == "triton":
         return TritonBackend(max_programs=config.max_copy_programs)
@@ -296,16 +354,19 @@ def _make_backend(config: HiCacheConfig) -> CopyBackend:
 
 
 class _on_stream:
-    """``torch.cuda.stream(s)`` that first orders ``s`` after the current stream; no-op on CPU."""
+    """``torch.cuda.stream(s)`` that first orders ``s`` after the current stream (kept as
+    ``outer``); a no-op on CPU."""
 
     def __init__(self, stream: Any) -> None:
-        self.stream, self.ctx = stream, None
+        self.stream, self.ctx, self.outer = stream, None, None
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> "_on_stream":
         if self.stream is not None:
-            self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+            self.outer = torch.cuda.current_stream(self.stream.device)
+            self.stream.wait_stream(self.outer)
             self.ctx = torch.cuda.stream(self.stream)
             self.ctx.__enter__()
+        return self
 
     def __exit__(self, *exc: Any) -> None:
         if self.ctx is not None:

@@ -50,6 +50,13 @@ class LayerDoneCounter:
         if self._cuda:
             self._events[index][layer].record()
 
+    def record_all(self, index: int) -> None:
+        """Mark every layer of batch ``index`` done now (a rolled-back batch: waiters
+        must not hang, nor pass before what was already enqueued has finished)."""
+        if self._cuda:
+            for event in self._events[index]:
+                event.record()
+
     def set_consumer(self, index: int) -> None:
         """Select the batch the compute stream waits on by default."""
         if not 0 <= index < self.ring:

@@ -14,16 +14,12 @@ out top-down to the chain nodes that lack that tier.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
 
 from hicache.controller import Ack
 from hicache.radix_node import EMPTY_SLOTS, TreeNode
-
-# Our op ids live far above the controller's default ids (which count from 0).
-_OP_BASE = 1 << 40
 
 
 @dataclass(slots=True)
@@ -40,8 +36,9 @@ class TransferMixin:
     """Backup, load-back and ack routing of `HiRadixCache`."""
 
     def _init_transfers(self) -> None:
+        # Keyed by the controller's op ids: it issues every id, so a server's ops and
+        # the tree's never collide.
         self._pending: dict[int, PendingOp] = {}
-        self._op_ids = itertools.count(_OP_BASE)
 
     # ---- backups -----------------------------------------------------------------
     def _needs_backup(self, node: TreeNode) -> bool:
@@ -58,14 +55,14 @@ class TransferMixin:
         anchor = node.device if node.host is None else EMPTY_SLOTS
         state = node.state_device if node.state_host is None else None
         self._make_host_room(anchor.numel(), state is not None)
-        op = next(self._op_ids)
-        dst = self.ctrl.write(anchor, state, op_id=op)
+        dst = self.ctrl.write(anchor, state)
         if dst is None and state is not None and anchor.numel():
             state = None
-            dst = self.ctrl.write(anchor, None, op_id=op)
+            dst = self.ctrl.write(anchor, None)
         if dst is None:
             self.counters["backups_refused"] += 1
             return None
+        op = self.ctrl.last_op_id
         node.pending = op
         self._pending[op] = PendingOp("backup", node, dst, state is not None)
         self.counters["backups"] += 1
@@ -115,12 +112,16 @@ class TransferMixin:
         host = torch.cat([n.host for n in chain]) if chain else EMPTY_SLOTS
         self.inc_lock_ref(node)
         self._make_device_room(host.numel(), need_state)
-        op = next(self._op_ids)
-        dst = self.ctrl.load(host, node.state_host if need_state else None, op_id=op)
+        try:
+            dst = self.ctrl.load(host, node.state_host if need_state else None)
+        except BaseException:
+            self.dec_lock_ref(node)
+            raise
         if dst is None:
             self.dec_lock_ref(node)
             self.counters["loads_refused"] += 1
             return None
+        op = self.ctrl.last_op_id
         for n in (*chain, node):
             n.pending = op
         self._pending[op] = PendingOp("load", node, dst, need_state)

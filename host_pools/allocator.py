@@ -5,8 +5,8 @@ Slots come in pages of ``page_size`` consecutive slots; page ``p`` owns slots
 array plus a top pointer) and an ownership bitmap catches double frees, so both
 ``alloc`` and ``free`` cost O(slots touched), never O(pool size).
 
-    page state:   FREE --alloc--> OWNED --free--> FREE
-                    ^                 |
+    page state:   FREE --alloc (generation += 1)--> OWNED --free--> FREE
+                    ^                                  |
                     +--- (free of a FREE page: ValueError, nothing changes)
 """
 from __future__ import annotations
@@ -40,6 +40,9 @@ class PageAllocator:
         self._stack = np.arange(self.num_pages - 1, -1, -1, dtype=np.int64)
         self._top = self.num_pages
         self._owned = np.zeros(self.num_pages, dtype=np.bool_)
+        # Bumped on every alloc of a page: a holder that remembers a page's generation
+        # can tell when it was freed and handed out again behind its back.
+        self._generation = np.zeros(self.num_pages, dtype=np.int64)
         self._offsets = np.arange(self.page_size, dtype=np.int64)
 
     def available(self) -> int:
@@ -67,6 +70,7 @@ class PageAllocator:
             pages = np.sort(self._stack[self._top - k:self._top])
             self._top -= k
             self._owned[pages] = True
+            self._generation[pages] += 1
         return torch.from_numpy(self._pages_to_slots(pages))
 
     def free(self, slots: torch.Tensor) -> int:
@@ -96,6 +100,11 @@ class PageAllocator:
         """True when every page in ``pages`` (from ``pages_of``) is currently allocated."""
         with self._lock:
             return bool(self._owned[pages].all())
+
+    def generations(self, pages: np.ndarray) -> np.ndarray:
+        """How many times each page in ``pages`` (from ``pages_of``) has been allocated (a copy)."""
+        with self._lock:
+            return self._generation[pages]
 
     def pages_of(self, slots: torch.Tensor) -> np.ndarray:
         """Validated page numbers of ``slots`` (aligned, in range, no repeats)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Mapping, Union
 
+import numpy as np
 import torch
 
 from host_pools.memory import HostBudget, HostReservation
@@ -44,6 +45,7 @@ class HostPoolGroup:
         self.anchor = anchor
         self.pools: dict[str, AnyHostPool] = {p.name: p for p in all_pools}
         self.reservation = reservation
+        self.closed = False
         for p in all_pools:
             self._check_coverage(p)
 
@@ -75,8 +77,9 @@ class HostPoolGroup:
         if missing:
             raise ValueError(f"host_rows: no row count for pools {missing}")
         requests = {p.name: HostPool.bytes_for(p, host_rows[p.name]) for p in stack.data_pools()}
+        strides = {p.name: HostPool.row_stride_for(p, layout) for p in stack.data_pools()}
         reservation = HostReservation(pin=pin)
-        storage = reservation.reserve(requests, budget, flag_hint)
+        storage = reservation.reserve(requests, budget, flag_hint, strides)
         try:
             return cls._assemble(stack, host_rows, layout, storage, reservation)
         except Exception:  # a bad layout or row count: give the memory back before raising
@@ -95,6 +98,12 @@ class HostPoolGroup:
                 built[p.name] = HostPool(p, host_rows[p.name], layout, storage[p.name], page_size=page)
         others = [built[p.name] for p in stack if p is not stack.anchor]
         return cls(built[stack.anchor.name], others, reservation)
+
+    def pin_chunks(self, name: str) -> "np.ndarray | None":
+        """Start addresses of the pinned registrations of pool ``name`` (None when not pinned)."""
+        if self.reservation is None:
+            return None
+        return self.reservation.chunks.get(name)
 
     def __getitem__(self, name: str) -> AnyHostPool:
         if name not in self.pools:
@@ -116,6 +125,11 @@ class HostPoolGroup:
                 p.allocator.check_integrity()
 
     def close(self) -> None:
-        """Unpin the group's memory (buffers go with their last reference)."""
+        """Unpin the group's memory (buffers go with their last reference); idempotent.
+
+        Call only when no copy touches the buffers any more (``HybridCacheController.close``
+        waits for its streams first).
+        """
+        self.closed = True
         if self.reservation is not None:
             self.reservation.release()

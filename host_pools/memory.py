@@ -6,9 +6,16 @@ that budget before touching memory, allocates every pool from page-aligned anony
 mmaps (pre-faulted, so the OS commits the memory now rather than OOM-killing the server
 later), pins them with ``cudaHostRegister`` in chunks when CUDA is present, and on any
 failure releases everything it took. CPU mode runs the same code without pinning.
+
+Pinned chunks start at multiples of lcm(OS page, row stride) from the buffer start, so
+no row straddles two registrations (a copy engine that must not cross a registration
+splits runs at the recorded chunk starts). Pinned mappings are ``MADV_DONTFORK``: a
+forked child (a tokenizer or data worker) neither copies nor sees them, and the
+reservation's finalizer makes no CUDA call outside the process that pinned.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import sys
@@ -17,11 +24,13 @@ import weakref
 from dataclasses import dataclass
 from typing import Mapping
 
+import numpy as np
 import psutil
 import torch
 
 GIB = 1 << 30
 _PIN_CHUNK_BYTES = 1 << 30  # one cudaHostRegister call per GiB keeps each call short
+_MAX_PIN_CHUNK_BYTES = 64 << 30  # a row stride forcing larger chunks: one registration
 _NO_LIMIT = 1 << 60  # cgroup v1 reports "no limit" as a huge number
 
 
@@ -122,45 +131,71 @@ def _progress(name: str, done: int, total: int, started: float) -> None:
         sys.stderr.flush()
 
 
+def pin_chunk_bytes(row_stride: int, total: int, target: int | None = None) -> int:
+    """Bytes per registration: the largest multiple of lcm(OS page, ``row_stride``) not
+    above ``target`` (at least one such unit); the whole buffer when the unit exceeds
+    64 GiB. Chunk starts are then page-aligned and never inside a row."""
+    target = _PIN_CHUNK_BYTES if target is None else target
+    unit = math.lcm(mmap.PAGESIZE, max(1, int(row_stride)))
+    if unit > _MAX_PIN_CHUNK_BYTES:
+        return max(1, total)
+    return max(unit, target // unit * unit)
+
+
 class HostReservation:
     """Every host buffer of one group, taken (and given back) together.
 
-    Use ``reserve(requests, budget, pin)``; the returned buffers are 1-D uint8 tensors
+    Use ``reserve(requests, budget, ...)``; the returned buffers are 1-D uint8 tensors
     keyed like ``requests``. ``release()`` unpins; the memory itself goes when the last
     tensor referencing it goes. Not thread-safe (set-up and teardown only).
+
+    Attributes:
+        chunks: per pinned buffer, the start addresses of its registrations (int64).
     """
 
     def __init__(self, pin: bool = False) -> None:
         self.pin = pin
         self.buffers: dict[str, torch.Tensor] = {}
+        self.chunks: dict[str, np.ndarray] = {}
         self._pinned: list[int] = []  # base addresses of registered chunks
-        self._finalizer = weakref.finalize(self, HostReservation._unpin, self._pinned)
+        self._owner_pid = os.getpid()
+        self._finalizer = weakref.finalize(self, HostReservation._unpin, self._pinned, self._owner_pid)
 
     @property
     def total_bytes(self) -> int:
         return sum(b.numel() for b in self.buffers.values())
 
     def reserve(self, requests: Mapping[str, int], budget: HostBudget,
-                flag_hint: str = "--hicache-ratio or --hicache-size") -> dict[str, torch.Tensor]:
+                flag_hint: str = "--hicache-ratio or --hicache-size",
+                row_strides: Mapping[str, int] | None = None) -> dict[str, torch.Tensor]:
         """Allocate all ``requests`` (name -> bytes) or nothing.
+
+        Args:
+            requests: bytes per buffer name.
+            budget: the host-memory budget the total must fit.
+            flag_hint: the flags a refusal tells the user to lower.
+            row_strides: bytes between consecutive rows per buffer name (chunk edges
+                fall between rows); default: one OS page.
 
         Raises:
             HostMemoryError: the total exceeds ``budget.budget_bytes``, or the OS refused
-                memory midway (everything taken so far is released first).
+                memory or pinning midway (everything taken so far is released first).
+            ValueError: a negative byte count.
         """
         if any(n < 0 for n in requests.values()):
             raise ValueError(f"requests: byte counts must be >= 0, got {dict(requests)}")
         if sum(requests.values()) > budget.budget_bytes:
             raise _refusal(requests, budget, flag_hint, "not enough host memory")
+        strides = row_strides or {}
         try:
             for name, nbytes in requests.items():
-                self.buffers[name] = self._allocate(name, nbytes)
+                self.buffers[name] = self._allocate(name, nbytes, strides.get(name, 1))
         except (OSError, RuntimeError, MemoryError) as exc:
             self.release()
             raise _refusal(requests, budget, flag_hint, f"host allocation failed ({exc})") from exc
         return dict(self.buffers)
 
-    def _allocate(self, name: str, nbytes: int) -> torch.Tensor:
+    def _allocate(self, name: str, nbytes: int, row_stride: int) -> torch.Tensor:
         if nbytes == 0:
             return torch.empty(0, dtype=torch.uint8)
         # Anonymous mmap: page-aligned (torch's pinned allocator would round up to a power
@@ -169,34 +204,45 @@ class HostReservation:
         region = mmap.mmap(-1, nbytes, flags=flags)
         buf = torch.frombuffer(region, dtype=torch.uint8, count=nbytes)
         if self.pin:
-            self._register(name, buf)
+            # A fork would otherwise copy every pinned page into the child at once.
+            region.madvise(mmap.MADV_DONTFORK)
+            self._register(name, buf, row_stride)
         return buf
 
-    def _register(self, name: str, buf: torch.Tensor) -> None:
-        cudart = torch.cuda.cudart()
+    def _register(self, name: str, buf: torch.Tensor, row_stride: int) -> None:
+        from host_pools import cuda_host
+
         base, total, started = buf.data_ptr(), buf.numel(), time.perf_counter()
-        for off in range(0, total, _PIN_CHUNK_BYTES):
-            size = min(_PIN_CHUNK_BYTES, total - off)
-            # flags 1|2 = cudaHostRegisterPortable | cudaHostRegisterMapped: visible to every
-            # context and mapped into the device address space (UVA pointer == host pointer).
-            err = cudart.cudaHostRegister(base + off, size, 3)
-            if int(err) != 0:
-                raise RuntimeError(f"cudaHostRegister failed for pool {name!r} ({err}); "
-                                   "refusing to fall back to pageable memory")
+        chunk = pin_chunk_bytes(row_stride, total)
+        starts = list(range(0, total, chunk))
+        for off in starts:
+            size = min(chunk, total - off)
+            try:
+                cuda_host.register(base + off, size)
+            except RuntimeError as exc:
+                raise RuntimeError(f"pool {name!r}: {exc}; refusing to fall back to pageable "
+                                   f"memory") from None
             self._pinned.append(base + off)
             _progress(name, off + size, total, started)
+        device_ptr = cuda_host.device_pointer(base)
+        if device_ptr != base:  # the kernels address host rows by their host pointer
+            raise RuntimeError(f"pool {name!r}: the device address of pinned host memory "
+                               f"({device_ptr:#x}) differs from its host address ({base:#x}); "
+                               f"this system does not support unified addressing of "
+                               f"registered memory")
+        self.chunks[name] = base + np.asarray(starts, dtype=np.int64)
 
     @staticmethod
-    def _unpin(pinned: list[int]) -> None:
-        if pinned:
-            cudart = torch.cuda.cudart()
+    def _unpin(pinned: list[int], owner_pid: int) -> None:
+        if pinned and os.getpid() == owner_pid:  # never a CUDA call in a forked child
+            from host_pools import cuda_host
+
             for ptr in pinned:
-                cudart.cudaHostUnregister(ptr)
-            pinned.clear()
+                cuda_host.unregister(ptr)
+        pinned.clear()
 
     def release(self) -> None:
         """Unpin and drop every buffer of this reservation (idempotent)."""
-        HostReservation._unpin(self._pinned)
+        HostReservation._unpin(self._pinned, self._owner_pid)
         self.buffers.clear()
-
-
+        self.chunks.clear()

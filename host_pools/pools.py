@@ -125,6 +125,11 @@ class HostPool(OwnSlotsMixin):
         return (spec.num_layers, num_rows, spec.row_bytes)
 
     @staticmethod
+    def row_stride_for(spec: PoolSpec, layout: str) -> int:
+        """Bytes between consecutive rows of one buffer in ``layout``."""
+        return spec.num_layers * spec.row_bytes if layout == "page_first" else spec.row_bytes
+
+    @staticmethod
     def bytes_for(spec: PoolSpec, num_rows: int) -> int:
         return num_rows * spec.num_layers * spec.row_bytes
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 import importlib.util
 
 from transfer_kernels import tuning
-from transfer_kernels.base import CopyBackend
+from transfer_kernels.base import CopyBackend, PreparedPlan
 from transfer_kernels.copy_engine import CopyEngineBackend
-from transfer_kernels.plan import CopyPlan, PlannedJob
+from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
 from transfer_kernels.torch_ref import TorchBackend
 from transfer_kernels.triton_backend import TritonBackend
 
@@ -62,8 +62,46 @@ class AutoBackend(CopyBackend):
             backend.execute(sub)
             self.launches += 1
 
+    def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
+        """Route every job once, then prepare each inner backend on its jobs' groups."""
+        route, names = {}, {}
+        for j, job in enumerate(plan.jobs):
+            if job.num_rows and job.layers:
+                name = choose(job, plan)
+                route[j] = (name, len(names.setdefault(name, [])))
+                names[name].append(j)
+        sub_groups: dict[str, list[list[tuple[int, int]]]] = {n: [] for n in names}
+        for group in groups:
+            for parts in sub_groups.values():
+                parts.append([])
+            for j, layer in group:
+                if j in route:
+                    name, local = route[j]
+                    sub_groups[name][-1].append((local, layer))
+        subplans = {n: plan.subset(plan.jobs[j] for j in js) for n, js in names.items()}
+        for n, sub in subplans.items():  # check all before preparing anything
+            self.inner[n].check(sub)
+        return AutoLaunches(self, [self.inner[n].prepare(subplans[n], sub_groups[n])
+                                   for n in names], len(groups))
+
     def _execute(self, plan: CopyPlan) -> None:  # pragma: no cover - execute overrides
         raise NotImplementedError
+
+
+class AutoLaunches(PreparedPlan):
+    """Each launch group runs the matching group of every inner backend used."""
+
+    def __init__(self, auto: AutoBackend, inner: list[PreparedPlan], num_groups: int) -> None:
+        self.auto, self.inner, self._num_groups = auto, inner, num_groups
+
+    @property
+    def num_groups(self) -> int:
+        return self._num_groups
+
+    def launch(self, group: int) -> None:
+        for prepared in self.inner:
+            prepared.launch(group)
+        self.auto.launches += 1
 
 
 def triton_available() -> bool:

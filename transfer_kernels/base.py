@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from transfer_kernels.plan import CopyPlan
+from typing import Sequence
+
+from transfer_kernels.plan import CopyPlan, LaunchGroups
 
 
 class CopyBackend(ABC):
@@ -43,9 +45,61 @@ class CopyBackend(ABC):
     def check(self, plan: CopyPlan) -> None:
         """Raise ``ValueError`` if this backend cannot run ``plan``; the default accepts all."""
 
+    def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
+        """Prepare ``plan`` once as several launches (e.g. one per model layer of a load).
+
+        Whatever a launch needs is built here, for every group at once (the triton backend
+        stages all indices and descriptors in one copy), so that :meth:`PreparedPlan.launch`
+        costs only the launch itself. Nothing is copied yet.
+
+        Args:
+            plan: a validated plan.
+            groups: per launch, the ``(job index, table-local layer)`` pairs it copies;
+                each layer must be one of that job's layers (internal callers build them
+                from the plan; they are not re-checked).
+
+        Returns:
+            The prepared launches; ``launch(g)`` enqueues group ``g``.
+
+        Raises:
+            ValueError: the plan cannot run on this backend (see :meth:`check`).
+        """
+        self.check(plan)
+        return SubplanLaunches(self, plan.group_plans(groups))
+
     @abstractmethod
     def _execute(self, plan: CopyPlan) -> None:
         """Enqueue the copies of a non-empty, checked plan (one launch)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(launches={self.launches})"
+
+
+class PreparedPlan(ABC):
+    """Launch groups of one plan, prepared by :meth:`CopyBackend.prepare`.
+
+    Keeps whatever the launches read (staged indices, descriptors) alive. Not thread-safe.
+    """
+
+    @property
+    @abstractmethod
+    def num_groups(self) -> int:
+        """How many launch groups there are."""
+
+    @abstractmethod
+    def launch(self, group: int) -> None:
+        """Enqueue group ``group`` on the current stream (a no-op for an empty group)."""
+
+
+class SubplanLaunches(PreparedPlan):
+    """The generic preparation: one sub-plan per group, executed by the backend."""
+
+    def __init__(self, backend: CopyBackend, plans: Sequence[CopyPlan]) -> None:
+        self.backend, self.plans = backend, list(plans)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.plans)
+
+    def launch(self, group: int) -> None:
+        self.backend.execute(self.plans[group])

@@ -10,14 +10,16 @@ Checked before any launch (``ValueError`` naming the argument; nothing is copied
 * tables: same buffer layout (``signature``), same layer count, devices compatible;
 * layers: ints in ``[0, num_layers)``, none listed twice;
 * CPU index values: in ``[0, num_rows)``; no ``(dst table, layer, row)`` written twice in
-  the call (across every job sharing the destination table); a table copied onto itself
-  with overlapping source and destination rows.
+  the call (across every job sharing the destination table); no ``(table, layer, row)``
+  both read and written by the call (within one job or across jobs: the result would
+  depend on the order the backend copies in).
 
 Index tensors already on a CUDA device get only the dtype/shape/device checks; their
 values are trusted (reading them would synchronize the device).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple, Sequence
 
@@ -27,6 +29,8 @@ from transfer_kernels.rows import RowsLike, Runs, as_rows, check_range, first_du
 from transfer_kernels.table import RowTable
 
 LayersLike = int | Sequence[int] | torch.Tensor | None
+# Launch groups of a prepared plan: per launch, the (job index, table-local layer) pairs.
+LaunchGroups = Sequence[Sequence[tuple[int, int]]]
 
 
 class CopyJob(NamedTuple):
@@ -91,6 +95,18 @@ class CopyPlan:
         """A plan over some of this plan's (already validated) jobs, on the same device."""
         return CopyPlan(jobs=tuple(jobs), device=self.device)
 
+    def group_plans(self, groups: LaunchGroups) -> list[CopyPlan]:
+        """One plan per launch group: group ``g`` copies layer ``l`` of job ``j`` for each
+        ``(j, l)`` it lists (``l`` one of that job's layers, checked by the caller)."""
+        plans = []
+        for group in groups:
+            layers: dict[int, list[int]] = {}
+            for j, layer in group:
+                layers.setdefault(j, []).append(layer)
+            plans.append(self.subset(dataclasses.replace(self.jobs[j], layers=tuple(ls))
+                                     for j, ls in layers.items()))
+        return plans
+
 
 def make_plan(jobs: Sequence[CopyJob | tuple], layers: LayersLike = None,
               single: bool = False) -> CopyPlan:
@@ -121,6 +137,7 @@ def make_plan(jobs: Sequence[CopyJob | tuple], layers: LayersLike = None,
             raise ValueError(f"jobs: job {i} runs on {dev} but job 0 on {device}; one call "
                              f"must run on one device")
     _check_double_writes(planned, single)
+    _check_read_write_overlap(planned, single)
     return CopyPlan(jobs=tuple(planned), device=device)
 
 
@@ -161,11 +178,6 @@ def _plan_job(job: CopyJob, layers: LayersLike, label: str) -> tuple[PlannedJob,
             check_range(rows, table.num_rows, f"{label}{arg}")
     job_layers = _as_layers(job.layers if job.layers is not None else layers,
                             src.num_layers, f"{label}layers")
-    if src is dst and src_rows.device.type == "cpu" and dst_rows.device.type == "cpu":
-        overlap = src_rows[torch.isin(src_rows, dst_rows)]
-        if overlap.numel():
-            raise ValueError(f"{label}dst_rows: row {int(overlap[0])} of {dst.name} is also a "
-                             f"source row of the same table")
     return PlannedJob(src, dst, src_rows, dst_rows, job_layers), device
 
 
@@ -241,3 +253,24 @@ def _check_group(planned: list[PlannedJob], group: tuple[int, ...], single: bool
     also = f" (also by jobs[{owners[0]}])" if len(owners) > 1 else ""
     raise ValueError(f"{label}dst_rows: row {dup} of {planned[owners[-1]].dst.name} "
                      f"written twice{also}")
+
+
+def _check_read_write_overlap(planned: list[PlannedJob], single: bool) -> None:
+    """No (table, layer, row) may be read by one job of the call and written by another
+    (or the same) job: backends copy in no particular order."""
+    readers: dict[int, list[int]] = {}
+    for i, job in enumerate(planned):
+        if job.src_rows.device.type == "cpu" and job.num_rows and job.layers:
+            readers.setdefault(id(job.src), []).append(i)
+    for w, writer in enumerate(planned):
+        if writer.dst_rows.device.type != "cpu" or id(writer.dst) not in readers:
+            continue
+        for r in readers[id(writer.dst)]:
+            if not set(planned[r].layers) & set(writer.layers):
+                continue
+            both = writer.dst_rows[torch.isin(writer.dst_rows, planned[r].src_rows)]
+            if both.numel():
+                label = "" if single else f"jobs[{w}]."
+                also = "" if single or r == w else f" (read by jobs[{r}])"
+                raise ValueError(f"{label}dst_rows: row {int(both[0])} of {writer.dst.name} is "
+                                 f"also a source row of the same table{also}")

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
 import torch
 
 # Widest vector access the Triton kernel issues (bytes); also the cap of ``align``.
@@ -91,6 +92,9 @@ class RowTable:
             (<= 16) dividing the base address, the row stride and the row bytes.
         device: where the views live.
         views: the views themselves (kept alive here).
+        chunk_starts: sorted start addresses of the pinned registrations behind a host
+            table (``None`` when unknown or not pinned in chunks); a copy engine must not
+            issue one copy across a chunk start.
     """
 
     name: str
@@ -103,15 +107,18 @@ class RowTable:
     align: torch.Tensor
     device: torch.device
     views: tuple[tuple[torch.Tensor, ...], ...] = field(repr=False)
+    chunk_starts: np.ndarray | None = field(default=None, repr=False)
     _cache: dict = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_views(cls, views: Sequence[Sequence[torch.Tensor]], name: str) -> RowTable:
+    def from_views(cls, views: Sequence[Sequence[torch.Tensor]], name: str,
+                   chunk_starts: Sequence[int] | np.ndarray | None = None) -> RowTable:
         """Build a table from ``views[layer][buffer]``, each a 2-D uint8 ``[num_rows, n_b]``.
 
         Args:
             views: per layer, per buffer byte views (see the module docstring).
             name: label for error messages.
+            chunk_starts: start addresses of the pinned registrations behind the views.
 
         Returns:
             A new table; the views are kept alive by it.
@@ -140,7 +147,9 @@ class RowTable:
         return cls(name=name, num_layers=len(layers), num_buffers=len(first),
                    num_rows=first[0].shape[0], row_bytes=row_bytes, row_strides=row_strides,
                    ptrs=ptrs, align=_alignment(ptrs, row_strides, row_bytes),
-                   device=first[0].device, views=layers)
+                   device=first[0].device, views=layers,
+                   chunk_starts=None if chunk_starts is None
+                   else np.sort(np.asarray(chunk_starts, dtype=np.int64)))
 
     @property
     def signature(self) -> tuple[int, ...]:
@@ -171,7 +180,13 @@ class RowTable:
         desc = self._cache.get(key)
         if desc is None:
             strides = torch.tensor(self.row_strides, dtype=torch.int64).expand_as(self.ptrs)
-            desc = torch.stack([self.ptrs, strides], dim=-1).contiguous().to(device)
+            host = torch.stack([self.ptrs, strides], dim=-1).contiguous()
+            if torch.device(device).type == "cuda":
+                # Pinned staging: the upload is asynchronous (no host-device sync on the
+                # first use), and the cached staging copy outlives it.
+                host = host.pin_memory()
+                self._cache[("desc_host", key[1])] = host
+            desc = host.to(device, non_blocking=True)
             self._cache[key] = desc
         return desc
 

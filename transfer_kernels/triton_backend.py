@@ -1,38 +1,32 @@
-"""The ``"triton"`` backend: one persistent-grid kernel launch per plan.
+"""The ``"triton"`` backend: one persistent-grid kernel launch per plan or launch group.
 
 Host memory is read and written by the SMs directly through unified addressing: a
 pinned (``cudaHostAlloc``/``pin_memory``) host view's ``data_ptr`` is a valid device
-address, as is ``cudaHostRegister``'ed memory on systems where
-``cudaDevAttrCanUseHostPointerForRegisteredMem`` is 1 (x86-64 Linux). On a machine
-without CUDA the kernel runs under the Triton interpreter on CPU tensors.
+address, as is ``cudaHostRegister``'ed memory whose device pointer equals its host
+pointer (checked when hicache pins a reservation). A plan on CPU tensors runs the same
+kernel under the Triton interpreter, whether or not the machine has a GPU.
 
-Per call the host builds the segment descriptors (numpy, O(jobs) vector ops), packs
-them with every job's row indices into one int64 buffer and moves it to the device in
-one copy; the per-table (base, stride) descriptors are cached on the tables.
+Preparation builds the segment descriptors of every launch group at once (numpy, O(jobs)
+vector operations), packs them with every job's row indices into one int64 buffer and
+moves it to the device in one copy; each launch is then a slice ``[seg_begin, seg_end)``
+of that buffer. The per-table (base, stride) descriptors are cached on the tables.
 """
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from transfer_kernels import tuning
-from transfer_kernels.base import CopyBackend
-from transfer_kernels.plan import CopyPlan, PlannedJob
+from transfer_kernels.base import CopyBackend, PreparedPlan
+from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
 
-SEG_FIELDS = 10  # must equal triton_kernel.SEG_FIELDS (that module imports lazily)
+SEG_FIELDS = 10  # must equal triton_kernel.SEG_FIELDS (that module imports triton)
 
 
 def kernel_module():
-    """Import the kernel module, choosing the interpreter when there is no CUDA.
-
-    Side effect: without CUDA, sets ``TRITON_INTERPRET=1`` (unless already set) before
-    the import, because ``@triton.jit`` decides interpreted vs compiled at import.
-    """
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    """The kernel module, imported on first use (``import triton`` costs about a second)."""
     from transfer_kernels import triton_kernel
     return triton_kernel
 
@@ -47,7 +41,7 @@ class TritonBackend(CopyBackend):
         """Args:
             max_programs: persistent grid size cap (the SM budget), >= 1; ``None`` means
                 ``tuning.TRITON_MAX_PROGRAMS`` on CUDA and
-                ``tuning.TRITON_INTERPRET_MAX_PROGRAMS`` under the interpreter.
+                ``tuning.TRITON_INTERPRET_MAX_PROGRAMS`` under the interpreter (CPU).
             tile_bytes: bytes per program per loop iteration, a power of two >= 16.
 
         Raises:
@@ -72,37 +66,71 @@ class TritonBackend(CopyBackend):
                     raise ValueError(f"jobs[{i}].{arg}: host table {table.name} must be pinned "
                                      f"memory for the triton backend (read through UVA)")
 
+    def _grid_cap(self, plan: CopyPlan) -> int:
+        if self.max_programs is not None:
+            return self.max_programs
+        return (tuning.TRITON_MAX_PROGRAMS if plan.device.type == "cuda"
+                else tuning.TRITON_INTERPRET_MAX_PROGRAMS)
+
     def _execute(self, plan: CopyPlan) -> None:
-        kernels = kernel_module()
-        if kernels.is_interpreted() != (plan.device.type == "cpu"):
-            raise RuntimeError(
-                f"triton backend: plan runs on {plan.device} but the kernel was imported "
-                f"{'interpreted' if kernels.is_interpreted() else 'compiled'}; set "
-                f"TRITON_INTERPRET=1 exactly when running on CPU tensors")
-        max_programs = self.max_programs or (tuning.TRITON_INTERPRET_MAX_PROGRAMS
-                                             if kernels.is_interpreted()
-                                             else tuning.TRITON_MAX_PROGRAMS)
-        launch = build_launch(plan, max_programs, self.tile_bytes)
-        self.last_launch = launch
-        kernels.launch_copy_rows(launch.meta, launch.num_segs, launch.grid, launch.block,
-                                 launch.num_warps)
+        groups = [[(j, layer) for j, job in enumerate(plan.jobs) for layer in job.layers]]
+        self._prepare(plan, groups).run(0)
+
+    def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
+        """All groups' descriptors and indices staged in one copy; each launch a slice."""
+        self.check(plan)
+        return self._prepare(plan, groups)
+
+    def _prepare(self, plan: CopyPlan, groups: LaunchGroups) -> TritonLaunches:
+        return TritonLaunches(self, build_launches(plan, groups, self._grid_cap(plan),
+                                                   self.tile_bytes))
 
 
 class Launch(NamedTuple):
     """The arguments of one kernel launch (see ``triton_kernel``'s module docstring)."""
 
     meta: torch.Tensor  # int64 on the plan's device: segment descriptors, then row indices
-    num_segs: int  # segments described at the start of meta
+    seg_begin: int  # the launch's segments in meta
+    seg_end: int
     grid: int  # programs of the persistent grid
     block: int  # tile bytes (power of two)
     num_warps: int
+
+    @property
+    def num_segs(self) -> int:
+        return self.seg_end - self.seg_begin
+
+
+class TritonLaunches(PreparedPlan):
+    """Prepared launches: one staged ``meta`` buffer, one (segment range, grid) per group."""
+
+    def __init__(self, backend: TritonBackend, launches: list[Launch]) -> None:
+        self.backend, self.launches = backend, launches
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.launches)
+
+    def launch(self, group: int) -> None:
+        if self.launches[group].num_segs:
+            self.backend.launches += 1
+            self.run(group)
+
+    def run(self, group: int) -> None:
+        """Launch group ``group`` (no counting; ``execute`` counted already)."""
+        launch = self.launches[group]
+        if launch.num_segs:
+            self.backend.last_launch = launch
+            kernel_module().launch_copy_rows(launch.meta, launch.seg_begin, launch.seg_end,
+                                             launch.grid, launch.block, launch.num_warps)
 
 
 def launch_config(plan: CopyPlan, tile_bytes: int) -> tuple[int, int]:
     """Choose (tile bytes, warps): the smallest power-of-two tile holding the largest
     segment, clamped to ``[TRITON_MIN_TILE_BYTES, tile_bytes]``; one warp per
     ``TRITON_BYTES_PER_WARP`` bytes of tile, at most ``TRITON_MAX_WARPS``."""
-    largest = max(max(j.src.row_bytes) * j.num_rows for j in plan.jobs if j.num_rows)
+    largest = max((max(j.src.row_bytes) * j.num_rows for j in plan.jobs if j.num_rows),
+                  default=1)
     block = 1 << max(0, (largest - 1).bit_length())
     block = max(min(block, tile_bytes), min(tuning.TRITON_MIN_TILE_BYTES, tile_bytes))
     warps = max(1, min(tuning.TRITON_MAX_WARPS, block // tuning.TRITON_BYTES_PER_WARP))
@@ -110,33 +138,74 @@ def launch_config(plan: CopyPlan, tile_bytes: int) -> tuple[int, int]:
 
 
 def build_launch(plan: CopyPlan, max_programs: int, tile_bytes: int) -> Launch:
-    """Build the segment table and index buffer of ``plan`` and move them to its device.
+    """The single launch of every job and layer of ``plan`` (tests inspect it)."""
+    groups = [[(j, layer) for j, job in enumerate(plan.jobs) for layer in job.layers]]
+    return build_launches(plan, groups, max_programs, tile_bytes)[0]
 
-    Returns:
-        The launch; ``meta`` is on ``plan.device``.
+
+def build_launches(plan: CopyPlan, groups: LaunchGroups, max_programs: int,
+                   tile_bytes: int) -> list[Launch]:
+    """Segment table and indices of every group in one buffer on the plan's device.
+
+    Segments are laid out group after group; within a group, in the order its
+    ``(job, layer)`` pairs are listed, buffers innermost. Each job's row indices are
+    stored once and shared by all its segments.
     """
     block, warps = launch_config(plan, tile_bytes)
-    jobs = [j for j in plan.jobs if j.num_rows and j.layers]
-    num_segs = sum(len(j.layers) * j.src.num_buffers for j in jobs)
+    jobs = plan.jobs
+    # Each job's layers in first-use order: segments are built per job, then gathered.
+    positions: list[dict[int, int]] = [{} for _ in jobs]
+    for group in groups:
+        for j, layer in group:
+            if jobs[j].num_rows:
+                positions[j].setdefault(layer, len(positions[j]))
+    base, total = [], 0
+    for j, job in enumerate(jobs):
+        base.append(total)
+        total += len(positions[j]) * job.src.num_buffers
+    order, bounds = [], [0]
+    for group in groups:
+        for j, layer in group:
+            if jobs[j].num_rows:
+                nb = jobs[j].src.num_buffers
+                start = base[j] + positions[j][layer] * nb
+                order.extend(range(start, start + nb))
+        bounds.append(len(order))
+    if not order:
+        return [Launch(torch.empty(0, dtype=torch.int64), 0, 0, 1, block, warps)] * len(groups)
+    idx_at = len(order) * SEG_FIELDS
     segs, idx_parts = [], []
-    idx_at = num_segs * SEG_FIELDS
-    for job in jobs:
-        segs.append(_job_segments(job, plan.device, block, idx_at))
-        idx_parts += [job.src_rows, job.dst_rows]
-        idx_at += 2 * job.num_rows
-    seg = np.concatenate(segs)
-    items = seg[:, 9]  # the builder left each segment's item count in the 'first' field
-    grid = int(max(1, min(max_programs, items.sum())))
-    seg[:, 9] = (np.cumsum(items) - items) % grid
+    for j, job in enumerate(jobs):
+        if positions[j]:
+            segs.append(_job_segments(job, tuple(positions[j]), plan.device, block, idx_at))
+            idx_parts += [job.src_rows, job.dst_rows]
+            idx_at += 2 * job.num_rows
+    seg = np.concatenate(segs)[np.asarray(order, dtype=np.int64)]
+    grids = _deal_items(seg, np.asarray(bounds, dtype=np.int64), max_programs)
     meta = _to_device([torch.from_numpy(seg.reshape(-1))] + idx_parts, plan.device)
-    return Launch(meta, num_segs, grid, block, warps)
+    return [Launch(meta, int(b), int(e), int(g), block, warps)
+            for b, e, g in zip(bounds[:-1], bounds[1:], grids)]
 
 
-def _job_segments(job: PlannedJob, device: torch.device, block: int, idx_at: int) -> np.ndarray:
-    """``[layers * buffers, SEG_FIELDS]`` int64 descriptors of one job (layer-major)."""
+def _deal_items(seg: np.ndarray, bounds: np.ndarray, max_programs: int) -> np.ndarray:
+    """Turn field 9 (each segment's item count) into its first item modulo the grid of
+    its launch; returns each launch's grid."""
+    items = seg[:, 9].copy()
+    sizes = np.diff(bounds)
+    done = np.concatenate(([0], np.cumsum(items)))  # items before each segment
+    grids = np.maximum(1, np.minimum(max_programs, done[bounds[1:]] - done[bounds[:-1]]))
+    start = np.repeat(done[bounds[:-1]], sizes)  # items before each segment's launch
+    seg[:, 9] = (done[:-1] - start) % np.repeat(grids, sizes)
+    return grids
+
+
+def _job_segments(job: PlannedJob, layers: tuple[int, ...], device: torch.device, block: int,
+                  idx_at: int) -> np.ndarray:
+    """``[layers * buffers, SEG_FIELDS]`` int64 descriptors of ``layers`` of one job
+    (layer-major); field 9 holds each segment's item count."""
     src, dst, n = job.src, job.dst, job.num_rows
-    nl, nb = len(job.layers), src.num_buffers
-    layers = np.asarray(job.layers, dtype=np.int64)
+    nl, nb = len(layers), src.num_buffers
+    layers = np.asarray(layers, dtype=np.int64)
     entry = (layers[:, None] * nb + np.arange(nb, dtype=np.int64)[None, :]).reshape(-1)
     nbytes = np.tile(np.asarray(src.row_bytes, dtype=np.int64), nl)
     span = np.minimum(block, 1 << np.ceil(np.log2(nbytes)).astype(np.int64))
@@ -151,7 +220,7 @@ def _job_segments(job: PlannedJob, device: torch.device, block: int, idx_at: int
     seg[:, 6] = n
     seg[:, 7] = np.log2(span).astype(np.int64)
     seg[:, 8] = chunks
-    seg[:, 9] = -(-n // (block // span)) * chunks  # item count; build_launch makes it 'first'
+    seg[:, 9] = -(-n // (block // span)) * chunks  # item count; _deal_items makes it 'first'
     return seg
 
 

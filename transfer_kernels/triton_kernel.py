@@ -1,7 +1,11 @@
-"""The Triton row-copy kernel (private) and its launcher.
+"""The Triton row-copy kernel (private), compiled for CUDA and interpreted for CPU.
 
-Import this module only after deciding compiled vs interpreted mode: ``@triton.jit``
-reads ``TRITON_INTERPRET`` when the module is imported.
+Both variants are built from the same Python function, whatever ``TRITON_INTERPRET``
+says: a plan on CUDA tensors runs the compiled kernel, a plan on CPU tensors runs the
+interpreter (the test suite's path on machines without a GPU). The kernel is written
+with ``while`` loops and no nested ``@triton.jit`` call (``tl.cdiv`` included) so that
+both variants work on every supported Triton (the 3.6 interpreter cannot index ``range`` with a scalar tensor
+under numpy >= 2.4, and a compiled helper cannot be called from an interpreted kernel).
 
 Work decomposition. A *segment* is one (job, layer, buffer): a base address and row
 stride per side (read through the side's cached device descriptor), a row byte count
@@ -13,9 +17,11 @@ takes ``ceil(row_bytes / span)`` chunks::
     tile lanes  [0 ........ span) [span ...... 2*span) ...  [BLOCK - span .. BLOCK)
     carry       pair k, bytes c*span+[0,span)   pair k+1    ...   pair k + BLOCK/span - 1
 
-Items are numbered globally across segments; program ``p`` of a persistent grid of
-``G`` programs takes the items ``g`` with ``g % G == p`` (the host stores each
-segment's first global item modulo ``G``), so the load stays balanced across segments.
+One launch covers the segments ``[seg_begin, seg_end)`` of ``meta`` (a prepared batch
+holds every layer's segments; each per-layer launch is a slice). Items are numbered
+across the launch's segments; program ``p`` of a persistent grid of ``G`` programs
+takes the items ``g`` with ``g % G == p`` (the host stores each segment's first item
+of its launch modulo ``G``), so the load stays balanced across segments.
 
 Segment descriptor (int64, ``SEG_FIELDS`` per segment, at the start of ``meta``)::
 
@@ -28,7 +34,7 @@ Segment descriptor (int64, ``SEG_FIELDS`` per segment, at the start of ``meta``)
     6 n_rows     pairs in this segment
     7 shift      log2(span)
     8 n_chunks   ceil(nbytes / span)
-    9 first      global index of the segment's first item, modulo G
+    9 first      index of the segment's first item within its launch, modulo G
 """
 from __future__ import annotations
 
@@ -36,43 +42,44 @@ import torch
 import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
 
 SEG_FIELDS = 10
 
 
-@triton.jit
-def _segment(meta_ptr, s, NF: tl.constexpr):
-    """Load segment ``s``'s descriptor (module docstring) and resolve its view addresses."""
-    seg = meta_ptr + s * NF
-    src_desc = tl.load(seg).to(tl.pointer_type(tl.int64))
-    dst_desc = tl.load(seg + 1).to(tl.pointer_type(tl.int64))
-    src_base = tl.load(src_desc).to(tl.pointer_type(tl.uint8))
-    dst_base = tl.load(dst_desc).to(tl.pointer_type(tl.uint8))
-    return (src_base, tl.load(src_desc + 1), dst_base, tl.load(dst_desc + 1),
-            tl.load(seg + 2), tl.load(seg + 3), meta_ptr + tl.load(seg + 4),
-            meta_ptr + tl.load(seg + 5), tl.load(seg + 6), tl.load(seg + 7),
-            tl.load(seg + 8), tl.load(seg + 9))
-
-
-@triton.jit(do_not_specialize=["num_segs"])  # one compiled variant for any segment count
-def _copy_rows_kernel(meta_ptr, num_segs, NF: tl.constexpr, BLOCK: tl.constexpr):
-    """Copy every segment of ``meta``; see the module docstring for the layout.
+def _copy_rows(meta_ptr, seg_begin, seg_end, NF: tl.constexpr, BLOCK: tl.constexpr):
+    """Copy segments ``[seg_begin, seg_end)`` of ``meta``; see the module docstring.
 
     The vector hints are applied inline in each alignment branch, each on its own
-    freshly built pointer: hints attach to the op that made a value and are lost across
-    a ``@triton.jit`` call boundary, so a helper cannot apply them.
+    freshly built pointer: hints attach to the op that made a value.
     """
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0).to(tl.int64)
     lanes = tl.arange(0, BLOCK).to(tl.int64)
-    for s in range(0, num_segs):
-        (src_base, src_stride, dst_base, dst_stride, nbytes, align, src_idx, dst_idx,
-         n_rows, shift, n_chunks, first) = _segment(meta_ptr, s, NF)
+    s = seg_begin.to(tl.int64)
+    while s < seg_end:
+        seg = meta_ptr + s * NF
+        src_desc = tl.load(seg).to(tl.pointer_type(tl.int64))
+        dst_desc = tl.load(seg + 1).to(tl.pointer_type(tl.int64))
+        src_base = tl.load(src_desc).to(tl.pointer_type(tl.uint8))
+        dst_base = tl.load(dst_desc).to(tl.pointer_type(tl.uint8))
+        src_stride = tl.load(src_desc + 1)
+        dst_stride = tl.load(dst_desc + 1)
+        nbytes = tl.load(seg + 2)
+        align = tl.load(seg + 3)
+        src_idx = meta_ptr + tl.load(seg + 4)
+        dst_idx = meta_ptr + tl.load(seg + 5)
+        n_rows = tl.load(seg + 6)
+        shift = tl.load(seg + 7)
+        n_chunks = tl.load(seg + 8)
+        first = tl.load(seg + 9)
         pairs_per_tile = BLOCK >> shift
         sub = lanes >> shift  # which pair of the tile a lane serves
         byte = lanes & ((1 << shift) - 1)  # which byte of that pair's chunk
-        n_items = tl.cdiv(n_rows, pairs_per_tile) * n_chunks
-        for w in range((pid - first + nprog) % nprog, n_items, nprog):
+        # not tl.cdiv: it is itself a @jit function (not callable from the interpreted twin)
+        n_items = (n_rows + pairs_per_tile - 1) // pairs_per_tile * n_chunks
+        w = (pid - first + nprog) % nprog
+        while w < n_items:
             group = w // n_chunks
             pair = (group * pairs_per_tile) + sub
             col = (w - group * n_chunks) * (1 << shift) + byte
@@ -97,22 +104,36 @@ def _copy_rows_kernel(meta_ptr, num_segs, NF: tl.constexpr, BLOCK: tl.constexpr)
             else:
                 m = live & (col < nbytes)
                 tl.store(dst_base + dst_off, tl.load(src_base + src_off, mask=m), mask=m)
+            w += nprog
+        s += 1
 
 
-def launch_copy_rows(meta: torch.Tensor, num_segs: int, grid: int, block: int,
-                     num_warps: int) -> None:
-    """Launch :func:`_copy_rows_kernel` once on the current stream.
+# One compiled variant for any segment range; the interpreter needs no specialization.
+_compiled = JITFunction(_copy_rows, do_not_specialize=["seg_begin", "seg_end"])
+_interpreted = InterpretedFunction(_copy_rows)
+
+
+def launch_copy_rows(meta: torch.Tensor, seg_begin: int, seg_end: int, grid: int,
+                     block: int, num_warps: int) -> None:
+    """Launch the kernel once over segments ``[seg_begin, seg_end)`` of ``meta``.
+
+    On CUDA it is enqueued on the current stream; on CPU it runs (interpreted) before
+    returning.
 
     Args:
         meta: int64 tensor on the execution device: segment descriptors then row indices.
-        num_segs: segments described at the start of ``meta``.
+        seg_begin / seg_end: the launch's segment range, ``0 <= seg_begin < seg_end``.
         grid: programs in the persistent grid (the SM budget), >= 1.
         block: tile bytes, a power of two >= 16.
-        num_warps: warps per program.
+        num_warps: warps per program (ignored by the interpreter).
     """
-    _copy_rows_kernel[(grid,)](meta, num_segs, NF=SEG_FIELDS, BLOCK=block, num_warps=num_warps)
+    if meta.device.type == "cpu":
+        _interpreted[(grid,)](meta, seg_begin, seg_end, NF=SEG_FIELDS, BLOCK=block)
+    else:
+        _compiled[(grid,)](meta, seg_begin, seg_end, NF=SEG_FIELDS, BLOCK=block,
+                           num_warps=num_warps)
 
 
-def is_interpreted() -> bool:
-    """True when this module's kernel runs under the Triton interpreter."""
-    return isinstance(_copy_rows_kernel, InterpretedFunction)
+def compiled_kernel() -> JITFunction:
+    """The compiled variant (tests compile it for a GPU target without running it)."""
+    return _compiled

@@ -38,7 +38,7 @@ def fill_random(cache, gen) -> None:
 def snapshot(cache, own_slots) -> dict:
     """Bytes of the rows behind ``own_slots`` in every data pool, per layer and buffer."""
     rows = cache.stack.derive_rows(own_slots)
-    return {name: [[v.index_select(0, r).clone() for v in views]
+    return {name: [[v.index_select(0, r.to(v.device)).clone() for v in views]
                    for views in cache.device_pools[name].row_views()] for name, r in rows.items()}
 
 
@@ -236,7 +236,7 @@ def test_bad_input_changes_nothing(gen):
         ctrl.load(torch.arange(256))  # host slots never written
     host = backup(cache, kv, extra)
     cache.host_group.pools["kv"].free(host["kv"])
-    with pytest.raises(ValueError, match="never written or were freed"):
+    with pytest.raises(ValueError, match="never written, or freed"):
         ctrl.load(host["kv"])  # freed
     cache.host_group.pools["swa"].free(host["swa"])
     assert allocator_state(cache) == before and ctrl.pending() == 0
@@ -253,7 +253,7 @@ def test_server_allocator_with_unaligned_slots_is_refused(gen):
     ctrl = type(cache.controller)(cache.device_pools, cache.host_group, cache.config, backend="torch",
                                   device_alloc={"kv": lambda n: torch.arange(1, n + 1)},
                                   device_free={"kv": given_back.append})
-    ctrl._host_valid = cache.controller._host_valid  # same host pages, already backed up
+    ctrl._host_stamp = cache.controller._host_stamp  # same host pages, already backed up
     with pytest.raises(ValueError, match="device_alloc"):
         ctrl.load(host["kv"])
     assert len(given_back) == 1 and ctrl.pending() == 0

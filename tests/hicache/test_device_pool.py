@@ -143,9 +143,14 @@ def test_from_tensors_rejects_rows_differing_from_layer_zero(gen):
         DevicePool.from_tensors(spec, tensors)
 
 
-@pytest.mark.skip(reason="needs a second device: a CPU-only machine cannot hold mismatched devices")
-def test_from_tensors_rejects_device_mismatch():
-    """Layer 0 on cuda:0, another layer on the CPU: ValueError naming tensors[layer][role]."""
+@pytest.mark.parametrize("other", ["meta", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_from_tensors_rejects_device_mismatch(gen, other):
+    # Layer 0 on the CPU, layer 1 elsewhere (meta works without a GPU): refused, naming it.
+    spec = _int8_kv()
+    tensors = _server_tensors(spec, NUM_ROWS, gen)
+    tensors[1] = [t.to(other) for t in tensors[1]]
+    with pytest.raises(ValueError, match=r"tensors\[1\]\['k'\]: device must be cpu"):
+        DevicePool.from_tensors(spec, tensors)
 
 
 def test_from_tensors_rejects_data_less_spec():

@@ -1,12 +1,16 @@
 """Host memory: the budget (psutil, cgroup v1/v2, headroom, ranks) and all-or-nothing reservations."""
 from __future__ import annotations
 
+import math
+import mmap
+import os
+
 import pytest
 import torch
 
 from host_pools.group import HostPoolGroup
 from host_pools.memory import (GIB, HostBudget, HostMemoryError, HostReservation, cgroup_free_bytes,
-                               default_headroom_bytes, host_budget)
+                               default_headroom_bytes, host_budget, pin_chunk_bytes)
 from host_pools.pools import HostPool, LogicalHostPool
 from host_pools.spec import BufferSpec, PoolKind, PoolSpec, Stack
 
@@ -163,10 +167,10 @@ def test_reserve_gives_exact_sizes():
 def test_reserve_failure_midway_releases_everything(monkeypatch):
     real = HostReservation._allocate
 
-    def flaky(self, name, nbytes):
+    def flaky(self, name, nbytes, *args):
         if name == "second":
             raise MemoryError("mmap refused")
-        return real(self, name, nbytes)
+        return real(self, name, nbytes, *args)
 
     monkeypatch.setattr(HostReservation, "_allocate", flaky)
     res = HostReservation()
@@ -206,7 +210,7 @@ def test_group_allocate_refusal_leaves_nothing_allocated(monkeypatch):
             super().__init__(pin)
             made.append(self)
 
-        def _allocate(self, name, nbytes):  # must never be reached on a refusal
+        def _allocate(self, name, nbytes, *args):  # must never be reached on a refusal
             raise AssertionError(f"allocated {name} despite the refusal")
 
     monkeypatch.setattr("host_pools.group.HostReservation", Recording)
@@ -253,3 +257,86 @@ def test_pinned_reservation_registers_and_unregisters():
     assert torch.equal(bufs["a"].cuda().cpu(), bufs["a"])
     res.release()
     assert not res.buffers and not res._pinned
+
+
+# ---------------------------------------------------------------- pinning (faked on CPU)
+
+
+class FakeCudaHost:
+    """Stands in for host_pools.cuda_host: records registrations, fails on request."""
+
+    def __init__(self, fail_at: int | None = None, offset: int = 0) -> None:
+        self.registered: dict[int, int] = {}
+        self.calls = 0
+        self.fail_at, self.offset = fail_at, offset
+
+    def register(self, ptr: int, nbytes: int) -> None:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("cudaHostRegister of 1 bytes failed: CUDA error 2 (out of memory)")
+        self.registered[ptr] = nbytes
+
+    def unregister(self, ptr: int) -> None:
+        del self.registered[ptr]
+
+    def device_pointer(self, ptr: int) -> int:
+        return ptr + self.offset
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    import host_pools.cuda_host as cuda_host
+
+    def install(**kw) -> FakeCudaHost:
+        fake = FakeCudaHost(**kw)
+        for name in ("register", "unregister", "device_pointer"):
+            monkeypatch.setattr(cuda_host, name, getattr(fake, name))
+        return fake
+    return install
+
+
+@pytest.mark.parametrize("stride", [4096, 74880 * 61, 1728, 3])
+def test_pin_chunks_never_cut_a_row(stride):
+    # Chunk starts are page-aligned multiples of the row stride, near the 1 GiB target.
+    chunk = pin_chunk_bytes(stride, 1 << 40)
+    assert chunk % stride == 0 and chunk % mmap.PAGESIZE == 0
+    assert chunk <= max(1 << 30, math.lcm(stride, mmap.PAGESIZE))
+    # A stride whose lcm with the page exceeds 64 GiB: one registration for the buffer.
+    assert pin_chunk_bytes((1 << 40) + 1, 5 << 20) == 5 << 20
+
+
+def test_pinned_reservation_registers_row_aligned_chunks(fake_cuda, monkeypatch):
+    monkeypatch.setattr("host_pools.memory._PIN_CHUNK_BYTES", 3 * 4096)
+    fake = fake_cuda()
+    res = HostReservation(pin=True)
+    stride = 2 * 4096 // 3 * 3  # 8190 B rows: chunks of lcm(4096, 8190) bytes
+    bufs = res.reserve({"a": 40 * stride}, _budget(1 << 30), row_strides={"a": stride})
+    base = bufs["a"].data_ptr()
+    starts = res.chunks["a"] - base
+    assert starts[0] == 0 and all(int(s) % stride == 0 and int(s) % 4096 == 0 for s in starts)
+    assert sorted(fake.registered) == (base + starts).tolist()
+    assert sum(fake.registered.values()) == 40 * stride
+    res.release()
+    assert fake.registered == {} and res.chunks == {}
+
+
+@pytest.mark.parametrize("kw,match", [({"fail_at": 2}, "out of memory"),
+                                      ({"offset": 4096}, "differs from its host address")])
+def test_pinning_failure_unpins_everything(fake_cuda, monkeypatch, kw, match):
+    # A failing second registration, or a device address that is not the host address:
+    # a clear refusal, every earlier registration undone, nothing kept.
+    monkeypatch.setattr("host_pools.memory._PIN_CHUNK_BYTES", 4096)
+    fake = fake_cuda(**kw)
+    res = HostReservation(pin=True)
+    with pytest.raises(HostMemoryError, match=match):
+        res.reserve({"a": 4 * 4096, "b": 4096}, _budget(1 << 30))
+    assert fake.registered == {} and res.buffers == {}
+
+
+def test_finalizer_makes_no_cuda_call_in_a_forked_child(fake_cuda, monkeypatch):
+    fake = fake_cuda()
+    res = HostReservation(pin=True)
+    res.reserve({"a": 4096}, _budget(1 << 30))
+    monkeypatch.setattr(os, "getpid", lambda: -1)  # as if this were a forked child
+    res.release()
+    assert len(fake.registered) == 1  # the parent's pin is the parent's to undo

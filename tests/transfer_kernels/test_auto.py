@@ -40,10 +40,10 @@ def test_mixed_batch_uses_each_backend_once(gen):
 
 @pytest.mark.parametrize("row_bytes,rows,dense,want", [
     (1152, [0, 3, 7], True, "triton"),  # small scattered pieces: SM kernel
-    (1152, list(range(16)), True, "triton"),  # one run of 18 KiB: still under the cliff
+    (2048, list(range(16)), True, "triton"),  # one run of 32 KiB: still under the crossover
     (tuning.COPY_ENGINE_MIN_PIECE_BYTES, [0, 3], True, "copy_engine"),  # big pieces: DMA
-    (2048, list(range(16)), True, "copy_engine"),  # one 32 KiB run
-    (2048, list(range(16)), False, "triton"),  # strided host rows: per-row pieces
+    (4096, list(range(16)), True, "copy_engine"),  # one 64 KiB run
+    (4096, list(range(16)), False, "triton"),  # strided host rows: per-row pieces
 ])
 def test_cuda_rule_without_a_gpu(gen, monkeypatch, row_bytes, rows, dense, want):
     # The CUDA branch of the rule is pure arithmetic: exercise it with pinned-looking tables.

@@ -133,3 +133,25 @@ def test_table_geometry_and_desc_cache(gen):
     assert host.device_desc(torch.device(DEVICE)) is host.device_desc(torch.device(DEVICE))
     assert host.device_desc(torch.device(DEVICE)).shape == (3, 2, 2)
     assert isinstance(host, RowTable) and host.is_pinned == (DEVICE == "cuda")
+
+
+def test_copy_engine_cuts_runs_at_registration_chunks(gen):
+    # Pure arithmetic of the CUDA path: a run of host rows crossing a pinned chunk start
+    # becomes two copies, cut exactly at the first row past the chunk start.
+    import numpy as np
+
+    from transfer_kernels.copy_engine import _cut_at_chunks
+
+    pool = make_pool(gen, 2, 16, [((24,), torch.uint8)], "page_first", device="cpu", pin=False)
+    host, dev = pool.host_table, pool.device_table
+    stride, base = host.row_strides[0], int(host.ptrs[0, 0])
+    buf0 = base  # layer 0, buffer 0 starts the buffer in page_first
+    chunks = np.array([buf0, buf0 + 5 * stride, buf0 + 11 * stride], dtype=np.int64)
+    host = RowTable.from_views(host.views, "host", chunk_starts=chunks)
+    s0, d0, k = (np.array([2, 14]), np.array([0, 20]), np.array([10, 2]))  # rows 2..11 cross two
+    for layer in (0, 1):
+        got = _cut_at_chunks(host, dev, layer, 0, s0, d0, k)
+        assert [x.tolist() for x in got] == [[2, 5, 11, 14], [0, 3, 9, 20], [3, 6, 1, 2]]
+    # as the destination side: cut by the destination's rows
+    got = _cut_at_chunks(dev, host, 0, 0, d0, s0, k)
+    assert [x.tolist() for x in got] == [[0, 3, 9, 20], [2, 5, 11, 14], [3, 6, 1, 2]]

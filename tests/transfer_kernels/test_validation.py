@@ -91,6 +91,20 @@ def test_same_table_overlap(pools):
     assert_unchanged(a.device_table, before)
 
 
+def test_overlap_split_across_two_jobs(pools):
+    # Job 0 reads row 1 of a.device while job 1 writes it: the result would depend on
+    # which job a backend copies first. Rejected; rows of other layers are fine.
+    a, b, _ = pools
+    before = snapshot(a.device_table)
+    with pytest.raises(ValueError, match=r"jobs\[1\].dst_rows: row 1 of a.device is also a "
+                                         r"source row of the same table \(read by jobs\[0\]\)"):
+        copy_rows_batch([(a.device_table, b.device_table, [1], [0]),
+                         (a.host_table, a.device_table, [0], [1])])
+    assert_unchanged(a.device_table, before)
+    copy_rows_batch([CopyJob(a.device_table, b.device_table, [1], [0], layers=[0]),
+                     CopyJob(a.host_table, a.device_table, [0], [1], layers=[1])])
+
+
 def test_device_mismatch(pools):
     # A table on an unsupported device and index tensors on a foreign device.
     a = pools[0]

@@ -1,0 +1,144 @@
+"""Slot arguments at the controller's edge: coercion and the checks made once per call.
+
+Slots a server passes (``write(device_indices)``, ``load(host_indices)``) may be int
+tensors on the CPU, lists or numpy arrays; they come back as int64 CPU tensors. CUDA
+tensors are refused: reading their values (to validate them and derive rows) would
+synchronize the device in the middle of the scheduler's step.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+
+from host_pools.allocator import PageAllocator
+from host_pools.spec import Stack, slots_to_rows
+
+log = logging.getLogger(__name__)
+
+
+def as_slots(value: Any, what: str) -> torch.Tensor:
+    """``value`` as a 1-D int64 CPU tensor.
+
+    Args:
+        value: a 1-D integer tensor on the CPU, a sequence of ints or an integer numpy array.
+        what: the argument's name for error messages (``"host_indices"``).
+
+    Raises:
+        ValueError: a CUDA tensor, a non-integer dtype (bool and floats included), or not 1-D.
+        TypeError: something that is not a tensor, array or sequence.
+    """
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu":
+            raise ValueError(f"{what}: must be a CPU tensor, got one on {value.device} (reading "
+                             f"device slots would synchronize the device; pass a CPU copy)")
+        if value.dtype == torch.bool or value.dtype.is_floating_point or value.dtype.is_complex:
+            raise ValueError(f"{what}: dtype must be an integer type, got {value.dtype}")
+        tensor = value
+    else:
+        if not isinstance(value, (list, tuple, np.ndarray)):
+            raise TypeError(f"{what}: must be a tensor, numpy array or sequence of ints, "
+                            f"got {type(value).__name__}")
+        arr = np.asarray(value)
+        if arr.size == 0:
+            arr = arr.astype(np.int64)
+        if arr.dtype.kind not in "iu":
+            raise ValueError(f"{what}: must hold integers, got dtype {arr.dtype}")
+        tensor = torch.from_numpy(arr.astype(np.int64, copy=False))
+    if tensor.dim() != 1:
+        raise ValueError(f"{what}: must be 1-D, got shape {tuple(tensor.shape)}")
+    return tensor if tensor.dtype == torch.int64 else tensor.to(torch.int64)
+
+
+def check_pages(slots: torch.Tensor, unit: int, num_slots: int, what: str) -> None:
+    """Whole aligned runs of ``unit`` slots, all in ``[0, num_slots)``.
+
+    Raises:
+        ValueError: naming ``what``, the unit and the range.
+    """
+    slots_to_rows(slots, unit, what=f"{what} (whole pages of {unit})")
+    arr = slots.numpy()
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= num_slots):
+        raise ValueError(f"{what}: slots must be in [0, {num_slots}), got "
+                         f"[{int(arr.min())}, {int(arr.max())}]")
+
+
+def check_owned(alloc: PageAllocator, slots: torch.Tensor, what: str,
+                why: str = "never handed out, or freed") -> np.ndarray:
+    """The pages of ``slots``, which must be allocated (and not repeated) in ``alloc``.
+
+    Raises:
+        ValueError: a page is free (never handed out, or already freed) or repeated.
+    """
+    try:
+        pages = alloc.pages_of(slots)
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+    if not alloc.owns_pages(pages):
+        raise ValueError(f"{what}: slots that are not allocated ({why})")
+    return pages
+
+
+def edge_slots(stack: Stack, anchor: Any, extra: Mapping[str, Any] | None,
+               what: str) -> dict[str, torch.Tensor]:
+    """The own-indexed slots of one ``write``/``load`` call, keyed by pool, empty ones dropped.
+
+    Raises:
+        ValueError: a pool in ``extra`` that is not own-indexed (or is the anchor), bad
+            slots (see :func:`as_slots`), or nothing to transfer at all.
+        TypeError: ``extra`` is not a mapping, or slots of an unsupported type.
+    """
+    own = {p.name for p in stack.own_indexed}
+    anchor_name = stack.anchor.name
+    if extra is not None and not isinstance(extra, Mapping):
+        raise TypeError(f"extra: must be a mapping of pool name to slots, got {type(extra).__name__}")
+    slots = {anchor_name: as_slots(anchor, what)} if anchor is not None else {}
+    for name, s in (extra or {}).items():
+        if name not in own or name == anchor_name:
+            raise ValueError(f"extra: {name!r} is not an own-indexed pool other than the anchor; "
+                             f"allowed: {sorted(own - {anchor_name})}")
+        slots[name] = as_slots(s, f"extra[{name!r}]")
+    slots = {n: s for n, s in slots.items() if s.numel()}
+    if not slots:
+        raise ValueError(f"{what}: nothing to transfer (empty anchor slots and no extra)")
+    return slots
+
+
+def alloc_all(src: Mapping[str, torch.Tensor], alloc: Callable,
+              free: Callable) -> dict[str, torch.Tensor] | None:
+    """``alloc(name, n)`` for every pool of ``src``, all or nothing.
+
+    Returns:
+        The slots per pool (int64 CPU tensors), or ``None`` when one allocator is short
+        (everything taken so far is given back first).
+    Raises:
+        Whatever an allocator raises, or ValueError for slots of a bad type it handed out;
+        everything taken so far is given back first.
+    """
+    taken: dict[str, Any] = {}
+    try:
+        for name, slots in src.items():
+            got = alloc(name, slots.numel())
+            if got is None:
+                free_all(taken, free)
+                return None
+            taken[name] = got
+        return {n: as_slots(s, f"allocated slots of {n!r}") for n, s in taken.items()}
+    except BaseException:  # an allocator raised (or returned junk): give back the rest
+        free_all(taken, free)
+        raise
+
+
+def free_all(taken: Mapping[str, Any], free: Callable) -> list[str]:
+    """``free(name, slots)`` for every entry even if some raise; returns those errors
+    (each also logged): a rollback must give back everything it can."""
+    errors = []
+    for name, slots in taken.items():
+        try:
+            free(name, slots)
+        except Exception as exc:  # keep freeing the others; the caller reports these
+            errors.append(f"free of {name!r} raised {type(exc).__name__}: {exc}")
+            log.error("hicache: %s", errors[-1])
+    return errors

@@ -1,0 +1,197 @@
+"""The controller's promises at its edges: ids it issues, callees that raise, stale host
+pages, slot arguments of every shape, per-direction acks, rolled-back loads, close()."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hicache.batch import Batch
+from tests.hicache.test_controller import (alloc_device, allocator_state, backup, fill_random,
+                                           make, snapshot)
+from transfer_kernels import FaultyBackend
+
+
+def test_op_ids_are_issued_by_the_controller(gen):
+    # A server's op and the tree's op can never share an id: the controller issues them.
+    cache = make("dsv4")
+    ctrl = cache.controller
+    fill_random(cache, gen)
+    ids = []
+    for _ in range(3):
+        assert ctrl.write(*alloc_device(cache, pages=1)) is not None
+        ids.append(ctrl.last_op_id)
+    ctrl.start_writing()
+    assert len(set(ids)) == 3 and [a.op_id for a in ctrl.poll()] == ids
+    with pytest.raises(TypeError):
+        ctrl.write(*alloc_device(cache, pages=1), op_id=5)  # no caller-chosen ids
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def _raising_alloc(cache, fail_pool: str, given_back: list):
+    """Server allocators for kv and swa; the one of ``fail_pool`` raises."""
+    def alloc(name):
+        def fn(n):
+            if name == fail_pool:
+                raise Boom(f"allocator of {name} is down")
+            return cache.device_pools[name].alloc(n)
+        return fn
+
+    def free(name):
+        def fn(slots):
+            given_back.append(name)
+            return cache.device_pools[name].free(slots)
+        return fn
+    return {n: alloc(n) for n in ("kv", "swa")}, {n: free(n) for n in ("kv", "swa")}
+
+
+@pytest.mark.parametrize("fail_pool", ["kv", "swa"])
+def test_server_allocator_that_raises_leaks_nothing(gen, fail_pool):
+    cache = make("dsv4")
+    fill_random(cache, gen)
+    kv, extra = alloc_device(cache)
+    host = backup(cache, kv, extra)
+    given_back: list = []
+    alloc, free = _raising_alloc(cache, fail_pool, given_back)
+    ctrl = type(cache.controller)(cache.device_pools, cache.host_group, cache.config,
+                                  backend="torch", device_alloc=alloc, device_free=free)
+    ctrl._host_stamp = cache.controller._host_stamp  # the same, already backed-up pages
+    before = allocator_state(cache)
+    with pytest.raises(Boom):
+        ctrl.load(host["kv"], {"swa": host["swa"]})
+    # whatever the first allocator handed out went back; nothing is queued
+    assert allocator_state(cache) == before and ctrl.pending() == 0
+    assert given_back == ([] if fail_pool == "kv" else ["kv"])
+    ctrl.check_integrity()
+
+
+def test_a_raising_free_during_rollback_still_frees_the_rest_and_acks(gen):
+    cache = make("dsv4", backend=FaultyBackend("torch", fail_on_launch=1))
+    fill_random(cache, gen)
+    ctrl = cache.controller
+    host_pools = cache.host_group.pools
+    real_free = host_pools["swa"].free
+    host_pools["swa"].free = lambda slots: (_ for _ in ()).throw(Boom("free of swa failed"))
+    before = allocator_state(cache)
+    for _ in range(2):
+        assert ctrl.write(*alloc_device(cache, pages=1)) is not None
+    ctrl.start_writing()  # launch 1 raises; the rollback's swa free raises too
+    acks = ctrl.poll()
+    assert [a.success for a in acks] == [False, False]
+    assert "free of 'swa' raised Boom" in acks[0].error
+    after = allocator_state(cache)
+    assert after["host:kv"] == before["host:kv"]  # the anchor slots of both ops came back
+    host_pools["swa"].free = real_free
+
+
+def test_load_refuses_host_pages_freed_and_allocated_again(gen):
+    # The tree freed the backed-up pages and someone else took them: old bytes are gone.
+    cache = make("dsv4")
+    fill_random(cache, gen)
+    ctrl = cache.controller
+    kv, extra = alloc_device(cache)
+    host = backup(cache, kv, extra)
+    pool = cache.host_group.pools["kv"]
+    pool.free(host["kv"])
+    again = pool.alloc(host["kv"].numel())
+    assert torch.equal(again, host["kv"])  # the same slots, a new allocation
+    with pytest.raises(ValueError, match=r"host_indices \(pool 'kv'\): .*allocated again"):
+        ctrl.load(host["kv"], {"swa": host["swa"]})
+    assert ctrl.pending() == 0
+
+
+def test_write_refuses_device_slots_not_allocated(gen):
+    cache = make("dsv4")
+    ctrl = cache.controller
+    kv, extra = alloc_device(cache)
+    cache.device_pools["kv"].free(kv)
+    before = allocator_state(cache)
+    with pytest.raises(ValueError, match=r"device_indices \(pool 'kv'\): slots that are not allocated"):
+        ctrl.write(kv, extra)
+    with pytest.raises(ValueError, match=r"device_indices \(pool 'kv'\): slots must be in"):
+        ctrl.write(torch.arange(256 * 4000, 256 * 4001), extra)
+    assert allocator_state(cache) == before and ctrl.pending() == 0
+
+
+@pytest.mark.parametrize("form", ["list", "numpy", "int32"])
+def test_slots_as_list_or_numpy(gen, form):
+    cache = make("dsv4")
+    fill_random(cache, gen)
+    kv, extra = alloc_device(cache)
+    expected = snapshot(cache, {"kv": kv, **extra})
+    conv = {"list": lambda t: t.tolist(), "numpy": lambda t: t.numpy(),
+            "int32": lambda t: t.to(torch.int32)}[form]
+    host = cache.controller.write(conv(kv), {"swa": conv(extra["swa"])})
+    cache.controller.start_writing()
+    assert [a.success for a in cache.controller.poll()] == [True]
+    dev = cache.controller.load(conv(host["kv"]), {"swa": conv(host["swa"])})
+    cache.controller.start_loading()
+    assert [a.success for a in cache.controller.poll()] == [True]
+    got = snapshot(cache, dev)
+    assert all(torch.equal(a, b) for n in got for la, lb in zip(got[n], expected[n])
+               for a, b in zip(la, lb))
+
+
+@pytest.mark.parametrize("bad,exc,match", [
+    (np.arange(256, dtype=np.float64), ValueError, "host_indices: must hold integers"),
+    (torch.ones(256, dtype=torch.bool), ValueError, "host_indices: dtype must be an integer"),
+    (torch.arange(256).view(2, 128), ValueError, "host_indices: must be 1-D"),
+    ("0-255", TypeError, "host_indices: must be a tensor"),
+])
+def test_load_errors_name_host_indices(bad, exc, match):
+    cache = make("dsv4")
+    with pytest.raises(exc, match=match):
+        cache.controller.load(bad)
+
+
+class FakeEvent:
+    def __init__(self, done: bool) -> None:
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+
+def test_poll_does_not_hold_a_finished_load_behind_an_unfinished_backup():
+    cache = make("dsv4")
+    ctrl = cache.controller
+    backup_batch = Batch([], "d2h", event=FakeEvent(False))
+    load_batch = Batch([], "h2d", event=FakeEvent(True))
+    ctrl._inflight["d2h"].append(backup_batch)
+    ctrl._inflight["h2d"].append(load_batch)
+    ctrl.poll()
+    assert list(ctrl._inflight["d2h"]) == [backup_batch] and not ctrl._inflight["h2d"]
+
+
+def test_rolled_back_load_returns_none(gen):
+    cache = make("dsv4", backend=FaultyBackend("torch", fail_on_launch=2))
+    ctrl = cache.controller
+    fill_random(cache, gen)
+    host = backup(cache, *alloc_device(cache))  # launch 1
+    before = allocator_state(cache)
+    assert ctrl.load(host["kv"], {"swa": host["swa"]}) is not None
+    assert ctrl.start_loading() is None  # launch 2 (layer 0) raised: rolled back
+    assert [a.success for a in ctrl.poll()] == [False]
+    assert allocator_state(cache) == before
+
+
+def test_close_fails_queued_ops_and_refuses_more(gen):
+    cache = make("dsv4")
+    ctrl = cache.controller
+    fill_random(cache, gen)
+    before = allocator_state(cache)
+    kv, extra = alloc_device(cache)
+    after_alloc = allocator_state(cache)
+    assert ctrl.write(kv, extra) is not None
+    cache.close()
+    cache.close()  # idempotent
+    acks = ctrl.poll()
+    assert [a.success for a in acks] == [False] and "closed" in acks[0].error
+    assert allocator_state(cache) == after_alloc != before  # host slots of the op came back
+    for call in (lambda: ctrl.write(kv, extra), ctrl.start_writing, ctrl.start_loading,
+                 lambda: ctrl.load(torch.arange(256))):
+        with pytest.raises(RuntimeError, match="closed"):
+            call()

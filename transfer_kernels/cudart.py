@@ -1,0 +1,133 @@
+"""The CUDA runtime calls torch does not expose, through ctypes: DMA copies of row runs.
+
+The library is the ``libcudart`` torch itself loaded (found in ``/proc/self/maps``), so
+streams and the primary context are shared with torch. ``host_pools.cuda_host`` binds
+the host-registration calls the same way (the two packages never import each other).
+
+    memcpy_async(dst, src, nbytes, stream)                    one 1-D copy
+    memcpy_2d_async(dst, dpitch, src, spitch, width, height)  a strided run in one copy
+    memcpy_batch_async(dsts, srcs, sizes, stream)             many 1-D copies, one call
+                                                              (CUDA >= 12.8; else None)
+
+Every failing call raises ``RuntimeError`` with CUDA's error string, after clearing the
+runtime's last error so that an unrelated later torch call does not raise it again.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+
+_MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: direction inferred from the (UVA) pointers
+_SRC_ACCESS_ORDER_STREAM = 1  # cudaMemcpySrcAccessOrderStream
+
+
+class _MemLocation(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class _MemcpyAttributes(ctypes.Structure):
+    _fields_ = [("srcAccessOrder", ctypes.c_int), ("srcLocHint", _MemLocation),
+                ("dstLocHint", _MemLocation), ("flags", ctypes.c_uint)]
+
+
+def find_libcudart() -> str:
+    """Path of the ``libcudart`` loaded in this process (torch loads it with CUDA).
+
+    Raises:
+        RuntimeError: no CUDA runtime is loaded (call after ``torch.cuda.init()``).
+    """
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.rsplit(None, 1)[-1]
+            if "/libcudart.so" in path:
+                return path
+    raise RuntimeError("libcudart is not loaded in this process (is CUDA initialised?)")
+
+
+@functools.lru_cache(maxsize=1)
+def lib() -> ctypes.CDLL:
+    """The process's CUDA runtime library, with the signatures used here declared."""
+    cudart = ctypes.CDLL(find_libcudart())
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    cudart.cudaMemcpyAsync.argtypes = [vp, vp, sz, ctypes.c_int, vp]
+    cudart.cudaMemcpy2DAsync.argtypes = [vp, sz, vp, sz, sz, sz, ctypes.c_int, vp]
+    cudart.cudaGetErrorString.restype = ctypes.c_char_p
+    cudart.cudaGetErrorString.argtypes = [ctypes.c_int]
+    return cudart
+
+
+@functools.lru_cache(maxsize=1)
+def runtime_version() -> int:
+    """``cudaRuntimeGetVersion`` (e.g. 13000 for CUDA 13.0)."""
+    version = ctypes.c_int()
+    check(lib().cudaRuntimeGetVersion(ctypes.byref(version)), "cudaRuntimeGetVersion")
+    return version.value
+
+
+def check(err: int, what: str) -> None:
+    """Raise ``RuntimeError`` naming ``what`` and CUDA's message unless ``err`` is 0."""
+    if err:
+        lib().cudaGetLastError()  # clear it: torch would otherwise raise it later
+        msg = lib().cudaGetErrorString(err).decode(errors="replace")
+        raise RuntimeError(f"{what} failed: CUDA error {err} ({msg})")
+
+
+def memcpy_async(dst: int, src: int, nbytes: int, stream: int) -> None:
+    """One 1-D copy of ``nbytes`` on ``stream`` (a ``cudaStream_t`` as an int)."""
+    check(lib().cudaMemcpyAsync(dst, src, nbytes, _MEMCPY_DEFAULT, stream), "cudaMemcpyAsync")
+
+
+def memcpy_2d_async(dst: int, dpitch: int, src: int, spitch: int, width: int, height: int,
+                    stream: int) -> None:
+    """``height`` rows of ``width`` bytes, rows ``spitch`` / ``dpitch`` bytes apart."""
+    check(lib().cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, _MEMCPY_DEFAULT,
+                                  stream), "cudaMemcpy2DAsync")
+
+
+@functools.lru_cache(maxsize=1)
+def _batch_fn():
+    """``cudaMemcpyBatchAsync`` with this runtime's signature, or None before CUDA 12.8.
+
+    CUDA 12.8/12.9 take a ``size_t* failIdx`` before the stream; CUDA 13 dropped it.
+    """
+    version = runtime_version()
+    fn = getattr(lib(), "cudaMemcpyBatchAsync", None)
+    if fn is None or version < 12080:
+        return None
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    head = [vp, vp, vp, sz, ctypes.POINTER(_MemcpyAttributes), ctypes.POINTER(sz), sz]
+    fn.argtypes = head + ([vp] if version >= 13000 else [ctypes.POINTER(sz), vp])
+    return fn
+
+
+def batch_available() -> bool:
+    """True when this runtime offers ``cudaMemcpyBatchAsync``."""
+    return _batch_fn() is not None
+
+
+def memcpy_batch_async(dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray,
+                       stream: int) -> None:
+    """Many 1-D copies in one call, in stream order (copies within it are unordered).
+
+    Args:
+        dsts / srcs / sizes: equal-length uint64-compatible arrays (addresses, bytes).
+        stream: a ``cudaStream_t`` as an int.
+
+    Raises:
+        RuntimeError: the runtime has no batched copy, or the call failed.
+    """
+    fn = _batch_fn()
+    if fn is None:
+        raise RuntimeError("cudaMemcpyBatchAsync needs CUDA >= 12.8")
+    count = len(sizes)
+    if count == 0:
+        return
+    arrays = [np.ascontiguousarray(a, dtype=np.uint64) for a in (dsts, srcs, sizes)]
+    attr = _MemcpyAttributes(srcAccessOrder=_SRC_ACCESS_ORDER_STREAM)
+    idx = ctypes.c_size_t(0)
+    args = [a.ctypes.data for a in arrays] + [count, ctypes.byref(attr), ctypes.byref(idx), 1]
+    if runtime_version() < 13000:
+        args.append(ctypes.byref(ctypes.c_size_t(0)))  # failIdx
+    check(fn(*args, stream), "cudaMemcpyBatchAsync")
