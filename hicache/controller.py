@@ -127,14 +127,15 @@ class HybridCacheController:
         src = edge_slots(self.stack, device_indices, extra, "device_indices")
         for name, slots in src.items():
             pool = self.device_pools[name]
-            check_pages(slots, pool.allocator.page_size, pool.num_tokens, _label("device_indices", name))
-            if name not in self._server_alloc:
+            if name in self._server_alloc:  # the server's own slots: shape and range only
+                check_pages(slots, pool.allocator.page_size, pool.num_tokens, _label("device_indices", name))
+            else:  # aligned, in range, not repeated, and allocated
                 check_owned(pool.allocator, slots, _label("device_indices", name))
         host = self.host_group.pools
         dst = alloc_all(src, lambda n, k: host[n].alloc(k), lambda n, s: host[n].free(s))
         if dst is None:
             return None
-        gens = {n: host[n].allocator.generations(host[n].allocator.pages_of(s)) for n, s in dst.items()}
+        gens = {n: host[n].allocator.generations(self._host_pages(n, s)) for n, s in dst.items()}
         return self._enqueue(Op(-1, "d2h", src, dst, gens))
 
     def load(self, host_indices: Any, extra: Mapping[str, Any] | None = None
@@ -160,9 +161,9 @@ class HybridCacheController:
         if dst is None:
             return None
         try:  # a server-supplied allocator must hand out whole aligned pages in range too
-            for name, slots in dst.items():
+            for name in self._server_alloc & dst.keys():
                 pool = self.device_pools[name]
-                check_pages(slots, pool.allocator.page_size, pool.num_tokens, _label("device_alloc", name))
+                check_pages(dst[name], pool.allocator.page_size, pool.num_tokens, _label("device_alloc", name))
         except ValueError:
             free_all(dst, lambda n, s: self._free[n](s))
             raise
@@ -171,7 +172,6 @@ class HybridCacheController:
     def _check_loadable(self, name: str, slots: torch.Tensor) -> None:
         pool = self.host_group.pools[name]
         what = _label("host_indices", name)
-        check_pages(slots, pool.allocator.page_size, pool.num_tokens, what)
         pages = check_owned(pool.allocator, slots, what, "never written, or freed")
         if not (self._host_stamp[name][pages] == pool.allocator.generations(pages)).all():
             raise ValueError(f"{what}: slots were never written (backup not acked yet), or were "

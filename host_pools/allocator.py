@@ -113,13 +113,14 @@ class PageAllocator:
         arr = slots.detach().to("cpu", torch.int64).numpy()
         ps = self.page_size
         if arr.size % ps:
-            raise ValueError(f"slots: length {arr.size} is not a multiple of page_size={ps}")
+            raise ValueError(f"slots: must be whole pages of {ps} slots, got length {arr.size}")
         if arr.size and (arr.min() < 0 or arr.max() >= self.num_slots):
             raise ValueError(f"slots: values must be in [0, {self.num_slots}), "
                              f"got min {arr.min()} max {arr.max()}")
         runs = arr.reshape(-1, ps)
         if ps > 1 and not ((runs[:, 0] % ps == 0).all() and (runs == runs[:, :1] + self._offsets).all()):
-            raise ValueError(f"slots: must be whole pages of {ps} aligned, consecutive slots")
+            raise ValueError(f"slots: must be whole pages of {ps} aligned, consecutive slots "
+                             f"(aligned runs of {ps})")
         pages = runs[:, 0] // ps
         if _has_repeats(pages):
             raise ValueError("slots: the same page appears twice in one call")
