@@ -29,6 +29,7 @@ def make_storage(config: HiCacheConfig, namespace: StorageNamespace) -> StorageB
             return MooncakeBackend(namespace, config.storage_master, config.storage_capacity_bytes)
     except StorageUnavailableError as e:
         if not config.storage_optional:
-            raise
+            raise StorageUnavailableError(
+                f"{e}; pass --hicache-storage-optional to run without the storage tier") from e
         log.warning("%s -- running without the storage tier (--hicache-storage-optional)", e)
     return None

@@ -14,8 +14,8 @@ import torch
 
 from hicache.storage.base import StorageBackend
 from hicache.storage.keys import StorageNamespace
-from hicache.storage.mooncake_client import (ALREADY_EXISTS, NO_SPACE, NOT_FOUND, NOT_READY, acquire_client,
-                                             release_client)
+from hicache.storage.mooncake_client import (ALREADY_EXISTS, NO_SPACE, NOT_FOUND, NOT_READY, TRANSFER_FAIL,
+                                             acquire_client, release_client)
 from hicache.storage.page import (HEADER_BYTES, PageCheck, ThreadStaging, check_header, check_payload,
                                   encode_header)
 
@@ -104,6 +104,8 @@ class MooncakeBackend(StorageBackend):
         if got in NOT_FOUND or got == NOT_READY:
             self.count(misses=1)
             return False
+        if got == TRANSFER_FAIL:  # also what a get of an object shorter than asked returns
+            got = self._size_or_fail(key)
         if got < 0 and got != -600:  # -600: our buffer is smaller than the object
             self.count(errors=1)
             self.log_once(f"get:{got}", f"get failed with Mooncake code {got}; treated as a miss")
@@ -124,6 +126,11 @@ class MooncakeBackend(StorageBackend):
             page.copy_(flat.view(page.shape))
         self.count(hits=1, objects_read=1, bytes_read=n)
         return True
+
+    def _size_or_fail(self, key: str) -> int:
+        """Size of a stored object when it differs from ours (a refusal), else TRANSFER_FAIL."""
+        size = self.client.store.get_size(self.namespace.object_key(key))
+        return size if size >= 0 and size != HEADER_BYTES + self.namespace.object_bytes else TRANSFER_FAIL
 
     def _set(self, keys: list[str], pages: list[torch.Tensor]) -> list[bool]:
         if not self.client.available():

@@ -31,6 +31,7 @@ UNAVAILABLE = (-1010, -1011)  # UNAVAILABLE_IN_CURRENT_STATUS / _MODE
 NOT_FOUND = (-704, -712)  # OBJECT_NOT_FOUND, REPLICA_IS_GONE
 ALREADY_EXISTS = -705
 NOT_READY = -703  # REPLICA_IS_NOT_READY: a put of the key is still in flight
+TRANSFER_FAIL = -800
 NO_SPACE = -200  # NO_AVAILABLE_HANDLE: the store is full
 LOCAL_BUFFER_BYTES = 16 << 20  # Mooncake's bounce buffer for unregistered memory
 
@@ -70,24 +71,23 @@ class MooncakeClient:
         self.store = self._connect(protocol)
 
     def _connect(self, protocol: str):
-        hint = "; pass --hicache-storage-optional to run without the storage tier"
         try:
             from mooncake.store import MooncakeDistributedStore
         except ImportError as e:
             raise StorageUnavailableError(
                 f"mooncake storage: the Mooncake client cannot be imported ({e}); install "
                 "mooncake-transfer-engine-non-cuda (CPU) or mooncake-transfer-engine (CUDA) and Debian's "
-                f"libibverbs1 libnl-3-200 libnl-route-3-200 (scripts/setup.sh does){hint}") from e
+                "libibverbs1 libnl-3-200 libnl-route-3-200 (scripts/setup.sh does)") from e
         if not port_open(self.host, self.port, self.connect_timeout_s):
             raise StorageUnavailableError(
                 f"mooncake storage: no mooncake_master accepts connections at {self.master} "
-                f"(--hicache-storage-master) within {self.connect_timeout_s} s{hint}")
+                f"(--hicache-storage-master) within {self.connect_timeout_s} s")
         store = MooncakeDistributedStore()
         local = local_address_towards(self.host, self.port)
         rc = store.setup(local, "P2PHANDSHAKE", self.segment_bytes, LOCAL_BUFFER_BYTES, protocol, "", self.master)
         if rc != 0:
             raise StorageUnavailableError(f"mooncake storage: set-up against {self.master} failed "
-                                          f"(code {rc}; see the Mooncake log above){hint}")
+                                          f"(code {rc}; see the Mooncake log above)")
         return store
 
     # ---- circuit breaker --------------------------------------------------------------
