@@ -120,17 +120,14 @@ class FileBackend(StorageBackend):
 
     def _read_verified(self, fd: int, key: str, page: torch.Tensor) -> PageCheck:
         n = self.namespace.object_bytes
-        size = os.fstat(fd).st_size
-        header = os.pread(fd, HEADER_BYTES, 0)
-        verdict = check_header(header, self.namespace, key)
-        if verdict is not PageCheck.OK:
-            return verdict
-        if size != HEADER_BYTES + n:
-            return PageCheck.TRUNCATED
+        header, beyond = bytearray(HEADER_BYTES), bytearray(1)  # a byte past the end: longer files show
         flat, staged = self._staging.flat(page)
-        if _preadv_all(fd, flat, HEADER_BYTES) != n:
-            return PageCheck.TRUNCATED
-        verdict = check_payload(header, flat)
+        got = _preadv_all(fd, [header, flat.numpy(), beyond])
+        verdict = check_header(header[:got], self.namespace, key)
+        if verdict is PageCheck.OK and got != HEADER_BYTES + n:
+            verdict = PageCheck.TRUNCATED if got < HEADER_BYTES + n else PageCheck.BAD_LENGTH
+        if verdict is PageCheck.OK:
+            verdict = check_payload(header, flat)
         if verdict is PageCheck.OK:
             if staged:
                 page.copy_(flat.view(page.shape))
@@ -196,14 +193,16 @@ class FileBackend(StorageBackend):
         self._staging.release()
 
 
-def _preadv_all(fd: int, flat: torch.Tensor, offset: int) -> int:
-    """Read into ``flat`` (contiguous uint8) from ``offset`` until full or end of file."""
-    view, done = memoryview(flat.numpy()), 0
-    while done < len(view):
-        got = os.preadv(fd, [view[done:]], offset + done)
+def _preadv_all(fd: int, parts: list) -> int:
+    """Fill ``parts`` from the start of the file until they are full or the file ends; bytes read."""
+    views = [memoryview(p).cast("B") for p in parts]
+    done = 0
+    while views:
+        got = os.preadv(fd, views, done)
         if got == 0:
             break
         done += got
+        views = _advance(views, got)
     return done
 
 
@@ -211,9 +210,14 @@ def _writev_all(fd: int, parts: list) -> None:
     """Write every byte of ``parts`` (short writes resumed)."""
     views = [memoryview(p).cast("B") for p in parts]
     while views:
-        wrote = os.writev(fd, views)
-        while views and wrote >= len(views[0]):
-            wrote -= len(views[0])
-            views.pop(0)
-        if views and wrote:
-            views[0] = views[0][wrote:]
+        views = _advance(views, os.writev(fd, views))
+
+
+def _advance(views: list[memoryview], nbytes: int) -> list[memoryview]:
+    """What is left of ``views`` after the first ``nbytes`` went through."""
+    while views and nbytes >= len(views[0]):
+        nbytes -= len(views[0])
+        views = views[1:]
+    if views and nbytes:
+        views = [views[0][nbytes:], *views[1:]]
+    return views

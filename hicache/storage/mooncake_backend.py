@@ -42,13 +42,18 @@ class MooncakeBackend(StorageBackend):
     def __init__(self, namespace: StorageNamespace, master: str, segment_bytes: int, **client_kwargs) -> None:
         super().__init__(namespace)
         self.client = acquire_client(master, segment_bytes, **client_kwargs)
+        self._registered: list[torch.Tensor] = []  # what this backend registered (undone at close)
         self._headers = ThreadStaging(on_alloc=self.client.register)
         self._staging = ThreadStaging(on_alloc=self.client.register)
 
     def register_buffer(self, buffer: torch.Tensor) -> None:
-        """Register a host pool's buffer with the store for zero-copy transfers."""
+        """Register a host pool's buffer for zero-copy transfers until this backend closes.
+
+        ``buffer`` must stay allocated until then (host pools do).
+        """
         self._check_open()
-        self.client.register(buffer)
+        if self.client.register(buffer):
+            self._registered.append(buffer)
 
     def _names(self, keys: list[str]) -> list[str]:
         return [self.namespace.object_key(k) for k in keys]
@@ -174,6 +179,7 @@ class MooncakeBackend(StorageBackend):
         return out
 
     def _close(self) -> None:
-        for buf in self._headers.release() + self._staging.release():
+        for buf in self._headers.release() + self._staging.release() + self._registered:
             self.client.unregister(buf)
+        self._registered = []
         release_client(self.client)

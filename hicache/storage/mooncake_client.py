@@ -64,7 +64,7 @@ class MooncakeClient:
         self.host, self.port = parse_host_port(master)
         self.connect_timeout_s, self.retry_s = connect_timeout_s, retry_s
         self.refs = 0
-        self._registered: dict[int, int] = {}
+        self._registered: dict[int, tuple[int, int]] = {}  # address -> (bytes, registrations)
         self._lock = threading.Lock()
         self._down_until = 0.0
         self.log_once = LogOnce(log, f"mooncake storage [{master}]")
@@ -114,23 +114,38 @@ class MooncakeClient:
         return False
 
     # ---- buffers ----------------------------------------------------------------------
-    def register(self, buf: torch.Tensor) -> None:
-        """Register a host buffer for zero-copy transfers (idempotent per address)."""
+    def register(self, buf: torch.Tensor) -> bool:
+        """Register a host buffer for zero-copy transfers (counted per address; see `unregister`).
+
+        The buffer must stay allocated until its last `unregister`. Returns whether the
+        store accepted it; TCP still moves unregistered memory through a bounce buffer.
+        """
         ptr, size = buf.data_ptr(), buf.numel() * buf.element_size()
         with self._lock:
-            if self._registered.get(ptr, 0) >= size:
-                return
+            known = self._registered.get(ptr)
+            if known is not None and known[0] >= size:
+                self._registered[ptr] = (known[0], known[1] + 1)
+                return True
             rc = self.store.register_buffer(ptr, size)
             if rc == 0:
-                self._registered[ptr] = size
-        if rc != 0:  # TCP still works from unregistered memory, through the bounce buffer
+                self._registered[ptr] = (size, 1)
+        if rc != 0:
             self.log_once("register", f"register_buffer of {size} B failed (code {rc}); transfers "
                                       "from it go through Mooncake's bounce buffer")
+        return rc == 0
 
     def unregister(self, buf: torch.Tensor) -> None:
+        """Drop one registration of ``buf``; the last one unregisters it from the store."""
+        ptr = buf.data_ptr()
         with self._lock:
-            if self._registered.pop(buf.data_ptr(), None) is not None:
-                self.store.unregister_buffer(buf.data_ptr())
+            known = self._registered.get(ptr)
+            if known is None:
+                return
+            if known[1] > 1:
+                self._registered[ptr] = (known[0], known[1] - 1)
+                return
+            del self._registered[ptr]
+            self.store.unregister_buffer(ptr)
 
     def close(self) -> None:
         """Disconnect (unmounts this process's segment: the objects in it are gone)."""

@@ -38,9 +38,11 @@ def test_buffers_register_once_and_keys_carry_the_namespace(mooncake, gen):
     pool = random_pool(llama(1), "kv", 2, gen)
     backend.register_buffer(pool.buffer)
     backend.register_buffer(pool.buffer)  # idempotent
-    assert backend.client._registered[pool.buffer.data_ptr()] == pool.buffer.numel()
+    assert backend.client._registered[pool.buffer.data_ptr()] == (pool.buffer.numel(), 2)
     key = keys_for(1, 64)[0]
     name = backend.namespace.object_key(key)
     assert name.startswith(backend.namespace.digest_hex[:32] + "_") and name.endswith(key)
     assert backend.batch_set([key], pages_of(pool, ns, 1)) == [True]
     assert backend.client.store.get_size(name) == 64 + ns.object_bytes
+    backend.close()  # registrations are undone with the backend
+    assert pool.buffer.data_ptr() not in backend.client._registered
