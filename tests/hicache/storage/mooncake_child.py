@@ -3,6 +3,7 @@
     python mooncake_child.py kill               a backend loses its own master mid-run
     python mooncake_child.py read MASTER EXTRA  read llama-3.1-8b (1 layer) pages 0..3 written by
                                                 the parent under namespace ``extra=EXTRA``
+    python mooncake_child.py full               back up more than the store holds (no eviction)
 
 Each prints one JSON line and leaves with ``os._exit`` (Mooncake's destructor retries a dead
 master for ~10 s and takes ~2 s on a live one; neither is under test here).
@@ -56,6 +57,24 @@ def read(master: str, extra: str) -> None:
     os._exit(0)
 
 
+def full() -> None:
+    warnings = Count()
+    logging.getLogger("hicache.storage").addHandler(warnings)
+    stack = preset("llama-3.1-8b", 1)  # 256 KiB objects; 100 of them into a 16 MiB segment
+    ns = StorageNamespace.for_pool(stack, "kv")
+    src, out = HostPool(stack.pool("kv"), 100), HostPool(stack.pool("kv"), 100)
+    src.buffer.copy_(torch.randint(0, 256, src.buffer.shape, dtype=torch.uint8))
+    keys = page_hashes(torch.arange(100 * 64), 64)
+    with MooncakeMaster(extra_args=("--eviction_high_watermark_ratio=1.0",)) as master:
+        backend = MooncakeBackend(ns, master.address, 16 << 20)
+        stored = backend.batch_set(keys, [page_view(src, i, 1) for i in range(100)])
+        got = backend.batch_get(keys, [page_view(out, i, 1) for i in range(100)])
+        exact = all(torch.equal(page_view(out, i, 1), page_view(src, i, 1)) for i in range(100) if got[i])
+        print(json.dumps({"stored": stored, "got": got, "exact": exact, "exists": backend.batch_exists(keys),
+                          "stats": backend.stats().as_dict(), "warnings": warnings.messages}), flush=True)
+    os._exit(0)
+
+
 def kill() -> None:
     warnings = Count()
     logging.getLogger("hicache.storage").addHandler(warnings)
@@ -85,4 +104,4 @@ def kill() -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "read":
         read(sys.argv[2], sys.argv[3])
-    kill()
+    full() if sys.argv[1] == "full" else kill()

@@ -72,12 +72,16 @@ def test_file_store_vanishes_mid_run(tmp_path, gen, caplog):
     b.close()
 
 
-def test_mooncake_master_killed_mid_run():
+def _child(mode: str) -> dict:
     mooncake_or_skip()
     child = Path(__file__).with_name("mooncake_child.py")
-    run = subprocess.run([sys.executable, str(child), "kill"], capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, str(child), mode], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
-    report = json.loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_mooncake_master_killed_mid_run():
+    report = _child("kill")
     assert report["before"] == [True] * 8
     for name, result, seconds in report["calls"]:
         assert result in (0, [False] * 4), (name, result)
@@ -167,6 +171,15 @@ def test_disk_full_write_leaves_nothing_behind(tmp_path, gen, caplog, monkeypatc
     out = random_pool(llama(1), "kv", 3, gen)
     assert b.batch_get(keys, pages_of(out, NS, 3)) == [True] * 3 and torch.equal(out.buffer, src.buffer)
     b.close()
+
+
+def test_mooncake_store_full_fails_the_writes_that_do_not_fit():
+    report = _child("full")  # 100 objects of 256 KiB offered to a 16 MiB store that never evicts
+    n = report["stored"].index(False)
+    assert 0 < n < 100 and report["stored"] == [True] * n + [False] * (100 - n)
+    assert report["got"] == report["stored"] and report["exact"] and report["exists"] == n
+    assert report["stats"]["errors"] == 100 - n and report["stats"]["objects_written"] == n
+    assert len(report["warnings"]) == 1 and "store is full" in report["warnings"][0]
 
 
 # ---- Mooncake: corrupt and foreign objects -----------------------------------------------
