@@ -62,6 +62,8 @@ class MooncakeMaster:
 
     def __init__(self, port: int | None = None, extra_args: tuple[str, ...] = (),
                  log_dir: str | os.PathLike | None = None) -> None:
+        if isinstance(extra_args, str):
+            raise TypeError(f"extra_args: need a tuple of '--flag=value' strings, got the string {extra_args!r}")
         self.host = "127.0.0.1"
         self.port = port or free_port()
         self.extra_args = tuple(extra_args)

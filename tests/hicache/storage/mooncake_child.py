@@ -65,13 +65,14 @@ def full() -> None:
     src, out = HostPool(stack.pool("kv"), 100), HostPool(stack.pool("kv"), 100)
     src.buffer.copy_(torch.randint(0, 256, src.buffer.shape, dtype=torch.uint8))
     keys = page_hashes(torch.arange(100 * 64), 64)
-    with MooncakeMaster(extra_args=("--eviction_high_watermark_ratio=1.0",)) as master:
-        backend = MooncakeBackend(ns, master.address, 16 << 20)
-        stored = backend.batch_set(keys, [page_view(src, i, 1) for i in range(100)])
-        got = backend.batch_get(keys, [page_view(out, i, 1) for i in range(100)])
-        exact = all(torch.equal(page_view(out, i, 1), page_view(src, i, 1)) for i in range(100) if got[i])
-        print(json.dumps({"stored": stored, "got": got, "exact": exact, "exists": backend.batch_exists(keys),
-                          "stats": backend.stats().as_dict(), "warnings": warnings.messages}), flush=True)
+    master = MooncakeMaster(extra_args=("--eviction_high_watermark_ratio=1.0",)).start()
+    backend = MooncakeBackend(ns, master.address, 16 << 20)
+    stored = backend.batch_set(keys, [page_view(src, i, 1) for i in range(100)])
+    got = backend.batch_get(keys, [page_view(out, i, 1) for i in range(100)])
+    exact = all(torch.equal(page_view(out, i, 1), page_view(src, i, 1)) for i in range(100) if got[i])
+    print(json.dumps({"stored": stored, "got": got, "exact": exact, "exists": backend.batch_exists(keys),
+                      "stats": backend.stats().as_dict(), "warnings": warnings.messages}), flush=True)
+    master.stop()
     os._exit(0)
 
 
