@@ -20,3 +20,4 @@ bench: setup
 	$(PY) bench/h2d.py --quick
 	$(PY) bench/controller.py
 	$(PY) bench/tree.py
+	$(PY) bench/storage.py

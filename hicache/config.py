@@ -13,6 +13,9 @@ from dataclasses import dataclass
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 IO_BACKENDS = ("auto", "triton", "copy_engine", "torch")
 MEM_LAYOUTS = ("page_first", "layer_first")
+STORAGE_BACKENDS = ("none", "file", "mooncake")
+STORAGE_PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+STORAGE_WRITE_POLICIES = ("write_through", "write_back")
 
 # field -> flag, so every error names what the user typed
 FLAGS = {
@@ -26,6 +29,14 @@ FLAGS = {
     "ranks_per_host": "--hicache-ranks-per-host",
     "host_headroom_gb": "--hicache-host-headroom",
     "max_copy_programs": "--hicache-max-copy-programs",
+    "storage_backend": "--hicache-storage-backend",
+    "storage_dir": "--hicache-storage-dir",
+    "storage_master": "--hicache-storage-master",
+    "storage_capacity_gb": "--hicache-storage-capacity",
+    "storage_prefetch_policy": "--hicache-storage-prefetch-policy",
+    "storage_prefetch_timeout_s": "--hicache-storage-prefetch-timeout",
+    "storage_write_policy": "--hicache-storage-write-policy",
+    "storage_optional": "--hicache-storage-optional",
 }
 
 
@@ -49,6 +60,15 @@ class HiCacheConfig:
         ranks_per_host: ranks sharing this host's memory; the host budget is split among them.
         host_headroom_gb: host memory (GiB) left to the server; ``None`` = min(10 GiB, 10 % of RAM).
         max_copy_programs: Triton copy grid bound (the SM budget the copies may take).
+        storage_backend: third tier, ``none`` | ``file`` | ``mooncake``.
+        storage_dir: directory of the ``file`` backend (required with it).
+        storage_master: ``host:port`` of the ``mooncake`` backend's master.
+        storage_capacity_gb: GB (1e9); ``file``: bytes on disk before LRU eviction (0 =
+            unlimited); ``mooncake``: memory this process contributes to the store.
+        storage_prefetch_policy: ``best_effort`` | ``wait_complete`` | ``timeout``.
+        storage_prefetch_timeout_s: seconds a ``timeout`` prefetch may take (> 0).
+        storage_write_policy: host -> storage: ``write_through`` | ``write_back`` (on host eviction).
+        storage_optional: start without the tier (warning) when the store is unreachable.
     """
 
     enable_hierarchical_cache: bool = False
@@ -61,6 +81,14 @@ class HiCacheConfig:
     ranks_per_host: int = 1
     host_headroom_gb: float | None = None
     max_copy_programs: int = 32
+    storage_backend: str = "none"
+    storage_dir: str = ""
+    storage_master: str = "127.0.0.1:50051"
+    storage_capacity_gb: float = 0.0
+    storage_prefetch_policy: str = "timeout"
+    storage_prefetch_timeout_s: float = 2.0
+    storage_write_policy: str = "write_through"
+    storage_optional: bool = False
 
     def __post_init__(self) -> None:
         for field in ("hicache_ratio", "hicache_size_gb", "swa_full_tokens_ratio", "host_headroom_gb"):
@@ -83,6 +111,26 @@ class HiCacheConfig:
             raise _bad("host_headroom_gb", f"must be >= 0, got {self.host_headroom_gb}")
         if self.max_copy_programs < 1:
             raise _bad("max_copy_programs", f"must be >= 1, got {self.max_copy_programs}")
+        self._check_storage()
+
+    def _check_storage(self) -> None:
+        for field, allowed in (("storage_backend", STORAGE_BACKENDS),
+                               ("storage_prefetch_policy", STORAGE_PREFETCH_POLICIES),
+                               ("storage_write_policy", STORAGE_WRITE_POLICIES)):
+            if getattr(self, field) not in allowed:
+                raise _bad(field, f"must be one of {allowed}, got {getattr(self, field)!r}")
+        if not (math.isfinite(self.storage_capacity_gb) and self.storage_capacity_gb >= 0):
+            raise _bad("storage_capacity_gb", f"must be a finite number >= 0, got {self.storage_capacity_gb}")
+        if not (math.isfinite(self.storage_prefetch_timeout_s) and self.storage_prefetch_timeout_s > 0):
+            raise _bad("storage_prefetch_timeout_s", f"must be > 0 seconds, got {self.storage_prefetch_timeout_s}")
+        if self.storage_backend == "file" and not self.storage_dir:
+            raise _bad("storage_dir", "required with --hicache-storage-backend file")
+        if self.storage_backend == "mooncake":
+            parse_host_port(self.storage_master)
+
+    @property
+    def storage_capacity_bytes(self) -> int:
+        return int(self.storage_capacity_gb * 1e9)
 
     @property
     def host_headroom_bytes(self) -> int | None:
@@ -92,6 +140,14 @@ class HiCacheConfig:
     def from_args(cls, args: argparse.Namespace) -> "HiCacheConfig":
         """Build from ``add_hicache_args`` flags. Raises ``ValueError`` naming the flag."""
         return cls(**{f: getattr(args, f) for f in FLAGS})
+
+
+def parse_host_port(value: str) -> tuple[str, int]:
+    """``"host:port"`` -> (host, port); ``ValueError`` naming ``--hicache-storage-master`` otherwise."""
+    host, sep, port = value.rpartition(":")
+    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+        raise _bad("storage_master", f"need host:port, got {value!r}")
+    return host, int(port)
 
 
 def add_hicache_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -118,4 +174,25 @@ def add_hicache_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                    help="GiB of host memory left free (default min(10, 10%% of RAM))")
     g.add_argument("--hicache-max-copy-programs", dest="max_copy_programs", type=int,
                    default=d.max_copy_programs, help="Triton copy grid bound (SM budget)")
+    _add_storage_args(parser.add_argument_group("hierarchical cache: storage tier"), d)
     return parser
+
+
+def _add_storage_args(g: argparse._ArgumentGroup, d: HiCacheConfig) -> None:
+    g.add_argument("--hicache-storage-backend", dest="storage_backend", default=d.storage_backend,
+                   help=f"third tier below host memory, one of {', '.join(STORAGE_BACKENDS)}")
+    g.add_argument("--hicache-storage-dir", dest="storage_dir", default=d.storage_dir,
+                   help="directory of the file backend (pages survive restarts)")
+    g.add_argument("--hicache-storage-master", dest="storage_master", default=d.storage_master,
+                   help="mooncake_master host:port (default %(default)s)")
+    g.add_argument("--hicache-storage-capacity", dest="storage_capacity_gb", type=float,
+                   default=d.storage_capacity_gb,
+                   help="GB; file: disk limit with LRU eviction (0 = none); mooncake: memory contributed")
+    g.add_argument("--hicache-storage-prefetch-policy", dest="storage_prefetch_policy",
+                   default=d.storage_prefetch_policy, help=f"one of {', '.join(STORAGE_PREFETCH_POLICIES)}")
+    g.add_argument("--hicache-storage-prefetch-timeout", dest="storage_prefetch_timeout_s", type=float,
+                   default=d.storage_prefetch_timeout_s, help="seconds, for the timeout policy")
+    g.add_argument("--hicache-storage-write-policy", dest="storage_write_policy",
+                   default=d.storage_write_policy, help=f"one of {', '.join(STORAGE_WRITE_POLICIES)}")
+    g.add_argument("--hicache-storage-optional", dest="storage_optional", action="store_true",
+                   help="run without the storage tier if the store is unreachable at start")

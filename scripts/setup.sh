@@ -17,9 +17,26 @@ pipi() { "$V" -m pip install -q --disable-pip-version-check "$@"; }
 "$V" -c "import torch" 2>/dev/null || pipi "torch==2.13.0"
 # triton: keep any installed version; needed on CPU too (kernels run under TRITON_INTERPRET=1).
 "$V" -c "import triton" 2>/dev/null || pipi "triton>=3.0"
-for mod in numpy psutil pytest hypothesis matplotlib; do
+for mod in numpy psutil pytest hypothesis matplotlib xxhash; do
   "$V" -c "import $mod" 2>/dev/null || pipi "$mod"
 done
+# Mooncake Store (the storage tier's distributed backend; its tests start a real master):
+# Debian's RDMA user libraries, which its binaries link even over TCP, then the wheel that
+# matches torch (-non-cuda without CUDA). Neither pulls torch.
+if ! ldconfig -p | grep -q "libibverbs.so.1 "; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      libibverbs1 libnl-3-200 libnl-route-3-200 >/dev/null) \
+      || echo "setup: apt-get could not install libibverbs1 libnl-3-200 libnl-route-3-200" >&2
+  else
+    echo "setup: Mooncake needs Debian's libibverbs1 libnl-3-200 libnl-route-3-200; install them" \
+      "as root (until then the Mooncake tests are skipped)" >&2
+  fi
+fi
+MOONCAKE=$("$V" -c "import torch; c = torch.version.cuda or ''; print('mooncake-transfer-engine' + \
+  ('-cuda13' if c.startswith('13') else '' if c else '-non-cuda'))")
+"$V" -c "import importlib.util as u, sys; sys.exit(u.find_spec('mooncake') is None)" 2>/dev/null \
+  || pipi "$MOONCAKE" || echo "setup: could not install $MOONCAKE (the Mooncake tests will skip)" >&2
 # editable install without build isolation: needs setuptools >= 64 and wheel locally
 "$V" -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 64)" 2>/dev/null \
   || pipi "setuptools>=64"

@@ -19,7 +19,9 @@ def test_defaults():
         "enable_hierarchical_cache": False, "hicache_ratio": 2.0, "hicache_size_gb": 0.0,
         "write_policy": "write_through", "io_backend": "auto", "mem_layout": "page_first",
         "swa_full_tokens_ratio": 0.1, "ranks_per_host": 1, "host_headroom_gb": None,
-        "max_copy_programs": 32}
+        "max_copy_programs": 32, "storage_backend": "none", "storage_dir": "",
+        "storage_master": "127.0.0.1:50051", "storage_capacity_gb": 0.0, "storage_prefetch_policy": "timeout",
+        "storage_prefetch_timeout_s": 2.0, "storage_write_policy": "write_through", "storage_optional": False}
     assert c.host_headroom_bytes is None
     assert HiCacheConfig.from_args(_parse([])) == c
 
@@ -42,6 +44,12 @@ BAD = [
     ("ranks_per_host", 0, "--hicache-ranks-per-host"),
     ("host_headroom_gb", -2.0, "--hicache-host-headroom"),
     ("max_copy_programs", 0, "--hicache-max-copy-programs"),
+    ("storage_backend", "redis", "--hicache-storage-backend"),
+    ("storage_prefetch_policy", "eager", "--hicache-storage-prefetch-policy"),
+    ("storage_prefetch_timeout_s", 0.0, "--hicache-storage-prefetch-timeout"),
+    ("storage_prefetch_timeout_s", float("inf"), "--hicache-storage-prefetch-timeout"),
+    ("storage_write_policy", "write_through_selective", "--hicache-storage-write-policy"),
+    ("storage_capacity_gb", -1.0, "--hicache-storage-capacity"),
 ]
 
 
@@ -70,13 +78,20 @@ def test_every_flag_round_trips():
             "--hicache-write-policy", "write_through_selective", "--hicache-io-backend", "triton",
             "--hicache-mem-layout", "layer_first", "--swa-full-tokens-ratio", "0.25",
             "--hicache-ranks-per-host", "8", "--hicache-host-headroom", "6",
-            "--hicache-max-copy-programs", "16"]
+            "--hicache-max-copy-programs", "16",
+            "--hicache-storage-backend", "mooncake", "--hicache-storage-dir", "/tmp/pages",
+            "--hicache-storage-master", "10.0.0.2:50051", "--hicache-storage-capacity", "64",
+            "--hicache-storage-prefetch-policy", "wait_complete", "--hicache-storage-prefetch-timeout", "0.5",
+            "--hicache-storage-write-policy", "write_back", "--hicache-storage-optional"]
     c = HiCacheConfig.from_args(_parse(argv))
     assert c == HiCacheConfig(enable_hierarchical_cache=True, hicache_ratio=3.5, hicache_size_gb=40.0,
                               write_policy="write_through_selective", io_backend="triton",
                               mem_layout="layer_first", swa_full_tokens_ratio=0.25, ranks_per_host=8,
-                              host_headroom_gb=6.0, max_copy_programs=16)
-    assert c.host_headroom_bytes == 6 << 30
+                              host_headroom_gb=6.0, max_copy_programs=16, storage_backend="mooncake",
+                              storage_dir="/tmp/pages", storage_master="10.0.0.2:50051", storage_capacity_gb=64.0,
+                              storage_prefetch_policy="wait_complete", storage_prefetch_timeout_s=0.5,
+                              storage_write_policy="write_back", storage_optional=True)
+    assert c.host_headroom_bytes == 6 << 30 and c.storage_capacity_bytes == 64 * 10 ** 9
     # every field has a flag, and every flag was given above
     assert set(FLAGS) == {f.name for f in dataclasses.fields(HiCacheConfig)}
     assert all(flag in argv for flag in FLAGS.values())

@@ -1,0 +1,194 @@
+"""`StorageIO`: storage queries, prefetches and backups on I/O threads, polled for completion.
+
+The scheduler submits and polls; it never blocks on the store. An operation runs in
+chunks of ``chunk_pages`` so that a cancel or a prefetch deadline stops it between
+chunks; the pages it did not reach report ``False``.
+
+    submitted --(worker picks it)--> running --(all chunks | first miss | cancel | deadline)--> done
+        |                                                                                   |
+        +--(cancel before start, or close)--> done (nothing moved)                          v
+                                                                        IOResult in poll() (once)
+
+Ownership: the host buffers of a prefetch or backup belong to the operation until its
+`IOResult` comes out of `poll` (or `StorageOp.done()` is true): a cancel or a timeout
+stops it early but a chunk already running still writes or reads them.
+"""
+from __future__ import annotations
+
+import enum
+import itertools
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import NamedTuple, Sequence
+
+import torch
+
+from hicache.storage.base import StorageBackend
+
+
+class IOKind(enum.Enum):
+    QUERY = "query"  # batch_exists: leading run present
+    PREFETCH = "prefetch"  # batch_get into host buffers
+    BACKUP = "backup"  # batch_set from host buffers
+
+
+class IOResult(NamedTuple):
+    """A finished operation.
+
+    Attributes:
+        op_id: the id `StorageOp.op_id` had.
+        kind: query, prefetch or backup.
+        ok: per page: moved and verified (empty for a query).
+        hit_pages: query: leading run present; prefetch: leading run read (the usable
+            prefix); backup: pages stored.
+        stopped: ended early by cancel, deadline or close (``ok`` says how far it got).
+        error: an unexpected exception's text (a bug, not a store fault), else ``None``.
+    """
+
+    op_id: int
+    kind: IOKind
+    ok: list[bool]
+    hit_pages: int
+    stopped: bool
+    error: str | None = None
+
+
+class StorageOp:
+    """Handle of a submitted operation (thread-safe)."""
+
+    def __init__(self, op_id: int, kind: IOKind, num_pages: int, deadline: float | None) -> None:
+        self.op_id, self.kind, self.num_pages, self.deadline = op_id, kind, num_pages, deadline
+        self._stop = threading.Event()
+        self.future: Future = Future()
+
+    def cancel(self) -> None:
+        """Ask the operation to stop at its next chunk boundary (the result says how far it got)."""
+        self._stop.set()
+
+    def should_stop(self) -> bool:
+        return self._stop.is_set() or (self.deadline is not None and time.monotonic() >= self.deadline)
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def result(self, timeout_s: float | None = None) -> IOResult | None:
+        """Wait up to ``timeout_s`` (``None`` = forever) for the result; ``None`` if not done by then."""
+        try:
+            return self.future.result(timeout_s)
+        except FutureTimeout:
+            return None
+
+
+def _leading(ok: Sequence[bool]) -> int:
+    for i, v in enumerate(ok):
+        if not v:
+            return i
+    return len(ok)
+
+
+class StorageIO:
+    """A small pool of I/O threads for one or more backends.
+
+    Args:
+        num_threads: I/O threads (>= 1); two keep one backup from delaying a prefetch.
+        chunk_pages: pages per backend call (>= 1); cancel and deadlines act between chunks.
+    """
+
+    def __init__(self, num_threads: int = 2, chunk_pages: int = 32) -> None:
+        if num_threads < 1 or chunk_pages < 1:
+            raise ValueError(f"num_threads, chunk_pages: must be >= 1, got {num_threads}, {chunk_pages}")
+        self.chunk_pages = chunk_pages
+        self._pool = ThreadPoolExecutor(num_threads, thread_name_prefix="hicache-storage")
+        self._ids = itertools.count()
+        self._done: deque[IOResult] = deque()
+        self._closed = False
+
+    def query(self, backend: StorageBackend, keys: Sequence[str]) -> StorageOp:
+        """Submit `batch_exists`; the result's ``hit_pages`` is the leading run present.
+
+        Raises:
+            ValueError / TypeError: malformed keys (raised here, nothing is submitted).
+        """
+        backend.check_args("exists", keys)
+        return self._submit(IOKind.QUERY, backend, list(keys), [], None)
+
+    def prefetch(self, backend: StorageBackend, keys: Sequence[str], pages: Sequence[torch.Tensor],
+                 timeout_s: float | None = None) -> StorageOp:
+        """Submit `batch_get` into ``pages``; stops at the first page not read, or at the deadline.
+
+        Args:
+            timeout_s: chunks not started within this many seconds of submission are
+                skipped (``None`` = no deadline).
+
+        Raises:
+            ValueError / TypeError: malformed keys or buffers (nothing is submitted).
+        """
+        pages = list(pages)
+        backend.check_args("get", keys, pages)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        return self._submit(IOKind.PREFETCH, backend, list(keys), pages, deadline)
+
+    def backup(self, backend: StorageBackend, keys: Sequence[str], pages: Sequence[torch.Tensor]) -> StorageOp:
+        """Submit `batch_set` from ``pages`` (every page is tried; see ``IOResult.ok``).
+
+        Raises:
+            ValueError / TypeError: malformed keys or buffers (nothing is submitted).
+        """
+        pages = list(pages)
+        backend.check_args("set", keys, pages)
+        return self._submit(IOKind.BACKUP, backend, list(keys), pages, None)
+
+    def poll(self) -> list[IOResult]:
+        """Operations finished since the last poll, each reported once (non-blocking)."""
+        out = []
+        while self._done:
+            out.append(self._done.popleft())
+        return out
+
+    def close(self, wait: bool = True) -> None:
+        """Stop accepting work; queued operations finish as stopped; ``wait`` joins the threads."""
+        self._closed = True
+        self._pool.shutdown(wait=wait, cancel_futures=True)
+
+    def _submit(self, kind: IOKind, backend: StorageBackend, keys: list[str], pages: list[torch.Tensor],
+                deadline: float | None) -> StorageOp:
+        if self._closed:
+            raise RuntimeError("StorageIO is closed")
+        op = StorageOp(next(self._ids), kind, len(keys), deadline)
+        op.future.add_done_callback(lambda f: self._done.append(f.result()))
+        inner = self._pool.submit(self._run, op, backend, keys, pages)
+        inner.add_done_callback(lambda f: self._finish(op, f))
+        return op
+
+    def _finish(self, op: StorageOp, inner: Future) -> None:
+        if inner.cancelled():
+            res = IOResult(op.op_id, op.kind, [False] * op.num_pages, 0, True)
+        elif inner.exception() is not None:
+            e = inner.exception()
+            res = IOResult(op.op_id, op.kind, [False] * op.num_pages, 0, True, f"{type(e).__name__}: {e}")
+        else:
+            res = inner.result()
+        op.future.set_result(res)
+
+    def _run(self, op: StorageOp, backend: StorageBackend, keys: list[str], pages: list[torch.Tensor]) -> IOResult:
+        if op.kind is IOKind.QUERY:
+            if op.should_stop():
+                return IOResult(op.op_id, op.kind, [], 0, True)
+            return IOResult(op.op_id, op.kind, [], backend.run_exists(keys), False)
+        ok: list[bool] = []
+        stopped = False
+        for start in range(0, len(keys), self.chunk_pages):
+            if op.should_stop():
+                stopped = True
+                break
+            end = start + self.chunk_pages
+            part = backend.run("get" if op.kind is IOKind.PREFETCH else "set", keys[start:end], pages[start:end])
+            ok.extend(part)
+            if op.kind is IOKind.PREFETCH and not all(part):
+                break  # only the leading run is usable; later pages would be wasted reads
+        ok.extend([False] * (len(keys) - len(ok)))
+        hit = _leading(ok) if op.kind is IOKind.PREFETCH else sum(ok)
+        return IOResult(op.op_id, op.kind, ok, hit, stopped)
