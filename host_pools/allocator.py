@@ -87,7 +87,7 @@ class PageAllocator:
         pages = self.pages_of(slots)
         with self._lock:
             if not self._owned[pages].all():
-                bad = pages[~self._owned[pages]][:4] * self.page_size
+                bad = self._unowned(pages)[:4] * self.page_size
                 raise ValueError(f"slots: double free (or never allocated) of slots starting at {bad.tolist()}")
             self._owned[pages] = False
             self._stack[self._top:self._top + pages.size] = pages[::-1]
@@ -102,6 +102,14 @@ class PageAllocator:
         """True when every page in ``pages`` (from ``pages_of``) is currently allocated."""
         with self._lock:
             return bool(self._owned[pages].all())
+
+    def unowned_pages(self, pages: np.ndarray) -> np.ndarray:
+        """The pages in ``pages`` (from ``pages_of``) that are free, in their order."""
+        with self._lock:
+            return self._unowned(pages)
+
+    def _unowned(self, pages: np.ndarray) -> np.ndarray:
+        return pages[~self._owned[pages]]
 
     def pages_of(self, slots: torch.Tensor, what: str = "slots") -> np.ndarray:
         """Validated page numbers of ``slots`` (aligned, in range, no repeats).

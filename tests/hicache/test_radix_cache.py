@@ -293,7 +293,16 @@ OPS = st.one_of(
     st.tuples(st.just("evict"), st.integers(0, 8)),
     st.tuples(st.just("evict_host"), st.integers(0, 8)),
     st.tuples(st.just("lock_load"), st.lists(st.integers(0, ALPHABET - 1), min_size=1, max_size=6)),
+    st.tuples(st.just("reinsert"), st.lists(st.integers(0, ALPHABET - 1), min_size=1, max_size=6)),
 )
+
+
+def reinsert_reversed(tree, tokens: np.ndarray) -> None:
+    """Insert the device hit of ``tokens`` again with the tree's own pages in reverse order."""
+    m = tree.match_prefix(tokens)
+    if m.device_hit_length:
+        pages = m.device_slots.view(-1, PAGE).flip(0).reshape(-1)
+        tree.insert(tokens[:m.device_hit_length], pages)
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -308,6 +317,8 @@ def test_random_operations_keep_every_invariant(policy, ops):
             tree.evict(arg * PAGE)
         elif op == "evict_host":
             tree.evict_host(arg * PAGE)
+        elif op == "reinsert":  # must free nothing the tree serves: later serves check the bytes
+            reinsert_reversed(tree, _tokens(arg))
         else:  # a request that locks and loads, then gives up before inserting
             m = tree.match_prefix(_tokens(arg))
             tree.inc_lock_ref(m.last_host_node)
