@@ -131,3 +131,20 @@ def test_parse_line_accepts_a_good_line():
     req = parse_line(GOOD, 1)
     assert (req.input_length, req.output_length, req.hash_ids) == (700, 5, (1, 2))
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model, layers, backend", [
+    ("deepseek-v3", "1", "auto"),
+    ("deepseek-v4-flash", "4", "triton"),  # every pool family, hybrid snapshots
+    ("llama-3.1-8b-int8", "2", "copy_engine"),  # a separate scale buffer
+])
+def test_cuda_replay_loads_back_exact_bytes(capsys, model, layers, backend):
+    # pools on the GPU, slots from the tree on the CPU: fills and checks must run on the
+    # pools' device (index_copy_ / index_select / equal used to mix devices and raise)
+    runs = replay_json(capsys, "--device", "cuda", "--model", model, "--layers", layers,
+                       "--hicache-io-backend", backend, "--max-requests", "40", "--device-tokens", "8192",
+                       "--hicache-ratio", "4")
+    base, hier = runs
+    assert base["mismatches"] == hier["mismatches"] == 0
+    # the same deterministic workload on CPU gives these hit rates (host hits > 0.1)
+    assert hier["host_hit_rate"] > 0.1 and hier["bytes_h2d"] > 0 and hier["hit_rate"] > base["hit_rate"]
