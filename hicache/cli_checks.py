@@ -53,7 +53,7 @@ def tokens_from_gib(gib: float, stack: Stack, config: HiCacheConfig) -> int:
 
 
 def parse_device(text: str) -> torch.device:
-    """``--device``: cpu, cuda or cuda:N, CUDA only where present."""
+    """``--device``: cpu, cuda or cuda:N, CUDA only where present (``cuda`` becomes ``cuda:<current>``)."""
     try:
         dev = torch.device(text)
     except (RuntimeError, ValueError):
@@ -67,6 +67,8 @@ def parse_device(text: str) -> torch.device:
         count = torch.cuda.device_count()
         if dev.index is not None and dev.index >= count:
             raise ValueError(f"--device: {text!r}: only {count} CUDA device(s), cuda:0 .. cuda:{count - 1}")
+        if dev.index is None:  # explicit, so it compares equal to the device of the tensors made there
+            dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 

@@ -152,3 +152,11 @@ def test_sigint_during_a_replay_ends_it_with_the_finished_rows():
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted (Ctrl-C) after 1 of 2 runs" in err
     assert out.splitlines()[-1].split()[0] == "0"  # the baseline row
+
+
+@pytest.mark.gpu
+def test_cuda_device_flag_names_an_index():
+    from hicache.cli_checks import parse_device
+    dev = parse_device("cuda")
+    assert dev.index is not None and torch.empty(1, device=dev).device == dev
+    assert parse_device("cuda:0") == torch.device("cuda:0")
