@@ -124,17 +124,21 @@ class PageAllocator:
             got = f"{slots.dtype} tensor of shape {tuple(slots.shape)}" if isinstance(slots, torch.Tensor) \
                 else type(slots).__name__
             raise ValueError(f"{what}: need a 1-D integer tensor, got a {got}")
-        arr = slots.detach().to("cpu", torch.int64).numpy()
+        if slots.dtype != torch.int64 or slots.device.type != "cpu":
+            slots = slots.detach().to("cpu", torch.int64)
+        arr = slots.numpy()
         ps = self.page_size
         if arr.size % ps:
             raise ValueError(f"{what}: length {arr.size} is not a multiple of page_size={ps}")
-        if arr.size and (arr.min() < 0 or arr.max() >= self.num_slots):
+        pages = arr
+        if ps > 1:  # page p is the run p*ps .. p*ps+ps-1: the first slot of each run says it all
+            runs = arr.reshape(-1, ps)
+            pages, offset = np.divmod(runs[:, 0], ps)
+            if offset.any() or not (runs == runs[:, :1] + self._offsets).all():
+                raise ValueError(f"{what}: must be whole pages of {ps} aligned, consecutive slots")
+        if pages.size and (pages.min() < 0 or pages.max() >= self.num_pages):
             raise ValueError(f"{what}: values must be in [0, {self.num_slots}), "
                              f"got min {arr.min()} max {arr.max()}")
-        runs = arr.reshape(-1, ps)
-        if ps > 1 and not ((runs[:, 0] % ps == 0).all() and (runs == runs[:, :1] + self._offsets).all()):
-            raise ValueError(f"{what}: must be whole pages of {ps} aligned, consecutive slots")
-        pages = runs[:, 0] // ps
         if _has_repeats(pages):
             raise ValueError(f"{what}: the same page appears twice in one call")
         return pages
