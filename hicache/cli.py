@@ -5,13 +5,21 @@ import argparse
 import runpy
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from hicache.plan import add_plan_args, run_plan
 from hicache.replay import add_replay_args, run_replay
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line naming the flag (exit status 2), no usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hicache", description="hierarchical KV cache tools")
+    parser = OneLineParser(prog="hicache", description="hierarchical KV cache tools")
     sub = parser.add_subparsers(dest="command", required=True)
     add_plan_args(sub.add_parser("plan", help="size device and host pools for a model"))
     add_replay_args(sub.add_parser("replay", help="replay a request trace through the cache, per host ratio"))
@@ -39,12 +47,19 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one subcommand; returns the exit status (2: a bad flag or input, 130: Ctrl-C)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error, already printed on one line (2)
+        return int(exc.code or 0)
     try:
         return {"plan": run_plan, "replay": run_replay, "bench": run_bench}[args.command](args)
     except ValueError as exc:  # bad flags and refusals: one clear line, no traceback
         print(f"hicache {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"hicache {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -305,6 +305,12 @@ class HybridCacheController:
         page = self.host_group.pools[name].allocator.page_size
         return slots.numpy()[::page] // page
 
+    def rolled_back_ops(self) -> set[int]:
+        """Ids of ops whose batch was rolled back (their destination slots are free again)
+        but whose failed acks ``poll`` has not returned yet."""
+        return {op.op_id for queue in self._inflight.values() for batch in queue
+                if batch.error is not None for op in batch.ops}
+
     def pending(self) -> int:
         """Operations queued or in flight (not yet acked)."""
         return (sum(len(q) for q in self._queues.values())

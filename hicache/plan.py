@@ -4,12 +4,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from host_pools.spec import Stack
+from hicache.cli_checks import GIB, check_device_tokens, stack_from_flags, tokens_from_gib
 from hicache.config import HiCacheConfig, add_hicache_args
-from hicache.models import preset
-from hicache.sizing import CachePlan, device_tokens_for_bytes, plan_sizes
-
-GIB = 1 << 30
+from hicache.sizing import CachePlan, plan_sizes
 
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
@@ -20,16 +17,6 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     cap.add_argument("--device-gib", type=float, default=None, help="device GiB for the KV pools")
     p.add_argument("--json", action="store_true", help="print only the JSON plan")
     add_hicache_args(p)
-
-
-def stack_from_args(args: argparse.Namespace) -> Stack:
-    """The preset named by ``--model``, cut to ``--layers``; errors name the flag."""
-    if args.layers is not None and args.layers < 1:
-        raise ValueError(f"--layers: must be >= 1, got {args.layers}")
-    try:
-        return preset(args.model, args.layers)
-    except ValueError as exc:
-        raise ValueError(f"--model: {exc}") from exc
 
 
 def format_plan(plan: CachePlan) -> str:
@@ -49,16 +36,13 @@ def format_plan(plan: CachePlan) -> str:
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    """The ``plan`` subcommand. ValueError (a bad flag, named) goes to the CLI."""
     config = HiCacheConfig.from_args(args)
-    stack = stack_from_args(args)
+    stack = stack_from_flags(args.model, args.layers)
     if args.device_gib is not None:
-        if args.device_gib <= 0:
-            raise ValueError(f"--device-gib: must be > 0, got {args.device_gib}")
-        tokens = device_tokens_for_bytes(stack, int(args.device_gib * GIB), config)
+        tokens = tokens_from_gib(args.device_gib, stack, config)
     else:
-        tokens = args.device_tokens if args.device_tokens is not None else 1 << 20
-        if tokens < stack.page_size:
-            raise ValueError(f"--device-tokens: need at least one page ({stack.page_size}), got {tokens}")
+        tokens = check_device_tokens(args.device_tokens if args.device_tokens is not None else 1 << 20, stack)
     plan = plan_sizes(stack, tokens, config)
     print(json.dumps(plan.to_json()) if args.json else format_plan(plan))
     return 0

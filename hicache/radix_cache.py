@@ -23,25 +23,27 @@ Keys, matches, inserts and evictions are whole pages (``stack.page_size`` tokens
 
 Under both write-through policies a node is backed up only after its parent, so the
 backed-up nodes form a prefix from the root. Node tiers: `hicache.radix_node`; eviction:
-`hicache.radix_evict`; transfers and acks: `hicache.radix_io`; hybrid (DeepSeek-V4)
+`hicache.radix_evict`; inserts and the caller's slots: `hicache.radix_insert`;
+transfers and acks: `hicache.radix_io`; hybrid (DeepSeek-V4)
 match rule and snapshots: `hicache.radix_hybrid`; invariants: `hicache.radix_check`.
 """
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Mapping
+from typing import Any
 
+import numpy as np
 import torch
 
 from hicache.radix_check import check_tree
 from hicache.radix_evict import EvictionMixin
 from hicache.radix_hybrid import SnapshotMixin, select_match_end, snapshot_sizes
+from hicache.radix_insert import InsertMixin
 from hicache.radix_io import TransferMixin
-from hicache.radix_node import (EMPTY_SLOTS, InsertResult, MatchResult, TreeNode, as_key, common_pages,
-                                new_root, page_key)
+from hicache.radix_node import EMPTY_SLOTS, MatchResult, TreeNode, as_key, common_pages, new_root, page_key
 
 
-class HiRadixCache(EvictionMixin, SnapshotMixin, TransferMixin):
+class HiRadixCache(InsertMixin, EvictionMixin, SnapshotMixin, TransferMixin):
     """Prefix tree over page-aligned token ids with device and host tiers.
 
     Args:
@@ -71,6 +73,7 @@ class HiRadixCache(EvictionMixin, SnapshotMixin, TransferMixin):
         self._dev_states: set[TreeNode] = set()
         self._host_states: set[TreeNode] = set()
         self.counters: Counter = Counter()
+        self._page_marks = np.zeros(self.device_pool.allocator.num_pages, np.bool_)  # scratch of insert
         self._init_transfers()
 
     # ---- matching ----------------------------------------------------------------
@@ -139,107 +142,7 @@ class HiRadixCache(EvictionMixin, SnapshotMixin, TransferMixin):
         upper.children[page_key(node.tokens, 0, self.page_size)] = node
         return upper
 
-    # ---- inserting ---------------------------------------------------------------
-    def insert(self, token_ids: Any, device_slots: torch.Tensor,
-               extra: Mapping[str, torch.Tensor] | None = None) -> InsertResult:
-        """Cache ``token_ids`` whose KV sits in ``device_slots``; takes ownership of the slots.
-
-        Pages already cached on the device under other slots have the given slots freed;
-        host-only pages are revived with them. ``extra`` is the device snapshot at the
-        end of ``token_ids`` (``{"swa": slots}``, hybrid stacks only; freed when the
-        boundary already has one). Queues backups per write policy (launch with
-        ``controller.start_writing()``). Mutates the tree.
-
-        Returns:
-            `InsertResult`: tokens already cached on the device, and the node ending at
-            ``len(token_ids)``.
-        Raises:
-            ValueError: tokens not whole pages, slot count differing from the token count,
-                or ``extra`` naming other pools / sizes than the stack's snapshot.
-        """
-        key = as_key(token_ids, self.page_size, strict=True)
-        slots = torch.as_tensor(device_slots, dtype=torch.int64)
-        if slots.dim() != 1 or slots.numel() != key.size:
-            raise ValueError(f"device_slots: need {key.size} slots (one per token), got shape {tuple(slots.shape)}")
-        snap = self._check_extra(extra, key.size)
-        path, cached, complete = self._insert_path(key, slots)
-        last = path[-1] if path else self.root
-        if snap and complete:
-            self._attach_snapshot(last, snap)
-        elif snap:
-            for name, s in snap.items():
-                self.cache.device_pools[name].free(s)
-        self._touch(path)
-        self._backup_path(path)
-        return InsertResult(cached, last)
-
-    def _check_extra(self, extra: Mapping[str, torch.Tensor] | None, num_tokens: int) -> dict:
-        if not extra:
-            return {}
-        if set(extra) != set(self.state_sizes):
-            raise ValueError(f"extra: must name exactly the snapshot pools {sorted(self.state_sizes)}, "
-                             f"got {sorted(extra)}")
-        if num_tokens == 0:
-            raise ValueError("extra: the empty prefix cannot take a snapshot")
-        out = {}
-        for name, slots in extra.items():
-            slots = torch.as_tensor(slots, dtype=torch.int64)
-            if slots.dim() != 1 or slots.numel() != self.state_sizes[name]:
-                raise ValueError(f"extra[{name!r}]: a snapshot is {self.state_sizes[name]} slots, "
-                                 f"got shape {tuple(slots.shape)}")
-            out[name] = slots
-        return out
-
-    def _insert_path(self, key, slots: torch.Tensor) -> tuple[list[TreeNode], int, bool]:
-        """Walk/extend the tree along ``key``; (path, tokens cached on device, reached the end)."""
-        path, partial = self._walk(key)
-        if partial is not None:
-            path.append(self._split(*partial))
-        off = path[-1].end if path else 0
-        if all(n.device is not None for n in path):  # common case: one compare for the path
-            cached = off
-            self._free_duplicates(path, slots[:off])
-        else:
-            cached = 0
-            for node in path:
-                cached += self._adopt(node, slots[node.end - node.num_tokens:node.end])
-                if node.device is None:  # a load is in flight: nothing may hang below it yet
-                    self.device_pool.free(slots[node.end:])
-                    return path[:path.index(node) + 1], cached, node.end == key.size
-        if off < key.size:
-            path.append(self._new_node(path[-1] if path else self.root, key[off:], slots[off:]))
-        return path, cached, True
-
-    def _free_duplicates(self, path: list[TreeNode], slots: torch.Tensor) -> None:
-        """Free the caller's slots that differ from the tree's own for the same pages."""
-        if not path:
-            return
-        own = torch.cat([n.device for n in path]) if len(path) > 1 else path[0].device
-        if not torch.equal(own, slots):
-            dup = slots[slots != own]
-            self.device_pool.free(dup)
-
-    def _new_node(self, parent: TreeNode, tokens, slots: torch.Tensor) -> TreeNode:
-        node = TreeNode(tokens=tokens.copy(), end=parent.end + tokens.size, parent=parent, device=slots.clone())
-        parent.children[page_key(node.tokens, 0, self.page_size)] = node
-        self._dev_leaves.add(node)
-        return node
-
-    def _adopt(self, node: TreeNode, slots: torch.Tensor) -> int:
-        """Give a matched node the caller's slots if it lacks a device copy; else free them."""
-        if node.device is None and node.pending is None:
-            node.device = slots.clone()
-            self._dev_leaves.add(node)
-            self.counters["revived_tokens"] += node.num_tokens
-            return 0
-        if node.device is None:  # a load is bringing it back
-            self.device_pool.free(slots)
-        else:
-            dup = slots[slots != node.device]
-            if dup.numel():
-                self.device_pool.free(dup)
-        return node.num_tokens if node.device is not None else 0
-
+    # ---- write policies ----------------------------------------------------------
     def _backup_path(self, path: list[TreeNode]) -> None:
         for n in path:
             n.hit_count += 1

@@ -6,7 +6,8 @@
                 a snapshot on a tier implies the history there; under write-through
                 policies host history implies the parent's (backed-up nodes are a prefix)
     slots       per pool and tier: free + cached + locked + in flight = total, no slot is
-                held twice, and every held slot is allocated in its allocator
+                held twice, and every held slot is allocated in its allocator (an op of a
+                rolled-back batch whose failed ack is not polled yet holds nothing)
     candidates  every evictable leaf and snapshot is in the set eviction draws from
 """
 from __future__ import annotations
@@ -20,7 +21,8 @@ def _fail(msg: str) -> None:
     raise RuntimeError(f"check_integrity: {msg}")
 
 
-def _nodes(tree) -> list:
+def tree_nodes(tree) -> list:
+    """Every node of ``tree`` but the root (depth first)."""
     out, stack = [], list(tree.root.children.values())
     while stack:
         node = stack.pop()
@@ -82,7 +84,10 @@ def _held_slots(tree, nodes) -> dict:
                 held[(tier, tree.anchor)][kind].append(slots)
             for name, s in (snap or {}).items():
                 held[(tier, name)][kind].append(s)
-    for rec in tree._pending.values():
+    rolled_back = tree.ctrl.rolled_back_ops()  # their destination slots are free again
+    for op, rec in tree._pending.items():
+        if op in rolled_back:  # the controller already freed its destination slots
+            continue
         tier = "host" if rec.kind == "backup" else "device"
         for name, s in rec.dst.items():
             held[(tier, name)]["in_flight"].append(s)
@@ -121,7 +126,7 @@ def check_tree(tree) -> None:
     Assumes the caller holds no device slots outside the tree and that every
     controller op on these pools was queued by the tree.
     """
-    nodes = _nodes(tree)
+    nodes = tree_nodes(tree)
     for node in nodes:
         _check_structure(tree, node)
         _check_tiers(tree, node)

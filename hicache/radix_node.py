@@ -35,6 +35,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from host_pools.allocator import is_integer_dtype
+
 _ids = itertools.count()
 
 EMPTY_SLOTS = torch.empty(0, dtype=torch.int64)
@@ -135,11 +137,17 @@ def as_key(token_ids, page_size: int, strict: bool) -> np.ndarray:
     Args:
         strict: raise on a partial trailing page (insert) instead of dropping it (match).
     Raises:
+        TypeError: ids that are not integers (floats and bools are refused, never cast).
         ValueError: not 1-D, or (strict) not a multiple of ``page_size``.
     """
     if isinstance(token_ids, torch.Tensor):
+        if token_ids.numel() and not is_integer_dtype(token_ids.dtype):
+            raise TypeError(f"token_ids: need integer token ids, got dtype {token_ids.dtype}")
         token_ids = token_ids.detach().cpu().numpy()
-    key = np.ascontiguousarray(token_ids, dtype=np.int64)
+    arr = np.asarray(token_ids)
+    if arr.dtype.kind not in "iu" and arr.size:  # an empty list is float64 to numpy: fine
+        raise TypeError(f"token_ids: need integer token ids, got dtype {arr.dtype}")
+    key = np.ascontiguousarray(arr, dtype=np.int64)
     if key.ndim != 1:
         raise ValueError(f"token_ids: need a 1-D sequence, got shape {key.shape}")
     extra = key.size % page_size

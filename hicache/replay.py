@@ -3,30 +3,33 @@
 Every invocation first replays the device-only baseline (no host tier, ratio 0), then
 each ``--hicache-ratio`` (``1,2,4`` sweeps). Per run it reports device, host and total
 hit rates (fractions of prompt tokens served from cache), tokens recomputed, pages and
-bytes moved each way, transfer GB/s (CPU mode: time inside the synchronous launches)
-and the peak host bytes in use; a sweep also writes a PNG of hit rate vs ratio.
+bytes moved each way, transfer GB/s (time from launch to completion) and the peak host
+bytes in use; ``--plot FILE`` also draws hit rate vs ratio (needs matplotlib).
 
 Every page brought back from the host (and every device hit) is checked byte for byte
 against what its prefix must hold (`hicache.replay_content`); the first mismatch stops
-the run with exit status 1.
+the run with exit status 1. Every flag is checked before the first run (errors name the
+flag, exit status 2); Ctrl-C prints the runs finished so far and exits with 130.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from pathlib import Path
 
 import torch
 
 from hicache.build import build
+from hicache.cli_checks import check_device_tokens, check_fits_device, parse_device, stack_from_flags
 from hicache.config import IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES, HiCacheConfig
-from hicache.models import preset
 from hicache.replay_content import ReplayMismatch
 from hicache.replay_run import Replayer, RunStats
 from hicache.replay_workload import Request, chat_workload, load_trace
+from hicache.sizing import plan_sizes
 
-DEFAULT_PLOT = "bench/results/replay_hit_rate.png"
 JSON_KEYS = ("hicache_ratio", "hit_rate", "device_hit_rate", "host_hit_rate", "tokens_total",
              "tokens_recomputed", "bytes_h2d", "bytes_d2h", "mismatches")
 
@@ -35,9 +38,9 @@ def _ratios(text: str) -> list[float]:
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--hicache-ratio: need numbers like 1,2,4, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"--hicache-ratio: every ratio must be > 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"need numbers like 1,2,4, got {text!r}") from None
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"every ratio must be a finite number > 0, got {text!r}")
     return values
 
 
@@ -60,7 +63,8 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: on a shared 2-core machine more threads stall)")
-    p.add_argument("--plot", default=DEFAULT_PLOT, help="PNG of hit rate vs ratio (sweeps; '' = none)")
+    p.add_argument("--plot", default=None, metavar="FILE",
+                   help="also write a PNG of hit rate vs ratio to FILE (needs matplotlib; default: no plot)")
     p.add_argument("--json", action="store_true", help="print only the JSON results")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
@@ -100,16 +104,43 @@ class Progress:
                 print(file=sys.stderr)
 
 
-def replay_one(args: argparse.Namespace, stack, requests: list[Request], ratio: float) -> RunStats:
+def replay_one(args: argparse.Namespace, stack, requests: list[Request], ratio: float,
+               device_tokens: int, device: torch.device) -> RunStats:
     """Build a fresh cache for ``ratio`` (0 = no host tier) and replay ``requests`` on it."""
-    device_tokens = args.device_tokens or (1 << 20 if args.trace else 32768)
-    cache = build(stack, device_tokens, _config(args, ratio), device=args.device)
+    cache = build(stack, device_tokens, _config(args, ratio), device=device)
     try:
         label = "device only" if ratio == 0 else f"ratio {ratio:g}"
         progress = Progress(len(requests), label, not args.no_progress)
         return Replayer(cache, ratio).run(requests, progress)
     finally:
         cache.close()
+
+
+def _check_sizes(args: argparse.Namespace, stack, device_tokens: int, device: torch.device) -> None:
+    """Every run of the sweep fits the host budget and the device, before the first one starts."""
+    for ratio in [0.0, *args.hicache_ratio]:
+        plan = plan_sizes(stack, device_tokens, _config(args, ratio))
+        if not plan.fits:
+            gib = 1 << 30
+            raise ValueError(f"--hicache-ratio {ratio:g}: the host pools need {plan.host_bytes_total / gib:.2f} GiB, "
+                             f"the host budget is {plan.budget.budget_bytes / gib:.2f} GiB "
+                             f"({plan.budget.describe()}); lower --hicache-ratio or --device-tokens")
+        check_fits_device(plan, device)
+
+
+def _plot_path(text: str | None) -> Path | None:
+    """``--plot`` as an absolute path whose folder can be written, or None (no plot)."""
+    if not text:
+        return None
+    path = Path(text).expanduser().resolve()
+    if path.is_dir():
+        raise ValueError(f"--plot: {path} is a folder; give a file name such as hit_rate.png")
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"--plot: cannot write under {folder}")
+    return path
 
 
 def _row(st: RunStats) -> dict:
@@ -120,10 +151,11 @@ def _row(st: RunStats) -> dict:
             "bytes_h2d": st.bytes_h2d, "bytes_d2h": st.bytes_d2h, "mismatches": st.mismatches}
 
 
-def format_table(stack, runs: list[RunStats]) -> str:
+def format_table(stack, runs: list[RunStats], device: torch.device | str = "cpu") -> str:
     head = (f"{'ratio':>6}{'hit':>8}{'device':>8}{'host':>8}{'recomputed':>12}{'pages h2d':>11}{'pages d2h':>11}"
             f"{'GB h2d':>9}{'GB d2h':>9}{'h2d GB/s':>10}{'d2h GB/s':>10}{'peak host GB':>14}{'wall s':>8}")
-    lines = [f"model {stack.model}, page {stack.page_size} tokens (CPU-mode transfer rates)", head, "-" * len(head)]
+    lines = [f"model {stack.model}, page {stack.page_size} tokens, {torch.device(device).type} replay "
+             "(transfer GB/s: launch to completion)", head, "-" * len(head)]
     for st in runs:
         r = _row(st)
         h2d = st.bytes_h2d / st.seconds_h2d / 1e9 if st.seconds_h2d else 0.0
@@ -170,23 +202,55 @@ def run_replay(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     layers = args.layers if args.layers is not None else (4 if args.model.startswith("deepseek-v4") else 2)
-    stack = preset(args.model, layers)
+    stack = stack_from_flags(args.model, layers)
+    device = parse_device(args.device)
+    device_tokens = check_device_tokens(args.device_tokens if args.device_tokens is not None
+                                        else (1 << 20 if args.trace else 32768), stack)
+    plot_path = _plot_path(args.plot)
     requests = _workload(args)  # every trace line is checked before anything replays
-    for ratio in args.hicache_ratio:
-        _config(args, ratio)  # bad flag values fail before the first run
+    _check_sizes(args, stack, device_tokens, device)  # bad flag values fail before the first run
     runs: list[RunStats] = []
+    ratios = [0.0, *args.hicache_ratio]
     try:
-        for ratio in [0.0, *args.hicache_ratio]:
-            runs.append(replay_one(args, stack, requests, ratio))
+        for ratio in ratios:
+            runs.append(replay_one(args, stack, requests, ratio, device_tokens, device))
     except ReplayMismatch as exc:
         print(f"hicache replay: MISMATCH: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: what finished is still worth printing
+        _print_runs(args, stack, runs, device)
+        print(f"{_line_break()}hicache replay: interrupted (Ctrl-C) after {len(runs)} of {len(ratios)} runs; "
+              f"{'the rows above are the finished runs' if runs else 'no run finished'}", file=sys.stderr)
+        return 130
+    _print_runs(args, stack, runs, device)
+    if plot_path is None:
+        return 0
+    return _write_plot(runs, plot_path, f"{stack.model}, {len(requests)} requests, {args.write_policy} "
+                                        f"({device.type} replay)", args.json)
+
+
+def _print_runs(args: argparse.Namespace, stack, runs: list[RunStats], device: torch.device) -> None:
     if args.json:
         print(json.dumps({"runs": [_row(st) for st in runs]}))
-    else:
-        print(format_table(stack, runs))
-    if args.plot and len(runs) > 2:
-        plot(runs, args.plot, f"{stack.model}, {len(requests)} requests, {args.write_policy} (CPU replay)")
-        if not args.json:
-            print(f"plot: {args.plot}")
+    elif runs:
+        print(format_table(stack, runs, device))
+
+
+def _line_break() -> str:
+    """A newline when a progress bar may have left the cursor mid-line on a terminal."""
+    return "\n" if sys.stderr.isatty() else ""
+
+
+def _write_plot(runs: list[RunStats], path: Path, title: str, json_only: bool) -> int:
+    """Draw the plot after the results are out; a missing matplotlib is a hint, not a failure."""
+    try:
+        plot(runs, str(path), title)
+    except ImportError:
+        print("hicache replay: no plot: matplotlib is not installed (`make setup` or `pip install matplotlib` "
+              "adds it); the results above are complete", file=sys.stderr)
+        return 0
+    except OSError as exc:
+        print(f"hicache replay: error: --plot {path}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(f"plot: {path}", file=sys.stderr if json_only else sys.stdout)
     return 0

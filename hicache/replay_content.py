@@ -10,7 +10,10 @@ the page, pool, layer, buffer), so any page found anywhere can be checked exactl
                         its boundary, tagged so it never equals a page seed)
 
 Words are the widest integer dividing the buffer's row bytes (int64 for every preset),
-so one fill is one vector XOR over the rows plus one ``index_copy_``.
+so one fill is one vector XOR over the rows plus one ``index_copy_``. Patterns, row
+indices and seeds live on each pool's device (slots come from the tree on the CPU and are
+moved once per call), so fills and checks run where the pool is; checks compare the
+integer words, i.e. the bytes.
 """
 from __future__ import annotations
 
@@ -72,17 +75,18 @@ class ContentModel:
                 for b, buf in enumerate(spec.buffers):
                     size, dtype = next((s, d) for s, d in _WORDS if buf.row_bytes % s == 0)
                     raw = torch.randint(0, 256, (buf.row_bytes,), dtype=torch.uint8, generator=g)
-                    self.patterns[(spec.name, layer, b)] = raw.view(dtype)
+                    self.patterns[(spec.name, layer, b)] = raw.view(dtype).to(self.pools[spec.name].device)
 
     def _jobs(self, root: str, slots: torch.Tensor, unit_seeds: list[int]):
-        """(pool name, rows, row seeds) for every data pool rooted at ``root``."""
+        """(pool name, rows, row seeds) for every data pool rooted at ``root``, on the pool's device."""
         units = len(unit_seeds)
         seeds = _signed(unit_seeds)
-        for name, rows in self.stack.derive_rows({root: slots}).items():
+        for name, rows in self.stack.derive_rows({root: slots.cpu()}).items():
             per_unit = rows.numel() // units if units else 0
             inner = torch.arange(per_unit, dtype=torch.int64) * _GOLDEN
             row_seeds = (seeds[:, None] + inner[None, :]).reshape(-1)
-            yield name, rows, row_seeds
+            device = self.pools[name].device
+            yield name, rows.to(device), row_seeds.to(device)
 
     def _words(self, name: str, layer: int, b: int) -> torch.Tensor:
         view = self.pools[name].row_views()[layer][b]

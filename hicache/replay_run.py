@@ -71,11 +71,16 @@ class Replayer:
         self._instrument()
 
     def _instrument(self) -> None:
-        """Time the launches (CPU mode copies synchronously inside them)."""
+        """Time the launches to completion (CPU mode copies synchronously inside them; on
+        CUDA the device is synchronized after each launch: a measuring tool, not a server)."""
+        device = next(iter(self.cache.device_pools.values())).device
+        sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
         def timed(fn, field):
             def run():
                 t0 = time.perf_counter()
                 out = fn()
+                sync()
                 setattr(self.stats, field, getattr(self.stats, field) + time.perf_counter() - t0)
                 return out
             return run

@@ -85,28 +85,42 @@ def parse_line(line: str, lineno: int, path: str = "<trace>") -> Request:
         raise _bad(lineno, path, f"missing field(s) {missing}; need {list(FIELDS)}")
     ts, n_in, n_out = (_int_field(rec, f, lineno, path) for f in FIELDS[:3])
     ids = rec["hash_ids"]
-    if not isinstance(ids, list) or any(isinstance(h, bool) or not isinstance(h, int) or h < 0 for h in ids):
-        raise _bad(lineno, path, "'hash_ids' must be a list of non-negative integers")
+    if not isinstance(ids, list) or any(isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < 1 << 64
+                                        for h in ids):
+        raise _bad(lineno, path, "'hash_ids' must be a list of integers in [0, 2^64)")
     if len(ids) * BLOCK_TOKENS < n_in:
         raise _bad(lineno, path, f"{len(ids)} hash_ids cover {len(ids) * BLOCK_TOKENS} tokens, "
                                  f"fewer than input_length={n_in}")
     return Request(ts, n_in, n_out, tuple(ids))
 
 
+def _decode(raw: bytes, lineno: int, path: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _bad(lineno, path, f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
+                                 "a trace is JSON lines") from None
+
+
 def load_trace(path: str | Path, max_requests: int | None = None) -> list[Request]:
     """Parse a Mooncake JSONL trace (blank lines skipped); all lines checked before any replay.
 
     Raises:
-        ValueError: a bad line (its number in the message), or a file with no requests.
+        ValueError: a file that cannot be read, a line that is not UTF-8 or is bad (its
+            number in the message), or a file with no requests.
     """
     path = str(path)
     out: list[Request] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if max_requests is not None and len(out) >= max_requests:
-                break
-            if line.strip():
-                out.append(parse_line(line, lineno, path))
+    try:
+        with open(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                if max_requests is not None and len(out) >= max_requests:
+                    break
+                line = _decode(raw, lineno, path)
+                if line.strip():
+                    out.append(parse_line(line, lineno, path))
+    except OSError as exc:  # missing, a folder, no permission...
+        raise ValueError(f"--trace {path}: cannot read it ({exc.strerror or exc})") from None
     if not out:
         raise ValueError(f"--trace {path}: no requests in the file")
     return out

@@ -23,11 +23,15 @@ class PageAllocator:
     Args:
         num_slots: slots managed; must be a positive multiple of ``page_size``.
         page_size: slots per page (1 for row allocators).
+    Raises:
+        TypeError: a size that is not an int (a tensor, a float, a bool).
+        ValueError: ``page_size`` < 1, or ``num_slots`` negative or not a multiple of it.
 
     Thread-safe: every public method takes the allocator's lock.
     """
 
     def __init__(self, num_slots: int, page_size: int = 1) -> None:
+        num_slots, page_size = _count(num_slots), _count(page_size, "page_size")
         if page_size < 1:
             raise ValueError(f"page_size: must be >= 1, got {page_size}")
         if num_slots < 0 or num_slots % page_size:
@@ -58,8 +62,10 @@ class PageAllocator:
         Returns:
             int64 CPU tensor of slots, or ``None`` when fewer are free (nothing changes).
         Raises:
+            TypeError: ``num_slots`` not a Python or numpy integer (a tensor, a float, a bool).
             ValueError: ``num_slots`` negative or not a multiple of ``page_size``.
         """
+        num_slots = _count(num_slots)
         if num_slots < 0 or num_slots % self.page_size:
             raise ValueError(f"num_slots: must be a non-negative multiple of page_size={self.page_size}, "
                              f"got {num_slots}")
@@ -85,7 +91,7 @@ class PageAllocator:
         pages = self.pages_of(slots)
         with self._lock:
             if not self._owned[pages].all():
-                bad = pages[~self._owned[pages]][:4] * self.page_size
+                bad = self._unowned(pages)[:4] * self.page_size
                 raise ValueError(f"slots: double free (or never allocated) of slots starting at {bad.tolist()}")
             self._owned[pages] = False
             self._stack[self._top:self._top + pages.size] = pages[::-1]
@@ -106,24 +112,44 @@ class PageAllocator:
         with self._lock:
             return self._generation[pages]
 
-    def pages_of(self, slots: torch.Tensor) -> np.ndarray:
-        """Validated page numbers of ``slots`` (aligned, in range, no repeats)."""
-        if not isinstance(slots, torch.Tensor) or slots.dim() != 1 or slots.is_floating_point():
-            raise ValueError("slots: need a 1-D integer tensor")
-        arr = slots.detach().to("cpu", torch.int64).numpy()
+    def unowned_pages(self, pages: np.ndarray) -> np.ndarray:
+        """The pages in ``pages`` (from ``pages_of``) that are free, in their order."""
+        with self._lock:
+            return self._unowned(pages)
+
+    def _unowned(self, pages: np.ndarray) -> np.ndarray:
+        return pages[~self._owned[pages]]
+
+    def pages_of(self, slots: torch.Tensor, what: str = "slots") -> np.ndarray:
+        """Validated page numbers of ``slots`` (aligned, in range, no repeats).
+
+        Args:
+            what: the argument name errors start with.
+        Raises:
+            ValueError: not a 1-D tensor of an integer dtype (bool, float and complex are
+                refused, never cast), unaligned, out of range, or a page twice.
+        """
+        if not isinstance(slots, torch.Tensor) or slots.dim() != 1 or not is_integer_dtype(slots.dtype):
+            got = f"{slots.dtype} tensor of shape {tuple(slots.shape)}" if isinstance(slots, torch.Tensor) \
+                else type(slots).__name__
+            raise ValueError(f"{what}: need a 1-D integer tensor, got a {got}")
+        if slots.dtype != torch.int64 or slots.device.type != "cpu":
+            slots = slots.detach().to("cpu", torch.int64)
+        arr = slots.numpy()
         ps = self.page_size
         if arr.size % ps:
-            raise ValueError(f"slots: must be whole pages of {ps} slots, got length {arr.size}")
-        if arr.size and (arr.min() < 0 or arr.max() >= self.num_slots):
-            raise ValueError(f"slots: values must be in [0, {self.num_slots}), "
+            raise ValueError(f"{what}: must be whole pages of {ps} slots, got length {arr.size}")
+        pages = arr
+        if ps > 1:  # page p is the run p*ps .. p*ps+ps-1: the first slot of each run says it all
+            runs = arr.reshape(-1, ps)
+            pages, offset = np.divmod(runs[:, 0], ps)
+            if offset.any() or not (runs == runs[:, :1] + self._offsets).all():
+                raise ValueError(f"{what}: must be whole pages of {ps} aligned, consecutive slots")
+        if pages.size and (pages.min() < 0 or pages.max() >= self.num_pages):
+            raise ValueError(f"{what}: values must be in [0, {self.num_slots}), "
                              f"got min {arr.min()} max {arr.max()}")
-        runs = arr.reshape(-1, ps)
-        if ps > 1 and not ((runs[:, 0] % ps == 0).all() and (runs == runs[:, :1] + self._offsets).all()):
-            raise ValueError(f"slots: must be whole pages of {ps} aligned, consecutive slots "
-                             f"(aligned runs of {ps})")
-        pages = runs[:, 0] // ps
         if _has_repeats(pages):
-            raise ValueError("slots: the same page appears twice in one call")
+            raise ValueError(f"{what}: the same page appears twice in one call")
         return pages
 
     def _pages_to_slots(self, pages: np.ndarray) -> np.ndarray:
@@ -141,6 +167,18 @@ class PageAllocator:
                 raise RuntimeError(f"allocator: {n_free=} + {n_owned=} != num_pages={self.num_pages}")
             if self._owned[free].any() or _has_repeats(free):
                 raise RuntimeError("allocator: a free page is owned or listed twice")
+
+
+def is_integer_dtype(dtype: torch.dtype) -> bool:
+    """True for torch's integer dtypes; False for bool, floating and complex ones."""
+    return dtype != torch.bool and not dtype.is_floating_point and not dtype.is_complex
+
+
+def _count(value: object, what: str = "num_slots") -> int:
+    """``value`` as an int; a 0-d tensor, a float or a bool is a caller's mistake (TypeError)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what}: need an int, got {type(value).__name__} {value!r}")
+    return int(value)
 
 
 def _has_repeats(values: np.ndarray) -> bool:

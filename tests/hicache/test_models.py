@@ -181,6 +181,11 @@ def test_unknown_preset_lists_known_names():
     assert all(name in str(info.value) for name in PRESETS)
 
 
-def test_preset_rejects_non_positive_layer_count():
-    with pytest.raises(ValueError, match="num_layers"):
-        preset("deepseek-v4-pro", 0)
+@pytest.mark.parametrize("name,layers", [("deepseek-v4-pro", 0), ("deepseek-v4-pro", 62), ("deepseek-v3", 999),
+                                         ("llama-3.1-8b", 33)])
+def test_preset_rejects_a_layer_count_outside_the_model(name, layers):
+    # 999 layers of deepseek-v3 used to build a 999-layer stack (and size 16x the real pools)
+    total = PRESETS[name].num_layers
+    with pytest.raises(ValueError, match=rf"num_layers: {name} has {total} layers; must be in \[1, {total}\]"):
+        preset(name, layers)
+    assert preset(name, total).num_model_layers == total

@@ -212,8 +212,11 @@ def test_failed_load_leaves_node_host_only(gen):
     tree.wait()
     tree.evict(2 * ps)
     node = tree.match_prefix(a).last_host_node
-    # 1. the load fails mid-way: device slots freed, the node stays host-only, unlocked
+    # 1. the load fails mid-way: device slots freed, the node stays host-only, unlocked;
+    #    before its ack is polled the tree is consistent too
     assert tree.load_back(node) is not None
+    cache.controller.start_loading()
+    tree.check_integrity()
     tree.wait()
     assert node.device is None and node.lock_ref == 0 and kv.available() == kv.num_tokens
     tree.check_integrity()
@@ -231,12 +234,16 @@ def test_backups_stay_a_prefix_when_a_parent_backup_fails():
     a = seq(0, 2, ps)
     ab = np.concatenate([a, seq(300, 2, ps)])
     slots = kv.alloc(2 * ps)
-    # 1. A's backup is launched (and fails), but its ack is not polled yet
+    # 1. A's backup is launched (and fails), but its ack is not polled yet: the controller
+    #    freed its host slots, the tree still lists it in flight; that is no corruption
     tree.insert(a, slots)
     cache.controller.start_writing()
-    # 2. A+B: B's backup may follow A's in-flight one; it launches and succeeds
+    tree.check_integrity()
+    # 2. A+B: B's backup may follow A's in-flight one; it launches and succeeds (and may
+    #    reuse the host slots A's rollback freed)
     tree.insert(ab, torch.cat([slots, kv.alloc(2 * ps)]))
     cache.controller.start_writing()
+    tree.check_integrity()
     # 3. acks: A failed, B succeeded -> B's host copy is discarded (no orphan backups)
     assert [x.success for x in tree.poll()] == [False, True]
     assert tree.counters["backups_discarded"] == 1
@@ -286,7 +293,16 @@ OPS = st.one_of(
     st.tuples(st.just("evict"), st.integers(0, 8)),
     st.tuples(st.just("evict_host"), st.integers(0, 8)),
     st.tuples(st.just("lock_load"), st.lists(st.integers(0, ALPHABET - 1), min_size=1, max_size=6)),
+    st.tuples(st.just("reinsert"), st.lists(st.integers(0, ALPHABET - 1), min_size=1, max_size=6)),
 )
+
+
+def reinsert_reversed(tree, tokens: np.ndarray) -> None:
+    """Insert the device hit of ``tokens`` again with the tree's own pages in reverse order."""
+    m = tree.match_prefix(tokens)
+    if m.device_hit_length:
+        pages = m.device_slots.view(-1, PAGE).flip(0).reshape(-1)
+        tree.insert(tokens[:m.device_hit_length], pages)
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -301,6 +317,8 @@ def test_random_operations_keep_every_invariant(policy, ops):
             tree.evict(arg * PAGE)
         elif op == "evict_host":
             tree.evict_host(arg * PAGE)
+        elif op == "reinsert":  # must free nothing the tree serves: later serves check the bytes
+            reinsert_reversed(tree, _tokens(arg))
         else:  # a request that locks and loads, then gives up before inserting
             m = tree.match_prefix(_tokens(arg))
             tree.inc_lock_ref(m.last_host_node)

@@ -133,14 +133,24 @@ def test_round_trip_restores_every_pool(policy, gen):
 
 def test_extra_is_validated():
     cache, tree = dsv4()
-    a = seq(0, 1, PS)
+    kv, swa = cache.device_pools["kv"], cache.device_pools["swa"]
+    a, slots = seq(0, 1, PS), kv.alloc(PS)
     with pytest.raises(ValueError, match="snapshot pools"):
-        tree.insert(a, torch.arange(PS), extra={"c4_state": torch.arange(SNAP)})
+        tree.insert(a, slots, extra={"c4_state": torch.arange(SNAP)})
     with pytest.raises(ValueError, match="a snapshot is 128 slots"):
-        tree.insert(a, torch.arange(PS), extra={"swa": torch.arange(2 * SNAP)})
+        tree.insert(a, slots, extra={"swa": torch.arange(2 * SNAP)})
+    # snapshot slots the swa allocator never handed out, or float ones: refused, nothing changes
+    with pytest.raises(ValueError, match=r"extra\['swa'\]: slots starting at \[0\] are not allocated"):
+        tree.insert(a, slots, extra={"swa": torch.arange(SNAP)})
+    snap = swa.alloc(SNAP)
+    with pytest.raises(TypeError, match=r"extra\['swa'\]: need integer slots"):
+        tree.insert(a, slots, extra={"swa": snap.float()})
+    assert not tree.root.children and kv.available() == kv.num_tokens - PS
     _, plain = make(mha(1, 1, 8, page_size=4))
     with pytest.raises(ValueError, match="snapshot pools"):
-        plain.insert(seq(0, 1, 4), torch.arange(4), extra={"swa": torch.arange(4)})
+        plain.insert(seq(0, 1, 4), plain.device_pool.alloc(4), extra={"swa": torch.arange(4)})
+    kv.free(slots)
+    swa.free(snap)  # refused calls took nothing: the caller still owns its slots
     tree.check_integrity()
 
 

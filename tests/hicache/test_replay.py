@@ -21,7 +21,7 @@ GOOD = '{"timestamp": 0, "input_length": 700, "output_length": 5, "hash_ids": [1
 
 
 def replay_json(capsys, *argv: str) -> list[dict]:
-    assert main(["replay", "--json", "--no-progress", "--plot", "", *argv]) == 0
+    assert main(["replay", "--json", "--no-progress", *argv]) == 0
     return json.loads(capsys.readouterr().out)["runs"]
 
 
@@ -93,7 +93,7 @@ def test_mismatch_exits_nonzero_with_a_clear_message(monkeypatch, capsys):
         raise ReplayMismatch("request 7: loaded tokens [0, 64): pool 'kv' layer 0 buffer 'kv': unit 0 ...")
 
     monkeypatch.setattr(replay_mod, "replay_one", broken)
-    assert main(["replay", "--max-requests", "2", "--no-progress", "--plot", ""]) == 1
+    assert main(["replay", "--max-requests", "2", "--no-progress"]) == 1
     assert "MISMATCH: request 7" in capsys.readouterr().err
 
 
@@ -108,8 +108,11 @@ BAD_LINES = {
     "blocks too short": ('{"timestamp": 0, "input_length": 1025, "output_length": 1, "hash_ids": [1, 2]}',
                          "2 hash_ids cover 1024 tokens, fewer than input_length=1025"),
     "bad hash_ids": ('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1, "x"]}',
-                     "'hash_ids' must be a list of non-negative integers"),
+                     "'hash_ids' must be a list of integers in [0, 2^64)"),
     "not json": ("{timestamp: 0", "not valid JSON"),
+    # 2^64 used to pass the parser and crash the replay in numpy (OverflowError)
+    "hash id 2^64": ('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [18446744073709551616]}',
+                     "'hash_ids' must be a list of integers in [0, 2^64)"),
 }
 
 
@@ -118,7 +121,7 @@ def test_bad_trace_line_names_its_line_and_replays_nothing(tmp_path, capsys, cas
     line, message = BAD_LINES[case]
     trace = tmp_path / "bad.jsonl"
     trace.write_text(f"{GOOD}\n\n{line}\n{GOOD}\n")  # the bad line is line 3 (a blank line 2)
-    assert main(["replay", "--trace", str(trace), "--json", "--no-progress", "--plot", ""]) == 2
+    assert main(["replay", "--trace", str(trace), "--json", "--no-progress"]) == 2
     out = capsys.readouterr()
     assert out.out == ""  # nothing replayed, no partial results
     assert "line 3" in out.err and message in out.err
@@ -127,3 +130,21 @@ def test_bad_trace_line_names_its_line_and_replays_nothing(tmp_path, capsys, cas
 def test_parse_line_accepts_a_good_line():
     req = parse_line(GOOD, 1)
     assert (req.input_length, req.output_length, req.hash_ids) == (700, 5, (1, 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model, layers, backend", [
+    ("deepseek-v3", "1", "auto"),
+    ("deepseek-v4-flash", "4", "triton"),  # every pool family, hybrid snapshots
+    ("llama-3.1-8b-int8", "2", "copy_engine"),  # a separate scale buffer
+])
+def test_cuda_replay_loads_back_exact_bytes(capsys, model, layers, backend):
+    # pools on the GPU, slots from the tree on the CPU: fills and checks must run on the
+    # pools' device (index_copy_ / index_select / equal used to mix devices and raise)
+    runs = replay_json(capsys, "--device", "cuda", "--model", model, "--layers", layers,
+                       "--hicache-io-backend", backend, "--max-requests", "40", "--device-tokens", "8192",
+                       "--hicache-ratio", "4")
+    base, hier = runs
+    assert base["mismatches"] == hier["mismatches"] == 0
+    # the same deterministic workload on CPU gives these hit rates (host hits > 0.1)
+    assert hier["host_hit_rate"] > 0.1 and hier["bytes_h2d"] > 0 and hier["hit_rate"] > base["hit_rate"]

@@ -111,6 +111,9 @@ def _refusal_cases(page_size: int):
         ("repeated_page", torch.cat([page(1), page(1)])),
         ("mixed_owned_and_free", torch.cat([page(0), page(6)])),
         ("float", page(0).to(torch.float32)),
+        ("bool", torch.ones(ps, dtype=torch.bool)),  # never cast to slots 0/1
+        ("complex", page(0).to(torch.complex64)),
+        ("list", page(0).tolist()),
         ("two_d", page(0).view(1, -1)),
     ]
     if ps > 1:
@@ -145,13 +148,33 @@ def test_second_free_of_the_same_slots_is_rejected():
     assert _snapshot(a) == before
 
 
-@pytest.mark.parametrize("n", [3, 6, -4])
-def test_alloc_rejects_non_multiple_or_negative(n):
+# a 0-d tensor (or a float, a bool) used to pass the checks and hand out slots
+@pytest.mark.parametrize("n,error", [(3, ValueError), (6, ValueError), (-4, ValueError),
+                                     (torch.tensor(4), TypeError), (4.0, TypeError), (True, TypeError),
+                                     ("4", TypeError), (None, TypeError)])
+def test_alloc_rejects_a_bad_count_and_changes_nothing(n, error):
     a = PageAllocator(16, page_size=4)
     before = _snapshot(a)
-    with pytest.raises(ValueError, match="num_slots"):
+    with pytest.raises(error, match="num_slots"):
         a.alloc(n)
     assert _snapshot(a) == before
+
+
+def test_non_integer_slot_dtypes_are_named_in_the_error():
+    a = PageAllocator(8, page_size=1)
+    a.alloc(2)
+    with pytest.raises(ValueError, match=r"slots: need a 1-D integer tensor, got a torch.bool tensor"):
+        a.free(torch.tensor([True, False]))
+    with pytest.raises(ValueError, match=r"host_indices: need a 1-D integer tensor"):
+        a.pages_of(torch.tensor([0.0, 1.0]), what="host_indices")
+    assert a.is_owned(torch.tensor([0, 1], dtype=torch.uint8)) and a.available() == 6
+
+
+def test_construction_rejects_sizes_that_are_not_ints():
+    with pytest.raises(TypeError, match="num_slots"):
+        PageAllocator(torch.tensor(16))
+    with pytest.raises(TypeError, match="page_size"):
+        PageAllocator(16, page_size=2.0)
 
 
 def test_free_accepts_int32():

@@ -1,0 +1,162 @@
+"""The `hicache` command: every user mistake is one line naming the flag (no traceback), the
+plot is optional and never lands in the current folder unasked, Ctrl-C keeps finished rows."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import hicache.replay as replay_mod
+from hicache.cli import main
+from hicache.replay_run import RunStats
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["--no-progress", "--max-requests", "3", "--device-tokens", "4096", "--layers", "1", "--hicache-ratio", "2"]
+GOOD = '{"timestamp": 0, "input_length": 700, "output_length": 5, "hash_ids": [1, 2]}'
+
+
+def assert_one_line_error(capsys, code: int, flag: str) -> str:
+    out = capsys.readouterr()
+    assert code in (1, 2), (code, out.err)
+    assert out.out == ""  # nothing replayed or planned
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0] and "Traceback" not in out.err, out.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--hicache-ratio", "nan"], "--hicache-ratio"),
+    (["--hicache-ratio", "1,inf"], "--hicache-ratio"),
+    (["--hicache-ratio", "1000000"], "--hicache-ratio"),  # host pools past this machine's budget
+    (["--device-tokens", "0"], "--device-tokens"),  # used to mean "the default" silently
+    (["--device-tokens", "-64"], "--device-tokens"),
+    (["--device-tokens", str(1 << 50)], "--device-tokens"),  # absurd
+    (["--device-tokens", str(1 << 36)], "--device-tokens"),  # plausible number, past this machine's memory
+    (["--layers", "62"], "--layers"),  # deepseek-v3 has 61
+    (["--layers", "0"], "--layers"),
+    (["--model", "gpt-5"], "--model"),
+    (["--trace", "/nonexistent/trace.jsonl"], "--trace"),
+    (["--device", "banana"], "--device"),
+    (["--device", "meta"], "--device"),
+    (["--device", "cuda:99"], "--device"),
+    (["--hicache-write-policy", "sometimes"], "--hicache-write-policy"),
+    (["--swa-full-tokens-ratio", "nan"], "--swa-full-tokens-ratio"),
+    (["--threads", "0"], "--threads"),
+    (["--max-requests", "0"], "--max-requests"),
+    (["--max-requests", "two"], "--max-requests"),
+])
+def test_replay_mistakes_are_one_line_naming_the_flag(capsys, argv, flag):
+    assert_one_line_error(capsys, main(["replay", "--no-progress", "--max-requests", "2", *argv]), flag)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_replay_on_cuda_without_cuda_says_so(capsys):
+    line = assert_one_line_error(capsys, main(["replay", "--device", "cuda", "--max-requests", "2"]), "--device")
+    assert "no CUDA device" in line
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--device-gib", "inf"], "--device-gib"),
+    (["--device-gib", "nan"], "--device-gib"),
+    (["--device-gib", "1e-12"], "--device-gib"),  # less than a page
+    (["--device-gib", "1e30"], "--device-gib"),
+    (["--device-tokens", "0"], "--device-tokens"),
+    (["--device-tokens", str(10 ** 20)], "--device-tokens"),
+    (["--layers", "62"], "--layers"),  # deepseek-v4-pro has 61
+    (["--hicache-ratio", "nan"], "--hicache-ratio"),
+    (["--device-tokens", "x"], "--device-tokens"),
+])
+def test_plan_mistakes_are_one_line_naming_the_flag(capsys, argv, flag):
+    assert_one_line_error(capsys, main(["plan", *argv]), flag)
+
+
+def test_trace_that_is_not_utf8_names_its_line(tmp_path, capsys):
+    trace = tmp_path / "latin1.jsonl"
+    trace.write_bytes(GOOD.encode() + b"\n" + '{"note": "café"}'.encode("latin-1") + b"\n")
+    line = assert_one_line_error(capsys, main(["replay", "--trace", str(trace), "--no-progress"]), "--trace")
+    assert "line 2: not UTF-8 text (byte 0xe9" in line
+
+
+def test_trace_that_is_a_folder_is_refused(tmp_path, capsys):
+    assert_one_line_error(capsys, main(["replay", "--trace", str(tmp_path), "--no-progress"]), "--trace")
+
+
+def test_plot_is_written_only_when_asked_at_the_printed_absolute_path(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    # 1. no --plot: nothing is written anywhere under the current folder
+    assert main(["replay", *TINY]) == 0
+    assert list(tmp_path.iterdir()) == [] and "plot:" not in capsys.readouterr().out
+    # 2. --plot with a relative path: written there, the absolute path printed
+    assert main(["replay", *TINY, "--plot", "figs/hit.png"]) == 0
+    out = capsys.readouterr().out
+    assert f"plot: {tmp_path / 'figs' / 'hit.png'}" in out and (tmp_path / "figs" / "hit.png").stat().st_size > 0
+
+
+def test_plot_into_a_folder_path_is_refused_before_the_runs(tmp_path, capsys):
+    assert_one_line_error(capsys, main(["replay", *TINY, "--plot", str(tmp_path)]), "--plot")
+
+
+def test_missing_matplotlib_still_prints_the_results_and_exits_0(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now fails
+    plot = tmp_path / "hit.png"
+    assert main(["replay", *TINY, "--json", "--plot", str(plot)]) == 0
+    out = capsys.readouterr()
+    assert [r["hicache_ratio"] for r in json.loads(out.out)["runs"]] == [0, 2]
+    assert "matplotlib is not installed" in out.err and "pip install matplotlib" in out.err
+    assert "Traceback" not in out.err and not plot.exists()
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_ctrl_c_prints_the_finished_runs_and_one_line(monkeypatch, capsys, as_json):
+    def one_run_then_ctrl_c(args, stack, requests, ratio, *rest):
+        if ratio > 0:
+            raise KeyboardInterrupt
+        return RunStats(ratio, requests=len(requests), tokens_total=1000, device_hit_tokens=250)
+
+    monkeypatch.setattr(replay_mod, "replay_one", one_run_then_ctrl_c)
+    assert main(["replay", "--no-progress", "--max-requests", "2", *(["--json"] if as_json else [])]) == 130
+    out = capsys.readouterr()
+    if as_json:
+        assert [r["hit_rate"] for r in json.loads(out.out)["runs"]] == [0.25]
+    else:
+        assert out.out.splitlines()[-1].split()[:2] == ["0", "0.250"]
+    assert out.err.strip() == "hicache replay: interrupted (Ctrl-C) after 1 of 4 runs; the rows above are the finished runs"
+
+
+def _cli(*argv: str, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "hicache.cli", *argv], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+
+
+def test_the_command_itself_exits_without_a_traceback():
+    proc = _cli("replay", "--device", "banana")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and out == ""
+    assert err.strip() == "hicache replay: error: --device: must be cpu, cuda or cuda:N, got 'banana'"
+
+
+def test_sigint_during_a_replay_ends_it_with_the_finished_rows():
+    # the baseline run's progress line (written when it finishes) is the cue: the next run
+    # is under way when SIGINT arrives, a real Ctrl-C at the terminal
+    proc = _cli("replay", "--layers", "1", "--device-tokens", "8192", "--hicache-ratio", "4")
+    assert any(line.startswith("device only") for line in iter(proc.stderr.readline, ""))
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted (Ctrl-C) after 1 of 2 runs" in err
+    assert out.splitlines()[-1].split()[0] == "0"  # the baseline row
+
+
+@pytest.mark.gpu
+def test_cuda_device_flag_names_an_index():
+    from hicache.cli_checks import parse_device
+    dev = parse_device("cuda")
+    assert dev.index is not None and torch.empty(1, device=dev).device == dev
+    assert parse_device("cuda:0") == torch.device("cuda:0")
