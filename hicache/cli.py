@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from hicache.plan import add_plan_args, run_plan
-from hicache.replay import add_replay_args, run_replay
+from hicache.replay.cli import add_replay_args, run_replay
 
 
 class OneLineParser(argparse.ArgumentParser):

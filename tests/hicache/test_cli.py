@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import hicache.replay as replay_mod
+import hicache.replay.cli as replay_mod
 from hicache.cli import main
-from hicache.replay_run import RunStats
+from hicache.replay.run import RunStats
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--no-progress", "--max-requests", "3", "--device-tokens", "4096", "--layers", "1", "--hicache-ratio", "2"]

@@ -39,7 +39,7 @@ from typing import Sequence
 import torch
 
 from host_pools.spec import PoolKind, Stack
-from hicache.radix_node import TreeNode
+from hicache.radix.node import TreeNode
 
 
 def snapshot_sizes(stack: Stack) -> dict[str, int]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from hicache.controller import Ack
-from hicache.radix_node import EMPTY_SLOTS, TreeNode
+from hicache.radix.node import EMPTY_SLOTS, TreeNode
 
 
 @dataclass(slots=True)

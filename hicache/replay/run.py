@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from hicache.radix_cache import HiRadixCache
-from hicache.radix_node import EMPTY_SLOTS
-from hicache.replay_content import ContentModel, ReplayMismatch, prefix_hashes, state_seed
-from hicache.replay_workload import BLOCK_TOKENS, Request, request_tokens
+from hicache.radix import HiRadixCache
+from hicache.radix.node import EMPTY_SLOTS
+from hicache.replay.content import ContentModel, ReplayMismatch, prefix_hashes, state_seed
+from hicache.replay.workload import BLOCK_TOKENS, Request, request_tokens
 
 
 @dataclass(slots=True)

@@ -7,7 +7,7 @@ bytes moved each way, transfer GB/s (time from launch to completion) and the pea
 bytes in use; ``--plot FILE`` also draws hit rate vs ratio (needs matplotlib).
 
 Every page brought back from the host (and every device hit) is checked byte for byte
-against what its prefix must hold (`hicache.replay_content`); the first mismatch stops
+against what its prefix must hold (`hicache.replay.content`); the first mismatch stops
 the run with exit status 1. Every flag is checked before the first run (errors name the
 flag, exit status 2); Ctrl-C prints the runs finished so far and exits with 130.
 """
@@ -25,13 +25,12 @@ import torch
 from hicache.build import build
 from hicache.cli_checks import check_device_tokens, check_fits_device, parse_device, stack_from_flags
 from hicache.config import IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES, HiCacheConfig
-from hicache.replay_content import ReplayMismatch
-from hicache.replay_run import Replayer, RunStats
-from hicache.replay_workload import Request, chat_workload, load_trace
+from hicache.replay.content import ReplayMismatch
+from hicache.replay.report import format_table, json_row, plot
+from hicache.replay.run import Replayer, RunStats
+from hicache.replay.workload import Request, chat_workload, load_trace
 from hicache.sizing import plan_sizes
 
-JSON_KEYS = ("hicache_ratio", "hit_rate", "device_hit_rate", "host_hit_rate", "tokens_total",
-             "tokens_recomputed", "bytes_h2d", "bytes_d2h", "mismatches")
 
 
 def _ratios(text: str) -> list[float]:
@@ -143,51 +142,6 @@ def _plot_path(text: str | None) -> Path | None:
     return path
 
 
-def _row(st: RunStats) -> dict:
-    total = max(st.tokens_total, 1)
-    return {"hicache_ratio": st.hicache_ratio, "hit_rate": (st.device_hit_tokens + st.host_hit_tokens) / total,
-            "device_hit_rate": st.device_hit_tokens / total, "host_hit_rate": st.host_hit_tokens / total,
-            "tokens_total": st.tokens_total, "tokens_recomputed": st.tokens_recomputed,
-            "bytes_h2d": st.bytes_h2d, "bytes_d2h": st.bytes_d2h, "mismatches": st.mismatches}
-
-
-def format_table(stack, runs: list[RunStats], device: torch.device | str = "cpu") -> str:
-    head = (f"{'ratio':>6}{'hit':>8}{'device':>8}{'host':>8}{'recomputed':>12}{'pages h2d':>11}{'pages d2h':>11}"
-            f"{'GB h2d':>9}{'GB d2h':>9}{'h2d GB/s':>10}{'d2h GB/s':>10}{'peak host GB':>14}{'wall s':>8}")
-    lines = [f"model {stack.model}, page {stack.page_size} tokens, {torch.device(device).type} replay "
-             "(transfer GB/s: launch to completion)", head, "-" * len(head)]
-    for st in runs:
-        r = _row(st)
-        h2d = st.bytes_h2d / st.seconds_h2d / 1e9 if st.seconds_h2d else 0.0
-        d2h = st.bytes_d2h / st.seconds_d2h / 1e9 if st.seconds_d2h else 0.0
-        lines.append(f"{st.hicache_ratio:>6g}{r['hit_rate']:>8.3f}{r['device_hit_rate']:>8.3f}{r['host_hit_rate']:>8.3f}"
-                     f"{st.tokens_recomputed:>12,}{st.pages_h2d:>11,}{st.pages_d2h:>11,}{st.bytes_h2d / 1e9:>9.3f}"
-                     f"{st.bytes_d2h / 1e9:>9.3f}{h2d:>10.2f}{d2h:>10.2f}{st.peak_host_bytes / 1e9:>14.3f}"
-                     f"{st.wall_s:>8.1f}")
-    return "\n".join(lines)
-
-
-def plot(runs: list[RunStats], path: str, title: str = "") -> None:
-    """Hit rates vs ratio (the baseline at 0) as a PNG."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    rows = [_row(st) for st in runs]
-    x = [r["hicache_ratio"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("hit_rate", "total"), ("device_hit_rate", "device"), ("host_hit_rate", "host")):
-        ax.plot(x, [r[key] for r in rows], marker="o", label=label)
-    ax.set_xlabel("--hicache-ratio (0 = device only)")
-    ax.set_ylabel("fraction of prompt tokens served from cache")
-    ax.set_ylim(0, 1)
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-
-
 def run_replay(args: argparse.Namespace) -> int:
     """The ``replay`` subcommand. ValueError (bad flags, bad trace lines) goes to the CLI."""
     if args.threads < 1:
@@ -231,7 +185,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _print_runs(args: argparse.Namespace, stack, runs: list[RunStats], device: torch.device) -> None:
     if args.json:
-        print(json.dumps({"runs": [_row(st) for st in runs]}))
+        print(json.dumps({"runs": [json_row(st) for st in runs]}))
     elif runs:
         print(format_table(stack, runs, device))
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 
-from hicache.radix_node import TreeNode
+from hicache.radix.node import TreeNode
 
 
 def _entry(node: TreeNode) -> tuple:

@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from host_pools.allocator import PageAllocator, is_integer_dtype
-from hicache.radix_check import tree_nodes
-from hicache.radix_node import EMPTY_SLOTS, InsertResult, TreeNode, as_key, page_key
+from hicache.radix.check import tree_nodes
+from hicache.radix.node import EMPTY_SLOTS, InsertResult, TreeNode, as_key, page_key
 
 
 class _Segment(NamedTuple):

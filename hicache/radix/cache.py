@@ -1,0 +1,140 @@
+"""`HiRadixCache`: a page-granular prefix tree whose nodes live on device, host or both.
+
+Built on what `hicache.build` returns; the write policy and the sizes come from its
+config and plan. One request's life through the tree (the replay tool does exactly this):
+
+    m = tree.match_prefix(tokens)            device hit + host hit (MatchResult)
+    tree.inc_lock_ref(m.last_host_node)      nothing on the path is evicted meanwhile
+    tree.load_back(m.last_host_node)         if m.host_hit_length (or a snapshot) must move
+    ctrl.start_loading(); tree.poll()        the ack publishes the device copies
+    ... allocate device slots for the rest (tree.evict when short), compute them ...
+    tree.insert(tokens, slots, extra=...)    takes ownership; queues backups per policy
+    ctrl.start_writing(); tree.poll()        the acks publish the host copies
+    tree.dec_lock_ref(m.last_host_node)
+
+Keys, matches, inserts and evictions are whole pages (``stack.page_size`` tokens).
+
+    write policy              backs a node up                       device eviction of a
+                                                                    node not backed up
+    write_through             at every insert reaching it           deletes it
+    write_through_selective   at the 2nd insert reaching it         deletes it
+    write_back                when it is evicted from the device    backs it up, then drops
+                                                                    the device copy
+
+Under both write-through policies a node is backed up only after its parent, so the
+backed-up nodes form a prefix from the root. Node tiers: `hicache.radix.node`; matching and
+splits: `hicache.radix.match`; eviction:
+`hicache.radix.evict`; inserts and the caller's slots: `hicache.radix.insert`;
+transfers and acks: `hicache.radix.transfers`; hybrid (DeepSeek-V4)
+match rule and snapshots: `hicache.radix.hybrid`; invariants: `hicache.radix.check`.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import torch
+
+from hicache.radix.check import check_tree
+from hicache.radix.evict import EvictionMixin
+from hicache.radix.hybrid import SnapshotMixin, snapshot_sizes
+from hicache.radix.insert import InsertMixin
+from hicache.radix.match import MatchMixin
+from hicache.radix.transfers import TransferMixin
+from hicache.radix.node import EMPTY_SLOTS, TreeNode, new_root
+
+
+class HiRadixCache(MatchMixin, InsertMixin, EvictionMixin, SnapshotMixin, TransferMixin):
+    """Prefix tree over page-aligned token ids with device and host tiers.
+
+    Args:
+        cache: a `hicache.HiCache` (``hicache.build(...)``); the tree owns its
+            controller's acks (call ``tree.poll()``, never ``controller.poll()``).
+        host_tier: use the host tier; default: when the host anchor pool has any room.
+    Raises:
+        ValueError: a stack with an own-indexed pool other than the anchor that is not a
+            STATE pool.
+    Not thread-safe: call from the scheduler thread.
+    """
+
+    def __init__(self, cache: Any, *, host_tier: bool | None = None) -> None:
+        self.cache, self.stack, self.ctrl = cache, cache.stack, cache.controller
+        self.page_size = self.stack.page_size
+        self.policy = cache.config.write_policy
+        self.anchor = self.stack.anchor.name
+        self.device_pool = cache.device_pools[self.anchor]
+        self.host_pool = cache.host_group.pools[self.anchor]
+        self.state_sizes = snapshot_sizes(self.stack)
+        self.hybrid = bool(self.state_sizes)
+        self.host_enabled = self.host_pool.num_tokens > 0 if host_tier is None else host_tier
+        self.root = new_root()
+        self._clock = 0
+        self._dev_leaves: set[TreeNode] = set()
+        self._host_leaves: set[TreeNode] = set()
+        self._dev_states: set[TreeNode] = set()
+        self._host_states: set[TreeNode] = set()
+        self.counters: Counter = Counter()
+        self._page_marks = np.zeros(self.device_pool.allocator.num_pages, np.bool_)  # scratch of insert
+        self._init_transfers()
+
+    # ---- write policies ----------------------------------------------------------
+    def _backup_path(self, path: list[TreeNode]) -> None:
+        for n in path:
+            n.hit_count += 1
+        if not self.host_enabled or self.policy == "write_back":
+            return
+        threshold = 1 if self.policy == "write_through" else 2
+        for n in path:  # top-down: a node only after its parent (prefix invariant)
+            if n.hit_count < threshold or not self._needs_backup(n):
+                continue
+            parent = n.parent
+            parent_ok = parent.host is not None or (parent.pending is not None and
+                                                    self._pending[parent.pending].kind == "backup")
+            if not parent_ok or self._backup(n) is None:
+                break
+
+    # ---- locks -------------------------------------------------------------------
+    def inc_lock_ref(self, node: TreeNode) -> None:
+        """Lock ``node`` and its ancestors: no tier of them is evicted until unlocked."""
+        while not node.is_root:
+            node.lock_ref += 1
+            node = node.parent
+
+    def dec_lock_ref(self, node: TreeNode) -> None:
+        """Undo one `inc_lock_ref` of ``node``. Raises RuntimeError on an unlocked node."""
+        while not node.is_root:
+            if node.lock_ref <= 0:
+                raise RuntimeError(f"dec_lock_ref: {node!r} is not locked")
+            node.lock_ref -= 1
+            node = node.parent
+
+    # ---- views -------------------------------------------------------------------
+    def device_slots(self, node: TreeNode) -> torch.Tensor:
+        """Device anchor slots of tokens ``[0, node.end)``.
+
+        Raises:
+            ValueError: part of the path is not on the device.
+        """
+        parts = []
+        while not node.is_root:
+            if node.device is None:
+                raise ValueError(f"node: {node!r} has no device copy")
+            parts.append(node.device)
+            node = node.parent
+        return torch.cat(parts[::-1]) if parts else EMPTY_SLOTS
+
+    def snapshot_slots(self, node: TreeNode) -> tuple[dict | None, dict | None]:
+        """(device, host) snapshot slots of ``node``'s boundary, each keyed by pool or None."""
+        return node.state_device, node.state_host
+
+    def stats(self) -> dict:
+        """Counters of the tree (backups, loads, evictions...) and the controller's."""
+        return {"tree": dict(self.counters), "controller": self.ctrl.stats()}
+
+    def check_integrity(self) -> None:
+        """Raise RuntimeError if an invariant is broken (see `hicache.radix.check`).
+
+        Call when the caller holds no device slots outside the tree (between requests).
+        """
+        check_tree(self)
