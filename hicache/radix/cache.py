@@ -43,6 +43,7 @@ from hicache.radix.insert import InsertMixin
 from hicache.radix.match import MatchMixin
 from hicache.radix.transfers import TransferMixin
 from hicache.radix.node import EMPTY_SLOTS, TreeNode, new_root
+from hicache.radix.tiers import Tier, is_device_leaf, is_host_leaf
 
 
 class HiRadixCache(MatchMixin, InsertMixin, EvictionMixin, SnapshotMixin, TransferMixin):
@@ -70,10 +71,12 @@ class HiRadixCache(MatchMixin, InsertMixin, EvictionMixin, SnapshotMixin, Transf
         self.host_enabled = self.host_pool.num_tokens > 0 if host_tier is None else host_tier
         self.root = new_root()
         self._clock = 0
-        self._dev_leaves: set[TreeNode] = set()
-        self._host_leaves: set[TreeNode] = set()
-        self._dev_states: set[TreeNode] = set()
-        self._host_states: set[TreeNode] = set()
+        device_pools, host_pools = cache.device_pools, cache.host_group.pools
+        self.device_tier = Tier("device", "device", "state_device", device_pools, self.device_pool,
+                                is_device_leaf, lambda name, slots: device_pools[name].free(slots))
+        self.host_tier = Tier("host", "host", "state_host", host_pools, self.host_pool,
+                              is_host_leaf, lambda name, slots: host_pools[name].free(slots))
+        self.tiers = (self.device_tier, self.host_tier)
         self.counters: Counter = Counter()
         self._page_marks = np.zeros(self.device_pool.allocator.num_pages, np.bool_)  # scratch of insert
         self._init_transfers()
@@ -93,6 +96,21 @@ class HiRadixCache(MatchMixin, InsertMixin, EvictionMixin, SnapshotMixin, Transf
                                                     self._pending[parent.pending].kind == "backup")
             if not parent_ok or self._backup(n) is None:
                 break
+
+    # ---- the tier below -----------------------------------------------------------
+    def _writes_back(self, tier: Tier) -> bool:
+        """Whether eviction from ``tier`` backs a leaf up to the tier below first."""
+        return tier is self.device_tier and self.policy == "write_back" and self.host_enabled
+
+    def _held_below(self, tier: Tier, node: TreeNode) -> bool:
+        """Whether the tier below ``tier`` already holds ``node``'s history."""
+        return tier is self.device_tier and node.host is not None
+
+    def _save_below(self, tier: Tier, nodes: list[TreeNode]) -> None:
+        """Back ``nodes`` up to the tier below ``tier`` (device: synchronous backups to the host)."""
+        ops = [op for op in (self._backup(n) for n in nodes) if op is not None]
+        if ops:
+            self.wait(ops)
 
     # ---- locks -------------------------------------------------------------------
     def inc_lock_ref(self, node: TreeNode) -> None:

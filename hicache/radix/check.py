@@ -37,10 +37,10 @@ def _check_structure(tree, node) -> None:
         _fail(f"{node!r} is dead or not filed under its first page in its parent")
     if node.num_tokens == 0 or node.num_tokens % ps or node.end != parent.end + node.num_tokens:
         _fail(f"{node!r}: length not whole pages of {ps} or end != parent.end + length ({parent.end})")
-    for tier in ("device", "host"):
-        slots = getattr(node, tier)
+    for tier in tree.tiers:
+        slots = tier.slots(node)
         if slots is not None and slots.numel() != node.num_tokens:
-            _fail(f"{node!r}: {tier} has {slots.numel()} slots for {node.num_tokens} tokens")
+            _fail(f"{node!r}: {tier.name} has {slots.numel()} slots for {node.num_tokens} tokens")
     if node.lock_ref < 0 or (not parent.is_root and parent.lock_ref < node.lock_ref):
         _fail(f"{node!r}: lock_ref {node.lock_ref} negative or above the parent's {parent.lock_ref}")
     if node.pending is not None and node.pending not in tree._pending:
@@ -63,14 +63,11 @@ def _check_tiers(tree, node) -> None:
 
 
 def _check_candidates(tree, node) -> None:
-    if node.device is not None and not node.has_device_child() and node not in tree._dev_leaves:
-        _fail(f"device leaf {node!r} missing from the eviction candidates")
-    if node.device is None and node.host is not None and not node.children and node not in tree._host_leaves:
-        _fail(f"host leaf {node!r} missing from the host eviction candidates")
-    if node.state_device and node not in tree._dev_states:
-        _fail(f"{node!r}: device snapshot missing from its candidate set")
-    if node.state_host and node not in tree._host_states:
-        _fail(f"{node!r}: host snapshot missing from its candidate set")
+    for tier in tree.tiers:
+        if tier.is_leaf(node) and node not in tier.leaves:
+            _fail(f"{tier.name} leaf {node!r} missing from the {tier.name} eviction candidates")
+        if tier.snapshot(node) and node not in tier.states:
+            _fail(f"{node!r}: {tier.name} snapshot missing from its candidate set")
 
 
 def _held_slots(tree, nodes) -> dict:
@@ -78,12 +75,12 @@ def _held_slots(tree, nodes) -> dict:
     held = defaultdict(lambda: defaultdict(list))
     for node in nodes:
         kind = "cached" if node.evictable else "locked"
-        for tier, slots, snap in (("device", node.device, node.state_device),
-                                  ("host", node.host, node.state_host)):
+        for tier in tree.tiers:
+            slots = tier.slots(node)
             if slots is not None:
-                held[(tier, tree.anchor)][kind].append(slots)
-            for name, s in (snap or {}).items():
-                held[(tier, name)][kind].append(s)
+                held[(tier.name, tree.anchor)][kind].append(slots)
+            for name, s in (tier.snapshot(node) or {}).items():
+                held[(tier.name, name)][kind].append(s)
     rolled_back = tree.ctrl.rolled_back_ops()  # their destination slots are free again
     for op, rec in tree._pending.items():
         if op in rolled_back:  # the controller already freed its destination slots
@@ -96,18 +93,17 @@ def _held_slots(tree, nodes) -> dict:
 
 def _check_slots(tree, nodes) -> None:
     held = _held_slots(tree, nodes)
-    pools = {"device": tree.cache.device_pools, "host": tree.cache.host_group.pools}
     for name in [tree.anchor, *tree.state_sizes]:
-        for tier in ("device", "host"):
-            pool, parts = pools[tier][name], held[(tier, name)]
+        for tier in tree.tiers:
+            pool, parts = tier.pools[name], held[(tier.name, name)]
             counts = {k: sum(int(s.numel()) for s in v) for k, v in parts.items()}
             free, total = pool.available(), pool.num_tokens
             if free + sum(counts.values()) != total:
-                _fail(f"{tier} {name}: {free=} + {counts} != {total=}")
+                _fail(f"{tier.name} {name}: {free=} + {counts} != {total=}")
             everything = [s for v in parts.values() for s in v]
             if not everything:
                 continue
-            _check_unique_owned(f"{tier} {name}", torch.cat(everything), pool.allocator)
+            _check_unique_owned(f"{tier.name} {name}", torch.cat(everything), pool.allocator)
 
 
 def _check_unique_owned(what: str, flat: torch.Tensor, allocator) -> None:
