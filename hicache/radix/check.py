@@ -1,13 +1,15 @@
 """`check_tree`: every invariant of a `HiRadixCache`, checked from scratch.
 
     structure   each child is filed under its first page; lengths are whole pages; ``end``
-                adds up; lock counts never exceed the parent's; no dead node is reachable
+                adds up; lock counts never exceed the parent's; no dead node is reachable;
+                cached page hashes are one per page
     tiers       each node has history on some tier; device history implies the parent's;
                 a snapshot on a tier implies the history there; under write-through
                 policies host history implies the parent's (backed-up nodes are a prefix)
     slots       per pool and tier: free + cached + locked + in flight = total, no slot is
                 held twice, and every held slot is allocated in its allocator (an op of a
-                rolled-back batch whose failed ack is not polled yet holds nothing)
+                rolled-back batch whose failed ack is not polled yet holds nothing; in
+                flight on the host: prefetches' slots and freed pages a storage write reads)
     candidates  every evictable leaf and snapshot is in the set eviction draws from
 """
 from __future__ import annotations
@@ -45,6 +47,8 @@ def _check_structure(tree, node) -> None:
         _fail(f"{node!r}: lock_ref {node.lock_ref} negative or above the parent's {parent.lock_ref}")
     if node.pending is not None and node.pending not in tree._pending:
         _fail(f"{node!r}: pending op {node.pending} unknown to the tree")
+    if node.hashes is not None and len(node.hashes) * ps != node.num_tokens:
+        _fail(f"{node!r}: {len(node.hashes)} page hashes for {node.num_tokens} tokens")
 
 
 def _check_tiers(tree, node) -> None:
@@ -88,6 +92,12 @@ def _held_slots(tree, nodes) -> dict:
         tier = "host" if rec.kind == "backup" else "device"
         for name, s in rec.dst.items():
             held[(tier, name)]["in_flight"].append(s)
+    if tree.storage is not None:  # prefetches' host slots, and freed pages a write still reads
+        for p in tree._prefetches:
+            for name, s in [(tree.anchor, p.host), *(p.snap or {}).items()]:
+                held[("host", name)]["in_flight"].append(s)
+        for name, s in tree.storage.deferred_slots().items():
+            held[("host", name)]["in_flight"].append(s)
     return held
 
 

@@ -139,13 +139,16 @@ class SnapshotMixin:
         return self._evict_snapshots(self.host_tier, num_slots)
 
     def _evict_snapshots(self, tier: Tier, num_slots: int) -> int:
+        """LRU snapshots of ``tier`` go; host ones are written to storage first under its
+        write-back policy (device ones are dropped: their history stays and a later
+        insert brings a new snapshot)."""
         per = self.state_sizes[self._first_state_root()]
         heap = [(n.last_access, n.id, n) for n in tier.states if n.evictable]
         heapq.heapify(heap)
-        freed = 0
-        while heap and freed < num_slots:
-            node = heapq.heappop(heap)[2]
+        victims = [heapq.heappop(heap)[2] for _ in range(min(len(heap), -(-num_slots // per)))]
+        if tier is self.host_tier and self._writes_back(tier):
+            self._store_now([n for n in victims if not n.state_stored])
+        for node in victims:
             tier.free_snapshot(node)
-            freed += per
-        self.counters["states_evicted"] += freed // per
-        return freed
+        self.counters["states_evicted"] += len(victims)
+        return len(victims) * per

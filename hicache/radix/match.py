@@ -64,9 +64,10 @@ class MatchMixin:
     def _split(self, node: TreeNode, num_tokens: int) -> TreeNode:
         """Cut ``node`` after ``num_tokens`` (whole pages); returns the new upper half.
 
-        The upper half takes the prefix slices of both tiers and copies lock, hits,
-        access time and any transfer in flight; the snapshot stays with the lower half
-        (it belongs to the end boundary, which does not move).
+        The upper half takes the prefix slices of both tiers (and of the page hashes) and
+        copies lock, hits, access time, any transfer in flight and whether it is stored;
+        the snapshot stays with the lower half (it belongs to the end boundary, which does
+        not move).
         """
         parent = node.parent
         upper = TreeNode(tokens=node.tokens[:num_tokens], end=node.end - node.num_tokens + num_tokens,
@@ -76,6 +77,10 @@ class MatchMixin:
             upper.device, node.device = node.device[:num_tokens], node.device[num_tokens:]
         if node.host is not None:
             upper.host, node.host = node.host[:num_tokens], node.host[num_tokens:]
+        if node.hashes is not None:
+            pages = num_tokens // self.page_size
+            upper.hashes, node.hashes = node.hashes[:pages], node.hashes[pages:]
+        upper.stored = node.stored
         parent.children[page_key(upper.tokens, 0, self.page_size)] = upper
         node.tokens = node.tokens[num_tokens:]
         node.parent = upper

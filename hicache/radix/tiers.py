@@ -5,11 +5,27 @@ in two fields per tier, and each tier keeps its own eviction candidates. Everyth
 is "the same on every tier" — making room, evicting LRU leaves (backing them up to the
 tier below first under write-back), dropping a copy, freeing snapshots, publishing slots
 on a chain of nodes — is written once against a `Tier` (`hicache.radix.evict`,
-`hicache.radix.transfers`); what differs is data in the record:
+`hicache.radix.transfers`); what differs is data in the record and what lies below:
 
     tier     node fields           pools                     a leaf is                    below
     device   device, state_device  cache.device_pools        on device, no device child   host
-    host     host, state_host      cache.host_group.pools    on host only, no children    -
+    host     host, state_host      cache.host_group.pools    on host only, no children    storage
+
+Storage, below the host, holds no slots the tree could count: it is a store of page
+objects (`hicache.radix.store`), so a node only remembers what it knows is stored
+(``stored``, ``state_stored``) and the tree asks the store for the rest of a prompt.
+Data moves one tier at a time, and only an acknowledged move changes a node:
+
+                backup (controller write, ack)          write (StorageIO, polled)
+     DEVICE  ----------------------------------> HOST  ---------------------------> STORAGE
+             <----------------------------------       <---------------------------
+                load_back (controller load, ack)        prefetch: lookup, read into host
+                                                        slots, lands as a host-only node
+
+A hit through storage: ``match_prefix`` (device + host) -> ``prefetch`` of the rest
+(lookup: leading run of pages, and snapshot boundaries; host slots; reads; landed on
+`poll`) -> ``match_prefix`` again (the landed node is a host hit) -> ``load_back`` -> the
+device, exactly as a host hit goes.
 """
 from __future__ import annotations
 

@@ -136,7 +136,9 @@ class TransferMixin:
         """Process every finished ack of the controller (never blocks).
 
         Acks of this tree's ops publish (or, failed, forget) their slots; acks of ops
-        the tree did not queue are returned untouched. Launching is the caller's:
+        the tree did not queue are returned untouched. With a storage tier, finished
+        storage jobs are taken in too (writes marked, prefetches advanced, deadlines
+        enforced) and the write-through writes of this poll submitted. Launching is the caller's:
         ``controller.start_writing()`` / ``start_loading()``. Mutates the tree.
 
         Returns:
@@ -147,6 +149,8 @@ class TransferMixin:
             rec = self._pending.pop(ack.op_id, None)
             if rec is not None:
                 self._finish(rec, ack)
+        if self.storage is not None:
+            self._poll_storage()
         return acks
 
     def wait(self, ops=None) -> None:
@@ -201,10 +205,11 @@ class TransferMixin:
                 self.host_tier.free(name, s)
             self.counters["backups_discarded"] += 1
             return
-        if slots is not None:
-            self._deal(chain, slots, self.host_tier)
+        takers = self._deal(chain, slots, self.host_tier) if slots is not None else []
         if rec.with_state:
             self.host_tier.set_snapshot(rec.node, {name: rec.dst[name] for name in self.state_sizes})
+        if self.storage is not None:
+            self._queue_store(takers, rec.node if rec.with_state else None)
 
     def _publish_load(self, rec: PendingOp, chain: list[TreeNode]) -> None:
         slots = rec.dst.get(self.anchor)
