@@ -25,15 +25,7 @@ from hicache.replay.content import ContentModel  # noqa: E402
 from hicache.storage.mooncake_master import MooncakeMaster  # noqa: E402
 from tests.hicache.radix.test_cache import BIG, seq  # noqa: E402
 from tests.hicache.radix.storage_env import forget_all, serve  # noqa: E402
-
-
-class Count(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
+from tests.hicache.storage.mooncake_child import Count  # noqa: E402
 
 
 def main() -> None:

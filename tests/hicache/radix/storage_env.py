@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import torch
 
 from hicache import HiCacheConfig, build
@@ -13,7 +12,7 @@ from hicache.radix import HiRadixCache
 from hicache.radix.store import TierStore
 from hicache.replay.content import ContentModel, prefix_hashes, state_seed
 from hicache.storage import FileBackend, StorageNamespace
-from tests.hicache.radix.test_cache import BIG
+from tests.hicache.radix.test_cache import BIG, seq
 
 STACKS = {
     "mha_int8": lambda: mha(2, 2, 16, kv_quant="int8", page_size=4),
@@ -119,6 +118,16 @@ def poll_until_reading(tree, gate) -> None:
         if gate.entered.wait(0.0005):
             return
     raise AssertionError("no read reached the gate")
+
+
+def stored(tmp_path, num_pages: int, **kw):
+    """A 1-layer MHA tree (page 4) on a store that already holds ``num_pages`` pages of a
+    prompt (written by another tree); returns (cache, tree, prompt). ``kw`` go to `make`."""
+    stack = mha(1, 1, 8, page_size=4)
+    tokens = seq(0, num_pages, 4)
+    store_pages(tmp_path, stack, tokens)
+    cache, tree = make(stack, tmp_path, **kw)
+    return cache, tree, tokens
 
 
 def store_pages(tmp_path, stack, tokens, device_pages=8):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hicache.models import deepseek_v4, mha
 from hicache.radix.prefetch import PrefetchOutcome
 from hicache.replay.content import ContentModel
-from tests.hicache.radix.storage_env import STACKS, forget_all, make, poll_until_reading, serve, store_pages
+from tests.hicache.radix.storage_env import STACKS, forget_all, make, poll_until_reading, serve, stored
 from tests.hicache.radix.test_cache import seq
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
@@ -107,11 +107,8 @@ def test_write_back_writes_only_when_the_host_lets_go(tmp_path):
 
 
 def test_prefetch_timeout_is_a_clean_partial_hit(tmp_path, gated):
-    stack = mha(1, 1, 8, page_size=4)
-    a = seq(0, 6, 4)
-    store_pages(tmp_path, stack, a)
-    cache, tree = make(stack, tmp_path, backend_cls=gated, storage_prefetch_policy="timeout",
-                       storage_prefetch_timeout_s=0.3)
+    cache, tree, a = stored(tmp_path, 6, backend_cls=gated, storage_prefetch_policy="timeout",
+                            storage_prefetch_timeout_s=0.3)
     tree.storage.io.chunk_pages = 2
     content = ContentModel(cache)
     p = tree.prefetch(a)
@@ -151,10 +148,7 @@ def test_prefetch_with_too_few_host_slots_reads_what_fits(tmp_path):
 
 
 def test_best_effort_takes_what_is_there_and_stays_clean(tmp_path, gated):
-    stack = mha(1, 1, 8, page_size=4)
-    a = seq(0, 6, 4)
-    store_pages(tmp_path, stack, a)
-    cache, tree = make(stack, tmp_path, backend_cls=gated, storage_prefetch_policy="best_effort")
+    cache, tree, a = stored(tmp_path, 6, backend_cls=gated, storage_prefetch_policy="best_effort")
     content = ContentModel(cache)
     p = tree.prefetch(a)
     poll_until_reading(tree, gated)

@@ -22,15 +22,14 @@ from hicache.radix.store import open_store
 from hicache.replay.content import ContentModel
 from hicache.storage import StorageUnavailableError, file_backend
 from tests.hicache.radix.test_cache import BIG, seq
-from tests.hicache.radix.storage_env import config, forget_all, make, poll_until_reading, serve, store_pages
+from tests.hicache.radix.storage_env import (config, forget_all, make, poll_until_reading, serve, store_pages,
+                                             stored)
 from tests.hicache.storage.conftest import mooncake_or_skip
 
 
 def test_prefetch_racing_host_eviction(tmp_path, gated):
-    stack = mha(1, 1, 8, page_size=4)
-    a, b = seq(0, 4, 4), seq(500, 4, 4)
-    store_pages(tmp_path, stack, a)
-    cache, tree = make(stack, tmp_path, backend_cls=gated, hicache_ratio=1.0)
+    cache, tree, a = stored(tmp_path, 4, backend_cls=gated, hicache_ratio=1.0)
+    b = seq(500, 4, 4)
     content = ContentModel(cache)
     # 1. B is cached on device and host; a prefetch of A holds 4 host slots mid-read
     serve(cache, tree, content, b)
@@ -54,10 +53,7 @@ def test_prefetch_racing_host_eviction(tmp_path, gated):
 
 
 def test_damaged_page_is_a_partial_hit_logged_once(tmp_path, caplog):
-    stack = mha(1, 1, 8, page_size=4)
-    a = seq(0, 5, 4)
-    store_pages(tmp_path, stack, a)
-    cache, tree = make(stack, tmp_path)
+    cache, tree, a = stored(tmp_path, 5)
     key = tree.storage.page_hashes(a, None)[2]
     path = tree.storage.backends["kv"].path(key)
     raw = bytearray(open(path, "rb").read())
