@@ -100,11 +100,11 @@ class EvictionMixin:
     def _drop(self, tier: Tier, node: TreeNode) -> int:
         """Give back ``tier``'s copy of a leaf; delete the node if no other tier holds its history."""
         tokens = node.num_tokens
-        others = [t for t in self.tiers if t is not tier and t.slots(node) is not None]
+        others = [t for t in self.tiers if t is not tier and getattr(node, t.attr) is not None]
         if not others:
             self._delete_subtree(node)
             return tokens
-        tier.free(self.anchor, tier.slots(node))
+        tier.free(self.anchor, getattr(node, tier.attr))
         setattr(node, tier.attr, None)
         tier.free_snapshot(node)
         tier.leaves.add(node.parent)
