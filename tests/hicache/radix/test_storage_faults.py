@@ -52,13 +52,17 @@ def test_prefetch_racing_host_eviction(tmp_path, gated):
     tree.close()
 
 
-def test_damaged_page_is_a_partial_hit_logged_once(tmp_path, caplog):
+@pytest.mark.parametrize("damage", ["flipped", "truncated"])
+def test_damaged_page_is_a_partial_hit_logged_once(tmp_path, caplog, damage):
     cache, tree, a = stored(tmp_path, 5)
     key = tree.storage.page_hashes(a, None)[2]
-    path = tree.storage.backends["kv"].path(key)
-    raw = bytearray(open(path, "rb").read())
-    raw[-1] ^= 0x40  # one payload bit of page 2
-    open(path, "wb").write(bytes(raw))
+    path = Path(tree.storage.backends["kv"].path(key))
+    raw = bytearray(path.read_bytes())
+    if damage == "flipped":
+        raw[-1] ^= 0x40  # one payload bit of page 2
+    else:
+        raw = raw[:len(raw) // 2]  # page 2 cut short (a torn copy from elsewhere)
+    path.write_bytes(bytes(raw))
     got = serve(cache, tree, ContentModel(cache), a)
     assert got.prefetch.outcome is PrefetchOutcome.READ_FAILED
     assert (got.prefetch.read_tokens, got.storage) == (8, 8)  # pages 0-1: the leading run before it
