@@ -46,12 +46,10 @@ class VllmServer:
         argv: the command (from ``serve.serve_command``).
         log_path: where the server's stdout and stderr go.
         port: the ``--port`` inside ``argv``.
-        pythonpath: an extra ``PYTHONPATH`` entry (e.g. a test-only spec module).
     """
 
-    def __init__(self, argv: Sequence[str], log_path: Path, port: int,
-                 pythonpath: str | None = None) -> None:
-        self.argv, self.log_path, self.port, self.pythonpath = list(argv), Path(log_path), port, pythonpath
+    def __init__(self, argv: Sequence[str], log_path: Path, port: int) -> None:
+        self.argv, self.log_path, self.port = list(argv), Path(log_path), port
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "VllmServer":
@@ -59,7 +57,7 @@ class VllmServer:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
-                                         env=env.process_env(self.pythonpath))
+                                         env=env.process_env())
         return self
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:

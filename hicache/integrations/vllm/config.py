@@ -155,5 +155,13 @@ def kv_transfer_config(config: HiCacheConfig) -> str:
     })
 
 
+def null_kv_transfer_config() -> str:
+    """``--kv-transfer-config`` for vLLM's connector with no host tier (``null_spec.py``)."""
+    return json.dumps({
+        "kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"spec_name": "NullOffloadingSpec",
+                                      "spec_module_path": "hicache.integrations.vllm.null_spec"}})
+
+
 __all__ = ["CONNECTOR_NAME", "HostMemoryError", "MODULE_PATH", "SPEC_NAME", "SpecConfig",
-           "VLLM_VERSION", "extra_config", "kv_transfer_config"]
+           "VLLM_VERSION", "extra_config", "kv_transfer_config", "null_kv_transfer_config"]

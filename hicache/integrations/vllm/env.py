@@ -74,10 +74,10 @@ def resolve_model(model: str) -> str:
     return model
 
 
-def process_env(extra_path: str | None = None) -> dict[str, str]:
-    """This environment plus ``PYTHONPATH`` entries so vLLM's processes import hicache."""
+def process_env() -> dict[str, str]:
+    """This environment with the checkout first on ``PYTHONPATH``, so vLLM imports hicache."""
     env = dict(os.environ)
-    parts = [str(REPO_ROOT)] + ([extra_path] if extra_path else [])
+    parts = [str(REPO_ROOT)]
     if env.get("PYTHONPATH"):
         parts.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(parts)

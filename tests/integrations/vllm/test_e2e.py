@@ -3,20 +3,19 @@
 Two servers start once for the module, side by side, with a device cache forced small
 (16 blocks of 128 tokens) so returning conversations' prefixes are evicted from it:
 
-    control   vLLM + its offloading connector with no host tier (null_spec.py): evicted
-              prefixes are recomputed
+    control   vLLM + its offloading connector with no host tier (NullOffloadingSpec):
+              evicted prefixes are recomputed
     hicache   ``hicache serve-vllm ... --enable-hierarchical-cache --hicache-ratio 4``
               (the real CLI): evicted prefixes come back from hicache's host pools
 
 The same multi-turn workload must give identical token ids for every request, and the
 hicache server must report host-tier loads. Why the control has a connector: see
-null_spec.py (vLLM's numerics change with any connector; plain vLLM is the benchmark's
-baseline instead). Skipped, with the reason, when ``scripts/setup_vllm.sh`` could not
+hicache/integrations/vllm/null_spec.py (vLLM's numerics change with any connector;
+plain vLLM is the benchmark's baseline, next to this control). Skipped, with the reason, when ``scripts/setup_vllm.sh`` could not
 build the vLLM environment here.
 """
 from __future__ import annotations
 
-import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,6 +23,7 @@ import pytest
 
 from hicache.integrations.vllm import env
 from hicache.integrations.vllm.client import VllmServer, free_port
+from hicache.integrations.vllm.config import null_kv_transfer_config
 from hicache.integrations.vllm.workload import run_turns
 
 WHY_NOT = env.missing()
@@ -33,17 +33,13 @@ CONVERSATIONS, TURNS, SENTENCES, MAX_TOKENS = 4, 3, 45, 12
 VLLM_ARGS = ["--host", "127.0.0.1", "--enforce-eager", "--dtype", "bfloat16",
              "--max-model-len", "1536", "--num-gpu-blocks-override", "16",
              "--kv-cache-memory-bytes", str(128 << 20), "--disable-uvicorn-access-log"]
-NULL_SPEC = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-             "kv_connector_extra_config": {"spec_name": "NullOffloadingSpec",
-                                           "spec_module_path": "null_spec"}}
 
 
 def control_server(log_dir) -> VllmServer:
     port = free_port()
     argv = [str(env.vllm_python()), "-m", env.API_SERVER, "--model", str(env.model_dir()),
-            "--port", str(port), *VLLM_ARGS, "--kv-transfer-config", json.dumps(NULL_SPEC)]
-    here = str(env.REPO_ROOT / "tests" / "integrations" / "vllm")
-    return VllmServer(argv, log_dir / "control.log", port, pythonpath=here)
+            "--port", str(port), *VLLM_ARGS, "--kv-transfer-config", null_kv_transfer_config()]
+    return VllmServer(argv, log_dir / "control.log", port)
 
 
 def hicache_server(log_dir) -> VllmServer:
