@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"vllm_multiturn: {why}", file=sys.stderr)
         return 2
-    copy_gbps = memcpy_gbps(args.device_blocks * 3 << 20)  # about a request's loaded bytes
+    copy_gbps = memcpy_gbps(32 << 20)  # about one returning request's load (10 x 2.9 MB)
     results = {mode: run(args, mode) for mode in ("vllm", "control", "hicache")}
     rows = [r for mode in results for r in results[mode][0]]
     table = [summary(mode, results[mode][0], results[mode][1], copy_gbps) for mode in results]
