@@ -130,6 +130,8 @@ def extra_config(config: HiCacheConfig) -> dict[str, Any]:
         value = getattr(config, key)
         if value is not None:
             extra[key] = value
+    if config.ranks_per_host == 1:  # the default: let the plugin use vLLM's world size
+        del extra["ranks_per_host"]
     return extra
 
 

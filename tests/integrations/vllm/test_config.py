@@ -55,6 +55,9 @@ def test_kv_transfer_config_round_trips_through_the_spec_config():
     assert extra["spec_module_path"] == "hicache.integrations.vllm"
     back = SpecConfig.from_extra(extra).hicache
     assert (back.hicache_ratio, back.io_backend, back.host_headroom_gb) == (3.0, "copy_engine", 1.5)
+    assert "ranks_per_host" not in extra  # default: the plugin splits by vLLM's world size
+    two = json.loads(kv_transfer_config(HiCacheConfig(ranks_per_host=2)))
+    assert SpecConfig.from_extra(two["kv_connector_extra_config"]).ranks(world_size=8) == 2
     with pytest.raises(ValueError, match="write_policy .*write_through"):
         kv_transfer_config(HiCacheConfig(write_policy="write_back"))
 
