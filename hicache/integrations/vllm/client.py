@@ -87,16 +87,22 @@ class VllmServer:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM the server's process group, SIGKILL it after ``timeout_s`` (idempotent)."""
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM the server (it shuts its engine down), then SIGKILL what is left of its
+        process group, at once or after ``timeout_s`` (idempotent)."""
+        if self.proc is None:
             return
         pgid = self.proc.pid  # start_new_session: the group id is the child's pid
-        os.killpg(pgid, signal.SIGTERM)
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
         try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
-            self.proc.wait()
+            os.killpg(pgid, signal.SIGKILL)  # engine or worker processes still around
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
 
     def __enter__(self) -> "VllmServer":
         return self.start()
