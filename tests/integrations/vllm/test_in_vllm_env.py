@@ -4,9 +4,8 @@ Skipped, with the reason, when ``scripts/setup_vllm.sh`` could not build that en
 """
 from __future__ import annotations
 
-import os
-
 import importlib.util
+import os
 import subprocess
 from pathlib import Path
 
