@@ -2,15 +2,27 @@
 # Each target sets itself up first (scripts/setup.sh, idempotent).
 PY := .venv/bin/python
 
-.PHONY: setup run test bench plan
+.PHONY: setup vllm-setup run test bench bench-vllm plan serve-vllm
 setup:
 	@bash scripts/setup.sh
+
+# vLLM's own environment and the SmolLM2 model, cached in ~/.cache/hicache (first run:
+# a few minutes). Failure is not fatal: the vLLM tests then skip and say why.
+vllm-setup: setup
+	@bash scripts/setup_vllm.sh || echo "hicache: vLLM set-up failed (log: ~/.cache/hicache/vllm-setup.log); the vLLM tests will skip" >&2
 
 run: setup
 	$(PY) -m hicache.cli replay
 
-test: setup
+test: setup vllm-setup
 	$(PY) -m pytest tests
+
+serve-vllm: vllm-setup
+	$(PY) -m hicache.cli serve-vllm smollm2-135m --enforce-eager --max-model-len 2048 \
+		--kv-cache-memory-bytes 268435456 --enable-hierarchical-cache --hicache-ratio 4
+
+bench-vllm: vllm-setup
+	$(PY) bench/vllm_multiturn.py
 
 plan: setup
 	$(PY) -m hicache.cli plan --model deepseek-v4-pro --device-tokens 1048576 --hicache-ratio 2

@@ -1,4 +1,4 @@
-"""The `hicache` command: `plan`, `replay` and `bench` subcommands."""
+"""The `hicache` command: `plan`, `replay`, `bench` and `serve-vllm` subcommands."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from hicache.integrations.vllm.serve import add_serve_args, run_serve
 from hicache.plan import add_plan_args, run_plan
 from hicache.replay.cli import add_replay_args, run_replay
 
@@ -26,6 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="run a benchmark of bench/ (source checkout)")
     bench.add_argument("name", choices=BENCHES, help="which benchmark")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags")
+    add_serve_args(sub.add_parser(
+        "serve-vllm", allow_abbrev=False,
+        help="start vLLM's OpenAI server, with hicache as its host tier when enabled",
+        description="Unknown flags are passed to vLLM; --enable-hierarchical-cache and the "
+                    "--hicache-* flags become vLLM's --kv-transfer-config."))
     return parser
 
 
@@ -48,11 +54,18 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; returns the exit status (2: a bad flag or input, 130: Ctrl-C)."""
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra and args.command not in ("serve-vllm", "bench"):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # --help (0) or a usage error, already printed on one line (2)
         return int(exc.code or 0)
     try:
+        if args.command == "serve-vllm":
+            return run_serve(args, extra)
+        if extra:  # bench: flags after the name belong to the benchmark
+            args.args = [*args.args, *extra]
         return {"plan": run_plan, "replay": run_replay, "bench": run_bench}[args.command](args)
     except ValueError as exc:  # bad flags and refusals: one clear line, no traceback
         print(f"hicache {args.command}: error: {exc}", file=sys.stderr)

@@ -123,6 +123,18 @@ def _refusal(requests: Mapping[str, int], budget: HostBudget, flag_hint: str, wh
     return HostMemoryError("\n".join(lines))
 
 
+def check_fits(requests: Mapping[str, int], budget: HostBudget,
+               flag_hint: str = "--hicache-ratio or --hicache-size") -> None:
+    """Refuse ``requests`` (name -> bytes) that exceed ``budget``, before anything is allocated.
+
+    Raises:
+        HostMemoryError: the total is over ``budget.budget_bytes`` (per-pool GiB, the
+            budget and ``flag_hint``, the setting to lower).
+    """
+    if sum(requests.values()) > budget.budget_bytes:
+        raise _refusal(requests, budget, flag_hint, "not enough host memory")
+
+
 def _progress(name: str, done: int, total: int, started: float) -> None:
     if time.perf_counter() - started > 1.0:  # only long pins are worth a progress line
         sys.stderr.write(f"\rpinning {name}: {done / GIB:.1f}/{total / GIB:.1f} GiB")
@@ -184,8 +196,7 @@ class HostReservation:
         """
         if any(n < 0 for n in requests.values()):
             raise ValueError(f"requests: byte counts must be >= 0, got {dict(requests)}")
-        if sum(requests.values()) > budget.budget_bytes:
-            raise _refusal(requests, budget, flag_hint, "not enough host memory")
+        check_fits(requests, budget, flag_hint)
         strides = row_strides or {}
         try:
             for name, nbytes in requests.items():

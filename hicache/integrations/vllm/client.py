@@ -1,0 +1,151 @@
+"""A vLLM server on 127.0.0.1 for tests and benchmarks: start, wait, stream, scrape, stop.
+
+Standard library only (urllib): the core environment drives the server, which runs in
+the vLLM environment. Each server is its own process group, so ``stop`` ends vLLM's
+engine and worker processes with it and nothing else.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from hicache.integrations.vllm import env
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One streamed completion: token ids, text, time to first token and total latency (s)."""
+
+    token_ids: tuple[int, ...]
+    text: str
+    ttft_s: float
+    latency_s: float
+    prompt_tokens: int
+
+
+class VllmServer:
+    """vLLM's OpenAI server as a child process group (context manager: start ... stop).
+
+    Args:
+        argv: the command (from ``serve.serve_command``).
+        log_path: where the server's stdout and stderr go.
+        port: the ``--port`` inside ``argv``.
+    """
+
+    def __init__(self, argv: Sequence[str], log_path: Path, port: int) -> None:
+        self.argv, self.log_path, self.port = list(argv), Path(log_path), port
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "VllmServer":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         env=env.process_env())
+        return self
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        """Block until ``/v1/models`` answers.
+
+        Raises:
+            RuntimeError: the server exited or did not answer in time (with its log tail).
+        """
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                urllib.request.urlopen(f"{self.url}/v1/models", timeout=2).read()
+                return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(1.0)
+        raise RuntimeError(f"vLLM did not answer within {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, lines: int = 25) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM the server (it shuts its engine down), then SIGKILL what is left of its
+        process group, at once or after ``timeout_s`` (idempotent)."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid  # start_new_session: the group id is the child's pid
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(pgid, signal.SIGKILL)  # engine or worker processes still around
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def __enter__(self) -> "VllmServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def complete(self, model: str, prompt: str, max_tokens: int, timeout_s: float = 300.0) -> Completion:
+        """Greedy completion of ``prompt``, streamed to time the first token."""
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                "stream": True, "return_token_ids": True, "ignore_eos": True,
+                "stream_options": {"include_usage": True}}
+        req = urllib.request.Request(f"{self.url}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        started, first, ids, text, prompt_tokens = time.perf_counter(), None, [], [], 0
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            for raw in resp:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    prompt_tokens = chunk["usage"]["prompt_tokens"]
+                for choice in chunk.get("choices", []):
+                    if first is None and (choice.get("token_ids") or choice.get("text")):
+                        first = time.perf_counter()
+                    ids += choice.get("token_ids") or []
+                    text.append(choice.get("text") or "")
+        end = time.perf_counter()
+        return Completion(tuple(ids), "".join(text), (first or end) - started, end - started,
+                          prompt_tokens)
+
+    def metrics(self) -> dict[str, float]:
+        """Prometheus samples summed over labels: ``{"hicache:loaded_blocks_total": 72.0, ...}``."""
+        text = urllib.request.urlopen(f"{self.url}/metrics", timeout=10).read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name, _, value = line.rpartition(" ")
+            name = name.split("{", 1)[0]
+            try:
+                out[name] = out.get(name, 0.0) + float(value)
+            except ValueError:
+                continue
+        return out

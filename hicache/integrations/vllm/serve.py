@@ -1,0 +1,59 @@
+"""`hicache serve-vllm MODEL [vLLM args...] [--enable-hierarchical-cache --hicache-* ...]`.
+
+Starts vLLM's OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``)
+in the vLLM environment. hicache's own flags are taken out of the command line and
+translated into ``--kv-transfer-config`` (see ``config.kv_transfer_config``); every other
+argument goes to vLLM untouched. Without ``--enable-hierarchical-cache`` it starts plain
+vLLM. ``MODEL`` may be ``smollm2-135m``, the model folder ``scripts/setup_vllm.sh`` made.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Sequence
+
+from hicache.config import HiCacheConfig, add_hicache_args
+from hicache.integrations.vllm import env
+from hicache.integrations.vllm.config import SpecConfig, kv_transfer_config
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The subcommand's own flags; unknown ones are vLLM's (collected by ``parse_known_args``)."""
+    parser.add_argument("model", help="model folder or name for vLLM (smollm2-135m: the set-up model)")
+    parser.add_argument("--vllm-python", default=None,
+                        help="Python with vLLM installed (default: this one if it has vLLM, "
+                             "else the environment scripts/setup_vllm.sh built)")
+    add_hicache_args(parser)
+    return parser
+
+
+def serve_command(model: str, config: HiCacheConfig, vllm_args: Sequence[str],
+                  python: str | os.PathLike | None = None) -> list[str]:
+    """The argv that starts vLLM's server, with hicache configured when enabled.
+
+    Raises:
+        ValueError: no vLLM Python, ``--kv-transfer-config`` given together with
+            ``--enable-hierarchical-cache``, an unsupported hicache setting, or a
+            ``--hicache-size`` over this host's budget.
+    """
+    py = Path(python) if python else env.vllm_python()
+    if py is None:
+        raise ValueError(f"--vllm-python: no Python with vLLM found ({env.missing()})")
+    argv = [str(py), "-m", env.API_SERVER, "--model", env.resolve_model(model), *vllm_args]
+    if not config.enable_hierarchical_cache:
+        return argv
+    if any(a == "--kv-transfer-config" or a.startswith("--kv-transfer-config=") for a in vllm_args):
+        raise ValueError("--kv-transfer-config: hicache sets it from --enable-hierarchical-cache "
+                         "and the --hicache-* flags; pass one or the other")
+    spec_json = kv_transfer_config(config)
+    if config.hicache_size_gb > 0:  # checkable now; ratio sizing is checked when vLLM starts
+        SpecConfig(config).check_budget({"vllm_kv": int(config.hicache_size_gb * 1e9)}, 1)
+    return argv + ["--kv-transfer-config", spec_json]
+
+
+def run_serve(args: argparse.Namespace, vllm_args: Sequence[str]) -> int:
+    """Replace this process with vLLM's server (signals reach vLLM directly)."""
+    argv = serve_command(args.model, HiCacheConfig.from_args(args), vllm_args, args.vllm_python)
+    os.execve(argv[0], argv, env.process_env())
+    return 0  # pragma: no cover - execve does not return

@@ -1,0 +1,88 @@
+"""`HiCacheOffloadingWorker`: vLLM's worker-side ``OffloadingWorker`` over `BlockMover`.
+
+vLLM hands over ``CanonicalKVCaches``: unique ``[num_blocks, page_bytes]`` int8 tensors
+and, per KV cache group, one reference (tensor index, unpadded page bytes) per layer.
+Each reference becomes one layer of the group's device ``RowTable`` (a uint8 view of the
+first ``page_bytes`` of every block: padding is never copied).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from vllm.v1.kv_offload.base import (
+    CanonicalKVCaches,
+    GPULoadStoreSpec,
+    LoadStoreSpec,
+    OffloadingWorker,
+    TransferResult,
+)
+
+from hicache.integrations.vllm.config import SpecConfig
+from hicache.integrations.vllm.manager import HostChunksSpec
+from hicache.integrations.vllm.mover import BlockMover
+
+
+def group_views(kv_caches: CanonicalKVCaches) -> list[list[torch.Tensor]]:
+    """Per group, per layer: a uint8 ``[num_blocks, page_bytes]`` view of vLLM's cache."""
+    out = []
+    for refs in kv_caches.group_data_refs:
+        views = []
+        for ref in refs:
+            tensor = kv_caches.tensors[ref.tensor_idx].tensor
+            views.append(tensor.view(torch.uint8)[:, :ref.page_size_bytes])
+        out.append(views)
+    return out
+
+
+class HiCacheOffloadingWorker(OffloadingWorker):
+    """The worker side of the plugin (constructed by ``HiCacheOffloadingSpec.get_worker``).
+
+    Args:
+        kv_caches: vLLM's canonical KV cache tensors and per-group references.
+        tokens_per_block: per group.
+        num_chunks: host chunks per group (the scheduler's index uses the same number).
+        blocks_per_chunk: vLLM blocks per host chunk.
+        config: the plugin settings.
+        world_size: vLLM workers sharing the host (budget split).
+    Raises:
+        ValueError: a group whose layers differ in page size or row stride (one host
+            pool per group needs one row size); HostMemoryError: over the host budget.
+    """
+
+    def __init__(self, kv_caches: CanonicalKVCaches, tokens_per_block: Sequence[int],
+                 num_chunks: int, blocks_per_chunk: int, config: SpecConfig,
+                 world_size: int = 1) -> None:
+        self.mover = BlockMover(group_views(kv_caches), tokens_per_block, num_chunks,
+                                blocks_per_chunk, config, world_size)
+
+    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
+        """Device blocks -> host chunks, asynchronously; failures come back from get_finished."""
+        _check(src_spec, dst_spec, "src_spec", "dst_spec")
+        self.mover.submit(job_id, "store", src_spec.block_ids, src_spec.group_sizes,
+                          src_spec.block_indices, dst_spec.block_ids)
+        return True
+
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec) -> bool:
+        """Host chunks -> device blocks, asynchronously; failures come back from get_finished."""
+        _check(dst_spec, src_spec, "dst_spec", "src_spec")
+        self.mover.submit(job_id, "load", dst_spec.block_ids, dst_spec.group_sizes,
+                          dst_spec.block_indices, src_spec.block_ids)
+        return True
+
+    def get_finished(self) -> list[TransferResult]:
+        return [TransferResult(job_id=f.job_id, success=f.ok, transfer_size=f.nbytes,
+                               transfer_time=f.seconds) for f in self.mover.finished()]
+
+    def wait(self, job_ids: set[int]) -> None:
+        self.mover.wait(job_ids)
+
+    def shutdown(self) -> None:
+        self.mover.close()
+
+
+def _check(device: object, host: object, device_arg: str, host_arg: str) -> None:
+    if not isinstance(device, GPULoadStoreSpec):
+        raise TypeError(f"{device_arg}: must be a GPULoadStoreSpec, got {type(device).__name__}")
+    if not isinstance(host, HostChunksSpec):
+        raise TypeError(f"{host_arg}: must be a HostChunksSpec, got {type(host).__name__}")

@@ -1,0 +1,122 @@
+"""HostBlockIndex: the manager's state machine, narrated, plus random operation sequences."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hicache.integrations.vllm.index import HostBlockIndex, Lookup
+
+
+def group_of(key: tuple) -> int:
+    return key[0]
+
+
+def k(group: int, n: int) -> tuple:
+    return (group, n)
+
+
+def test_store_load_evict_scenario():
+    idx = HostBlockIndex(num_chunks=3, num_groups=1, group_of=group_of)
+    # 1. store three blocks: they get the three chunk ids and are PENDING until completed
+    plan = idx.prepare_store([k(0, 1), k(0, 2), k(0, 3)])
+    assert plan.keys == [k(0, 1), k(0, 2), k(0, 3)] and sorted(plan.chunks) == [0, 1, 2]
+    assert plan.evicted == [] and idx.lookup(k(0, 1)) is Lookup.PENDING
+    # 2. the host is full of in-flight stores: a fourth store is refused, nothing changes
+    assert idx.prepare_store([k(0, 4)]) is None
+    assert idx.counters["store_refused"] == 1 and len(idx) == 3
+    # 3. stores complete; keys become HIT; storing again is a no-op
+    assert idx.complete_store([k(0, 1), k(0, 2), k(0, 3)]) == [k(0, 1), k(0, 2), k(0, 3)]
+    assert idx.lookup(k(0, 2)) is Lookup.HIT
+    assert idx.prepare_store([k(0, 2)]).keys == []
+    # 4. load block 1 (pinned), touch block 2: LRU order is now 3, 2 (1 is pinned)
+    chunk_1 = idx.prepare_load([k(0, 1)])
+    idx.touch([k(0, 2)])
+    # 5. a new store evicts the LRU idle block 3, never the loading block 1
+    plan = idx.prepare_store([k(0, 5)])
+    assert plan.evicted == [k(0, 3)] and idx.lookup(k(0, 3)) is Lookup.MISS
+    idx.complete_store([k(0, 5)])
+    # 6. with 1 loading and 2, 5 idle, two more stores evict 2 and 5 but not 1
+    plan = idx.prepare_store([k(0, 6), k(0, 7)])
+    assert sorted(plan.evicted) == [k(0, 2), k(0, 5)]
+    assert idx.prepare_store([k(0, 8)]) is None  # only the loading block is left to evict
+    # 7. the load completes: block 1 kept its chunk and is evictable again
+    idx.complete_load([k(0, 1)])
+    assert idx.prepare_load([k(0, 1)]) == chunk_1
+    idx.complete_load([k(0, 1)])
+    idx.check_integrity()
+
+
+def test_failed_store_frees_its_chunk_and_groups_are_separate():
+    idx = HostBlockIndex(num_chunks=2, num_groups=2, group_of=group_of)
+    plan = idx.prepare_store([k(0, 1), k(1, 1), k(1, 2)])
+    assert plan.chunks[0] in (0, 1) and sorted(plan.chunks[1:]) == [0, 1]  # per-group ids
+    assert idx.complete_store([k(1, 2)], success=False) == []
+    assert idx.lookup(k(1, 2)) is Lookup.MISS and idx.used(1) == 1
+    assert idx.counters["store_failed"] == 1
+    # group 0 still has room, group 1 too: a store into a full group 0 would not evict group 1
+    idx.complete_store([k(0, 1), k(1, 1)])
+    assert idx.prepare_store([k(0, 2), k(0, 3)]).evicted == [k(0, 1)]
+    idx.check_integrity()
+
+
+def test_keys_of_the_call_are_never_evicted_and_bad_loads_change_nothing():
+    idx = HostBlockIndex(num_chunks=1, num_groups=1, group_of=group_of)
+    idx.prepare_store([k(0, 1)])
+    idx.complete_store([k(0, 1)])
+    # storing [1, 2]: 1 is present and protected, so 2 has no chunk -> refused
+    assert idx.prepare_store([k(0, 1), k(0, 2)]) is None
+    with pytest.raises(ValueError, match="absent"):
+        idx.prepare_load([k(0, 1), k(0, 9)])
+    with pytest.raises(ValueError, match="no pending load"):
+        idx.complete_load([k(0, 1)])
+    assert idx.lookup(k(0, 1)) is Lookup.HIT
+    idx.reset()
+    assert len(idx) == 0 and idx.used(0) == 0
+    idx.check_integrity()
+
+
+@pytest.mark.parametrize("args", [(0, 1), (1, 0)])
+def test_bad_sizes(args):
+    with pytest.raises(ValueError, match="must be >= 1"):
+        HostBlockIndex(*args, group_of=group_of)
+
+
+ops = st.lists(st.tuples(st.sampled_from(["store", "done", "fail", "load", "unload", "touch"]),
+                         st.lists(st.tuples(st.integers(0, 1), st.integers(0, 9)), max_size=4)),
+               max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops)
+def test_random_sequences_keep_invariants(seq):
+    idx = HostBlockIndex(num_chunks=4, num_groups=2, group_of=group_of)
+    loading: dict = {}
+    for op, keys in seq:
+        if op == "store":
+            before = len(idx)
+            plan = idx.prepare_store(keys)
+            if plan is None:
+                assert len(idx) == before  # a refusal changes nothing
+            else:
+                assert not set(plan.evicted) & set(loading)  # never evict a loading block
+        elif op in ("done", "fail"):
+            idx.complete_store(keys, success=op == "done")
+        elif op == "load":
+            ready = [key for key in dict.fromkeys(keys) if idx.lookup(key) is Lookup.HIT]
+            idx.prepare_load(ready)
+            for key in ready:
+                loading[key] = loading.get(key, 0) + 1
+        elif op == "unload" and loading:
+            key = next(iter(loading))
+            idx.complete_load([key])
+            loading[key] -= 1
+            if not loading[key]:
+                del loading[key]
+        else:
+            idx.touch(keys)
+        for key in loading:
+            assert idx.lookup(key) is Lookup.HIT
+        idx.check_integrity()
+        for g in range(2):
+            assert 0 <= idx.used(g) <= 4

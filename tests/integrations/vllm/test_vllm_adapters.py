@@ -1,0 +1,127 @@
+"""The spec, manager and worker against vLLM's real types (runs in the vLLM environment).
+
+The core suite runs this file there through ``test_in_vllm_env.py``; in an environment
+without vLLM it is skipped.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+vllm_base = pytest.importorskip("vllm.v1.kv_offload.base", reason="needs vLLM (runs in its env)")
+from vllm.v1.kv_offload.config import (  # noqa: E402
+    OffloadingCacheConfig,
+    OffloadingConfig,
+    OffloadingGroupConfig,
+    OffloadingModelConfig,
+    OffloadingParallelConfig,
+)
+
+from host_pools.memory import HostMemoryError  # noqa: E402
+from hicache.integrations.vllm import HiCacheOffloadingSpec  # noqa: E402
+from hicache.integrations.vllm import spec as spec_module  # noqa: E402
+from hicache.integrations.vllm.manager import HostChunksSpec  # noqa: E402
+
+LookupResult, make_key = vllm_base.LookupResult, vllm_base.make_offload_key
+LAYERS, BLOCKS, PAGE, TPB = 3, 12, 256, 16
+
+
+def offloading_config(extra: dict, bytes_per_block: int = LAYERS * PAGE) -> OffloadingConfig:
+    parallel = OffloadingParallelConfig(
+        rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
+        data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+        is_parallelism_agnostic=True)
+    return OffloadingConfig(
+        groups=(OffloadingGroupConfig(TPB, tuple(f"l{i}" for i in range(LAYERS)), 0),),
+        worker_kv_bytes_per_block=bytes_per_block, enable_kv_cache_events=True,
+        extra_config={"spec_name": "HiCacheOffloadingSpec",
+                      "spec_module_path": "hicache.integrations.vllm", **extra},
+        engine_id="test", model=OffloadingModelConfig("m", "bfloat16"),
+        cache=OffloadingCacheConfig(tokens_per_hash=TPB, blocks_per_chunk=1), parallel=parallel)
+
+
+def make_spec(extra: dict, device_blocks: int | None = BLOCKS) -> HiCacheOffloadingSpec:
+    token = spec_module._DEVICE_BLOCKS.set(device_blocks)
+    try:
+        return HiCacheOffloadingSpec(offloading_config(extra))
+    finally:
+        spec_module._DEVICE_BLOCKS.reset(token)
+
+
+@pytest.mark.parametrize("extra, error, match", [
+    ({"hicache_ratoi": 2.0}, ValueError, r"unknown key\(s\) \['hicache_ratoi'\]"),
+    ({"hicache_ratio": 0.0}, ValueError, r"hicache_ratio \(--hicache-ratio\): must be > 0"),
+    ({"io_backend": "nvlink"}, ValueError, r"io_backend \(--hicache-io-backend\)"),
+    ({"hicache_size_gb": 1e9}, HostMemoryError, r"(?s)not enough host memory.*Lower hicache_ratio"),
+])
+def test_bad_config_is_refused_at_start_up_naming_the_key(extra, error, match):
+    with pytest.raises(error, match=match):
+        make_spec(extra)
+
+
+def test_ratio_sizing_needs_the_hicache_connector():
+    with pytest.raises(ValueError, match="HiCacheOffloadingConnector"):
+        make_spec({"hicache_ratio": 2.0}, device_blocks=None)
+    assert make_spec({"hicache_size_gb": 1e-5}, device_blocks=None).num_chunks == 13  # 1e4 B / 768 B
+
+
+def test_manager_store_load_evict_through_vllm_types():
+    spec = make_spec({"hicache_ratio": 0.25})  # 3 host chunks for 12 device blocks
+    mgr = spec.get_manager()
+    ctx = vllm_base.ReqContext(req_id="r")
+    keys = [make_key(bytes([i]) * 8, 0) for i in range(5)]
+    # 1. nothing stored yet; store three keys, which stay pending until completed
+    assert mgr.lookup(keys[0], ctx) is LookupResult.MISS
+    out = mgr.prepare_store(keys[:3], ctx)
+    assert out.keys_to_store == keys[:3] and sorted(out.store_spec.block_ids) == [0, 1, 2]
+    assert mgr.lookup(keys[0], ctx) is LookupResult.HIT_PENDING
+    # 2. full of pending stores: vLLM gets None (not an exception)
+    assert mgr.prepare_store(keys[3:4], ctx) is None
+    mgr.complete_store(keys[:3], ctx)
+    assert mgr.lookup(keys[2], ctx) is LookupResult.HIT
+    # 3. load key 0 (pinned), then store two new keys: 1 and 2 are evicted, never 0
+    load = mgr.prepare_load([keys[0]], ctx)
+    assert isinstance(load, HostChunksSpec)
+    out = mgr.prepare_store(keys[3:5], ctx)
+    assert sorted(out.evicted_keys) == sorted(keys[1:3])
+    mgr.complete_store(keys[3:5], ctx, success=False)  # a failed store frees its chunks
+    mgr.complete_load([keys[0]], ctx)
+    assert mgr.lookup(keys[3], ctx) is LookupResult.MISS
+    mgr.index.check_integrity()
+    events = list(mgr.take_events())
+    assert [e.removed for e in events] == [False, True]
+    stats = mgr.get_stats().data["data"]
+    assert stats["hicache:stored_blocks"][()] == 3 and stats["hicache:loaded_blocks"][()] == 1
+    assert stats["hicache:hit_tokens"][()] == TPB and stats["hicache:evicted_blocks"][()] == 2
+    assert stats["hicache:host_blocks_used"][()] == 1  # key 0 only
+
+
+def test_worker_round_trip_on_canonical_cpu_tensors(gen):
+    spec = make_spec({"hicache_ratio": 1.0, "io_backend": "copy_engine"})
+    base = torch.randint(-128, 128, (LAYERS, BLOCKS, PAGE + 64), generator=gen, dtype=torch.int8)
+    tensors = [vllm_base.CanonicalKVCacheTensor(base[i], PAGE + 64) for i in range(LAYERS)]
+    refs = [[vllm_base.CanonicalKVCacheRef(i, PAGE) for i in range(LAYERS)]]  # padding not copied
+    worker = spec.get_worker(vllm_base.CanonicalKVCaches(tensors, refs))
+    ref = base.clone()
+    src = vllm_base.GPULoadStoreSpec([4, 7, 1], group_sizes=[3], block_indices=[0])
+    assert worker.submit_store(1, src, HostChunksSpec([10, 0, 5]))
+    base[:, :, :PAGE].random_(-128, 127, generator=gen)
+    after = base.clone()
+    dst = vllm_base.GPULoadStoreSpec([0, 2, 3], group_sizes=[3], block_indices=[0])
+    assert worker.submit_load(2, HostChunksSpec([10, 0, 5]), dst)
+    results = worker.get_finished()
+    assert [(r.job_id, r.success, r.transfer_size) for r in results] == \
+        [(1, True, 3 * LAYERS * PAGE), (2, True, 3 * LAYERS * PAGE)]
+    for d, s in zip([0, 2, 3], [4, 7, 1]):
+        assert torch.equal(base[:, d, :PAGE], ref[:, s, :PAGE])
+    untouched = [b for b in range(BLOCKS) if b not in (0, 2, 3)]
+    assert torch.equal(base[:, untouched], after[:, untouched])
+    assert torch.equal(base[:, :, PAGE:], ref[:, :, PAGE:])  # padding bytes never written
+    # a bad chunk id fails its job instead of raising into vLLM
+    assert worker.submit_load(3, HostChunksSpec([99]), vllm_base.GPULoadStoreSpec([5], [1], [0]))
+    assert [(r.job_id, r.success) for r in worker.get_finished()] == [(3, False)]
+    with pytest.raises(TypeError, match="dst_spec: must be a HostChunksSpec"):
+        worker.submit_store(4, src, vllm_base.GPULoadStoreSpec([1], [1], [0]))
+    worker.shutdown()
+    assert np.isclose(worker.mover.stats()["h2d"]["bytes"]["kv"], 3 * LAYERS * PAGE)
