@@ -38,7 +38,7 @@ the tiers as one mechanism: `hicache.radix.tiers`; storage: `hicache.radix.stora
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -51,9 +51,11 @@ from hicache.radix.match import MatchMixin
 from hicache.radix.node import EMPTY_SLOTS, TreeNode, new_root
 from hicache.radix.prefetch import PrefetchMixin
 from hicache.radix.storage import StorageMixin
-from hicache.radix.store import TierStore, open_store
 from hicache.radix.tiers import Tier, is_device_leaf, is_host_leaf
 from hicache.radix.transfers import TransferMixin
+
+if TYPE_CHECKING:
+    from hicache.radix.store import TierStore
 
 
 class HiRadixCache(MatchMixin, InsertMixin, EvictionMixin, SnapshotMixin, TransferMixin, StorageMixin,
@@ -97,8 +99,11 @@ class HiRadixCache(MatchMixin, InsertMixin, EvictionMixin, SnapshotMixin, Transf
         self.counters: Counter = Counter()
         self._page_marks = np.zeros(self.device_pool.allocator.num_pages, np.bool_)  # scratch of insert
         self._init_transfers()
-        if storage == "config":
-            storage = open_store(cache) if self.host_enabled else None
+        if storage == "config":  # the storage layer is imported only when a store is configured
+            storage = None
+            if self.host_enabled and cache.config.storage_backend != "none":
+                from hicache.radix.store import open_store
+                storage = open_store(cache)
         self._init_storage(storage)
 
     # ---- write policies ----------------------------------------------------------

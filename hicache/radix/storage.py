@@ -24,12 +24,16 @@ miss; the backends count it and log it once, and the tree serves from device and
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
+from hicache.radix.jobs import WRITE, StoreJob
 from hicache.radix.node import TreeNode, page_key
 from hicache.radix.prefetch import Prefetch
-from hicache.radix.store import WRITE, StoreJob, TierStore
+
+if TYPE_CHECKING:
+    from hicache.radix.store import TierStore
 
 
 class StorageMixin:

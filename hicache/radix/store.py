@@ -21,73 +21,15 @@ layers, rank...), so pools, models and ranks never read each other's objects.
 """
 from __future__ import annotations
 
-import threading
-import time
-from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from hicache.config import HiCacheConfig
+from hicache.radix.jobs import LOOKUP, READ, WRITE, BusyClock, StoreJob
 from hicache.radix.pins import HostPins
-from hicache.storage import (IOResult, StorageBackend, StorageIO, StorageNamespace, StorageOp, make_storage,
-                             page_hashes, page_view)
-
-LOOKUP, READ, WRITE = "lookup", "read", "write"
-
-
-@dataclass(slots=True, eq=False)
-class StoreJob:
-    """Operations of one lookup, read or write, finished when every one has a result.
-
-    Attributes:
-        kind: ``"lookup"``, ``"read"`` or ``"write"``.
-        ops: the `StorageOp` of each pool (lookup: ``"history"`` and ``"state"``).
-        owner: the tree's record this job belongs to.
-        results: each op's `IOResult` once polled.
-        pins: host pages a write pinned, per own-indexed pool (`HostPins`).
-    """
-
-    kind: str
-    ops: dict[str, StorageOp]
-    owner: Any
-    results: dict[str, IOResult] = field(default_factory=dict)
-    pins: dict[str, np.ndarray] = field(default_factory=dict)
-
-    @property
-    def done(self) -> bool:
-        return len(self.results) == len(self.ops)
-
-    @property
-    def stopped(self) -> bool:
-        """Whether a cancel or a deadline ended some operation early."""
-        return any(r.stopped for r in self.results.values())
-
-    def cancel(self) -> None:
-        for op in self.ops.values():
-            op.cancel()
-
-
-class BusyClock:
-    """Seconds during which at least one operation was outstanding (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._outstanding, self._since, self.seconds = 0, 0.0, 0.0
-
-    def start(self) -> None:
-        with self._lock:
-            if self._outstanding == 0:
-                self._since = time.perf_counter()
-            self._outstanding += 1
-
-    def stop(self) -> None:
-        with self._lock:
-            self._outstanding -= 1
-            if self._outstanding == 0:
-                self.seconds += time.perf_counter() - self._since
-
+from hicache.storage import StorageBackend, StorageIO, StorageNamespace, make_storage, page_hashes, page_view
 
 class TierStore:
     """The storage tier of one cache: a backend per data pool, I/O threads, pins (scheduler thread).

@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from hicache.radix import HiRadixCache
-from hicache.radix.store import TierStore
 from hicache.radix.node import EMPTY_SLOTS
 from hicache.replay.content import ContentModel, ReplayMismatch, prefix_hashes, state_seed
 from hicache.replay.workload import BLOCK_TOKENS, Request, request_tokens
+
+if TYPE_CHECKING:
+    from hicache.radix.store import TierStore
 
 
 @dataclass(slots=True)

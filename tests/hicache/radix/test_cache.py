@@ -333,3 +333,12 @@ def test_public_names_of_the_tree_still_resolve():
     import hicache
     import hicache.radix_cache as alias
     assert alias.HiRadixCache is HiRadixCache is hicache.HiRadixCache
+
+
+def test_the_tree_without_a_store_never_loads_the_storage_layer():
+    # the vLLM environment has no xxhash: importing hicache (and the tree) must not need it
+    import subprocess
+    import sys
+    code = ("import sys, hicache, hicache.radix; "
+            "assert not [m for m in sys.modules if m.startswith('hicache.storage') or m == 'xxhash']")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
