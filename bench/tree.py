@@ -31,7 +31,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 from bench import harness  # noqa: E402
 from hicache import HiCacheConfig, build  # noqa: E402
 from hicache.models import mha  # noqa: E402
-from hicache.radix_cache import HiRadixCache  # noqa: E402
+from hicache.radix import HiRadixCache  # noqa: E402
 from host_pools.memory import HostBudget  # noqa: E402
 from transfer_kernels import CopyBackend  # noqa: E402
 

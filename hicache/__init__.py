@@ -4,7 +4,7 @@ from hicache.config import HiCacheConfig, add_hicache_args
 from hicache.controller import Ack, HybridCacheController
 from hicache.device_pool import DevicePool
 from hicache.layer_sync import LayerDoneCounter
-from hicache.radix_cache import HiRadixCache
+from hicache.radix import HiRadixCache
 
 __all__ = [
     "Ack", "DevicePool", "HiCache", "HiCacheConfig", "HiRadixCache", "HybridCacheController",

@@ -9,7 +9,7 @@ from typing import NoReturn
 
 from hicache.integrations.vllm.serve import add_serve_args, run_serve
 from hicache.plan import add_plan_args, run_plan
-from hicache.replay import add_replay_args, run_replay
+from hicache.replay.cli import add_replay_args, run_replay
 
 
 class OneLineParser(argparse.ArgumentParser):

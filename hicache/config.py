@@ -174,11 +174,13 @@ def add_hicache_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                    help="GiB of host memory left free (default min(10, 10%% of RAM))")
     g.add_argument("--hicache-max-copy-programs", dest="max_copy_programs", type=int,
                    default=d.max_copy_programs, help="Triton copy grid bound (SM budget)")
-    _add_storage_args(parser.add_argument_group("hierarchical cache: storage tier"), d)
+    add_storage_args(parser.add_argument_group("hierarchical cache: storage tier"))
     return parser
 
 
-def _add_storage_args(g: argparse._ArgumentGroup, d: HiCacheConfig) -> None:
+def add_storage_args(g: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Add the ``--hicache-storage-*`` flags (server defaults) to a parser or group (`hicache replay` uses them too)."""
+    d = HiCacheConfig()
     g.add_argument("--hicache-storage-backend", dest="storage_backend", default=d.storage_backend,
                    help=f"third tier below host memory, one of {', '.join(STORAGE_BACKENDS)}")
     g.add_argument("--hicache-storage-dir", dest="storage_dir", default=d.storage_dir,

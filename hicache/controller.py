@@ -169,6 +169,31 @@ class HybridCacheController:
             raise
         return self._enqueue(Op(-1, "h2d", src, dst))
 
+    def mark_host_written(self, host_indices: Any, extra: Mapping[str, Any] | None = None) -> None:
+        """Declare host slots that were filled outside the controller loadable.
+
+        For host pages whose bytes came from elsewhere (the storage tier reads pages
+        straight into host slots): the caller allocated the slots from the host pools and
+        wrote every data pool rooted at them. Afterwards ``load`` accepts them, exactly as
+        after an acked ``write``, until they are freed.
+
+        Args:
+            host_indices: anchor host slots (whole pages; empty when only ``extra`` is given).
+            extra: host slots of other own-indexed pools, e.g. ``{"swa": slots}``.
+        Raises:
+            ValueError: bad slots or pool names, or slots that are not allocated (nothing changes).
+            RuntimeError: the controller is closed.
+        """
+        self._check_open()
+        src = edge_slots(self.stack, host_indices, extra, "host_indices")
+        stamps = {}
+        for name, slots in src.items():
+            alloc = self.host_group.pools[name].allocator
+            pages = check_owned(alloc, slots, _label("host_indices", name), "never handed out, or freed")
+            stamps[name] = (pages, alloc.generations(pages))
+        for name, (pages, gens) in stamps.items():  # all checked first: all or nothing
+            self._host_stamp[name][pages] = gens
+
     def _check_loadable(self, name: str, slots: torch.Tensor) -> None:
         pool = self.host_group.pools[name]
         what = _label("host_indices", name)

@@ -31,6 +31,7 @@ from hicache.storage.base import StorageBackend
 
 class IOKind(enum.Enum):
     QUERY = "query"  # batch_exists: leading run present
+    PRESENCE = "presence"  # each key checked alone: which are present (state snapshots)
     PREFETCH = "prefetch"  # batch_get into host buffers
     BACKUP = "backup"  # batch_set from host buffers
 
@@ -41,9 +42,9 @@ class IOResult(NamedTuple):
     Attributes:
         op_id: the id `StorageOp.op_id` had.
         kind: query, prefetch or backup.
-        ok: per page: moved and verified (empty for a query).
-        hit_pages: query: leading run present; prefetch: leading run read (the usable
-            prefix); backup: pages stored.
+        ok: per page: moved and verified; presence: present (empty for a query).
+        hit_pages: query: leading run present; presence: keys present; prefetch: leading
+            run read (the usable prefix); backup: pages stored.
         stopped: ended early by cancel, deadline or close (``ok`` says how far it got).
         error: an unexpected exception's text (a bug, not a store fault), else ``None``.
     """
@@ -115,6 +116,18 @@ class StorageIO:
         backend.check_args("exists", keys)
         return self._submit(IOKind.QUERY, backend, list(keys), [], None)
 
+    def presence(self, backend: StorageBackend, keys: Sequence[str]) -> StorageOp:
+        """Submit a presence check of each key on its own (not a leading run).
+
+        The result's ``ok[i]`` says whether key i is present, ``hit_pages`` how many are.
+        Keys are checked in chunks; a cancel stops between chunks (the rest report ``False``).
+
+        Raises:
+            ValueError / TypeError: malformed keys (raised here, nothing is submitted).
+        """
+        backend.check_args("exists", keys)
+        return self._submit(IOKind.PRESENCE, backend, list(keys), [], None)
+
     def prefetch(self, backend: StorageBackend, keys: Sequence[str], pages: Sequence[torch.Tensor],
                  timeout_s: float | None = None) -> StorageOp:
         """Submit `batch_get` into ``pages``; stops at the first page not read, or at the deadline.
@@ -185,7 +198,10 @@ class StorageIO:
                 stopped = True
                 break
             end = start + self.chunk_pages
-            part = backend.run("get" if op.kind is IOKind.PREFETCH else "set", keys[start:end], pages[start:end])
+            if op.kind is IOKind.PRESENCE:
+                part = [backend.run_exists([k]) == 1 for k in keys[start:end]]
+            else:
+                part = backend.run("get" if op.kind is IOKind.PREFETCH else "set", keys[start:end], pages[start:end])
             ok.extend(part)
             if op.kind is IOKind.PREFETCH and not all(part):
                 break  # only the leading run is usable; later pages would be wasted reads

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import hicache.replay as replay_mod
+import hicache.replay.cli as replay_mod
 from hicache.cli import main
-from hicache.replay_run import RunStats
+from hicache.replay.run import RunStats
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--no-progress", "--max-requests", "3", "--device-tokens", "4096", "--layers", "1", "--hicache-ratio", "2"]
@@ -125,7 +125,7 @@ def test_ctrl_c_prints_the_finished_runs_and_one_line(monkeypatch, capsys, as_js
     if as_json:
         assert [r["hit_rate"] for r in json.loads(out.out)["runs"]] == [0.25]
     else:
-        assert out.out.splitlines()[-1].split()[:2] == ["0", "0.250"]
+        assert out.out.splitlines()[3].split()[:2] == ["0", "0.250"]  # title, head, rule, the run
     assert out.err.strip() == "hicache replay: interrupted (Ctrl-C) after 1 of 4 runs; the rows above are the finished runs"
 
 
@@ -151,7 +151,7 @@ def test_sigint_during_a_replay_ends_it_with_the_finished_rows():
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted (Ctrl-C) after 1 of 2 runs" in err
-    assert out.splitlines()[-1].split()[0] == "0"  # the baseline row
+    assert out.splitlines()[3].split()[0] == "0"  # title, head, rule, the baseline row
 
 
 @pytest.mark.gpu

@@ -195,3 +195,43 @@ def test_close_fails_queued_ops_and_refuses_more(gen):
                  lambda: ctrl.load(torch.arange(256))):
         with pytest.raises(RuntimeError, match="closed"):
             call()
+
+
+def test_host_pages_written_elsewhere_load_once_marked(gen):
+    # The storage tier reads pages straight into host slots: the controller did not write
+    # them, so they load only after mark_host_written, and then byte for byte.
+    cache = make("dsv4")
+    fill_random(cache, gen)
+    ctrl, host = cache.controller, cache.host_group.pools
+    kv_host, swa_host = host["kv"].alloc(2 * 256), host["swa"].alloc(128)
+    own = {"kv": kv_host, "swa": swa_host}
+    for name, rows in cache.stack.derive_rows(own).items():  # "read from storage": random bytes
+        for layer in range(cache.stack.pool(name).num_layers):
+            view = host[name].buffer[rows, layer] if host[name].layout == "page_first" else host[name].buffer[layer, rows]
+            view.copy_(torch.randint(0, 256, view.shape, dtype=torch.uint8, generator=gen))
+    with pytest.raises(ValueError, match="never written"):
+        ctrl.load(kv_host, {"swa": swa_host})
+    # 1. refused when a slot is not allocated: nothing is marked
+    stray = host["kv"].alloc(256)
+    host["kv"].free(stray)
+    with pytest.raises(ValueError, match=r"host_indices \(pool 'kv'\): slots that are not allocated"):
+        ctrl.mark_host_written(torch.cat([kv_host, stray]), {"swa": swa_host})
+    with pytest.raises(ValueError, match="never written"):
+        ctrl.load(kv_host, {"swa": swa_host})
+    # 2. marked: the load moves exactly those bytes into every data pool
+    ctrl.mark_host_written(kv_host, {"swa": swa_host})
+    dev = ctrl.load(kv_host, {"swa": swa_host})
+    ctrl.start_loading()
+    assert [a.success for a in ctrl.poll()] == [True]
+    for name, rows in cache.stack.derive_rows(own).items():
+        dev_rows = cache.stack.derive_rows({k: dev[k] for k in own})[name]
+        for layer, views in enumerate(cache.device_pools[name].row_views()):
+            got = torch.cat([v.index_select(0, dev_rows).reshape(len(dev_rows), -1) for v in views], dim=1)
+            want = (host[name].buffer[rows, layer] if host[name].layout == "page_first"
+                    else host[name].buffer[layer, rows])
+            assert torch.equal(got, want), name
+    # 3. freed and allocated again: stale, refused like any stale host page
+    host["kv"].free(kv_host)
+    assert torch.equal(host["kv"].alloc(kv_host.numel()), kv_host)
+    with pytest.raises(ValueError, match="allocated again"):
+        ctrl.load(kv_host, {"swa": swa_host})

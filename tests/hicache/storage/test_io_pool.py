@@ -62,6 +62,21 @@ def test_backup_query_prefetch_round_trip(tmp_path, gen, io):
     backend.close()
 
 
+def test_presence_checks_each_key_alone(tmp_path, gen, io):
+    # snapshots sit at scattered boundaries: which keys are present, not a leading run
+    backend = FileBackend(NS, tmp_path)
+    src = random_pool(llama(1), "kv", 5, gen)
+    keys = keys_for(5, 64)
+    stored = [1, 3, 4]
+    assert backend.batch_set([keys[i] for i in stored], [pages_of(src, NS, 1, i)[0] for i in stored]) == [True] * 3
+    res = io.presence(backend, keys).result(10)
+    assert (res.kind, res.ok, res.hit_pages, res.stopped) == (IOKind.PRESENCE, [False, True, False, True, True], 3, False)
+    assert io.query(backend, keys).result(10).hit_pages == 0  # the leading run is empty
+    with pytest.raises(ValueError, match=r"keys\[0\]"):
+        io.presence(backend, ["not a hash"])
+    backend.close()
+
+
 def test_prefetch_stops_at_the_first_miss(tmp_path, gen, io):
     backend = FileBackend(NS, tmp_path)
     src = random_pool(llama(1), "kv", 8, gen)

@@ -59,6 +59,9 @@ class TreeNode:
         last_access: logical clock of the last match or insert touching it (LRU).
         pending: op id of the transfer in flight on this node, or ``None``.
         dead: removed from the tree (stale entries in eviction candidate sets check it).
+        hashes: page hashes of the node's pages (storage keys), computed when first needed.
+        stored / state_stored: the history / the snapshot is known to be in storage (the
+            tree wrote or read it; the store may have dropped it since).
     """
 
     tokens: np.ndarray
@@ -74,6 +77,9 @@ class TreeNode:
     last_access: int = 0
     pending: int | None = None
     dead: bool = False
+    hashes: list | None = None
+    stored: bool = False
+    state_stored: bool = False
     id: int = field(default_factory=lambda: next(_ids))
 
     @property

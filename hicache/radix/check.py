@@ -1,13 +1,15 @@
 """`check_tree`: every invariant of a `HiRadixCache`, checked from scratch.
 
     structure   each child is filed under its first page; lengths are whole pages; ``end``
-                adds up; lock counts never exceed the parent's; no dead node is reachable
+                adds up; lock counts never exceed the parent's; no dead node is reachable;
+                cached page hashes are one per page
     tiers       each node has history on some tier; device history implies the parent's;
                 a snapshot on a tier implies the history there; under write-through
                 policies host history implies the parent's (backed-up nodes are a prefix)
     slots       per pool and tier: free + cached + locked + in flight = total, no slot is
                 held twice, and every held slot is allocated in its allocator (an op of a
-                rolled-back batch whose failed ack is not polled yet holds nothing)
+                rolled-back batch whose failed ack is not polled yet holds nothing; in
+                flight on the host: prefetches' slots and freed pages a storage write reads)
     candidates  every evictable leaf and snapshot is in the set eviction draws from
 """
 from __future__ import annotations
@@ -37,14 +39,16 @@ def _check_structure(tree, node) -> None:
         _fail(f"{node!r} is dead or not filed under its first page in its parent")
     if node.num_tokens == 0 or node.num_tokens % ps or node.end != parent.end + node.num_tokens:
         _fail(f"{node!r}: length not whole pages of {ps} or end != parent.end + length ({parent.end})")
-    for tier in ("device", "host"):
-        slots = getattr(node, tier)
+    for tier in tree.tiers:
+        slots = tier.slots(node)
         if slots is not None and slots.numel() != node.num_tokens:
-            _fail(f"{node!r}: {tier} has {slots.numel()} slots for {node.num_tokens} tokens")
+            _fail(f"{node!r}: {tier.name} has {slots.numel()} slots for {node.num_tokens} tokens")
     if node.lock_ref < 0 or (not parent.is_root and parent.lock_ref < node.lock_ref):
         _fail(f"{node!r}: lock_ref {node.lock_ref} negative or above the parent's {parent.lock_ref}")
     if node.pending is not None and node.pending not in tree._pending:
         _fail(f"{node!r}: pending op {node.pending} unknown to the tree")
+    if node.hashes is not None and len(node.hashes) * ps != node.num_tokens:
+        _fail(f"{node!r}: {len(node.hashes)} page hashes for {node.num_tokens} tokens")
 
 
 def _check_tiers(tree, node) -> None:
@@ -63,14 +67,11 @@ def _check_tiers(tree, node) -> None:
 
 
 def _check_candidates(tree, node) -> None:
-    if node.device is not None and not node.has_device_child() and node not in tree._dev_leaves:
-        _fail(f"device leaf {node!r} missing from the eviction candidates")
-    if node.device is None and node.host is not None and not node.children and node not in tree._host_leaves:
-        _fail(f"host leaf {node!r} missing from the host eviction candidates")
-    if node.state_device and node not in tree._dev_states:
-        _fail(f"{node!r}: device snapshot missing from its candidate set")
-    if node.state_host and node not in tree._host_states:
-        _fail(f"{node!r}: host snapshot missing from its candidate set")
+    for tier in tree.tiers:
+        if tier.is_leaf(node) and node not in tier.leaves:
+            _fail(f"{tier.name} leaf {node!r} missing from the {tier.name} eviction candidates")
+        if tier.snapshot(node) and node not in tier.states:
+            _fail(f"{node!r}: {tier.name} snapshot missing from its candidate set")
 
 
 def _held_slots(tree, nodes) -> dict:
@@ -78,12 +79,12 @@ def _held_slots(tree, nodes) -> dict:
     held = defaultdict(lambda: defaultdict(list))
     for node in nodes:
         kind = "cached" if node.evictable else "locked"
-        for tier, slots, snap in (("device", node.device, node.state_device),
-                                  ("host", node.host, node.state_host)):
+        for tier in tree.tiers:
+            slots = tier.slots(node)
             if slots is not None:
-                held[(tier, tree.anchor)][kind].append(slots)
-            for name, s in (snap or {}).items():
-                held[(tier, name)][kind].append(s)
+                held[(tier.name, tree.anchor)][kind].append(slots)
+            for name, s in (tier.snapshot(node) or {}).items():
+                held[(tier.name, name)][kind].append(s)
     rolled_back = tree.ctrl.rolled_back_ops()  # their destination slots are free again
     for op, rec in tree._pending.items():
         if op in rolled_back:  # the controller already freed its destination slots
@@ -91,23 +92,28 @@ def _held_slots(tree, nodes) -> dict:
         tier = "host" if rec.kind == "backup" else "device"
         for name, s in rec.dst.items():
             held[(tier, name)]["in_flight"].append(s)
+    if tree.storage is not None:  # prefetches' host slots, and freed pages a write still reads
+        for p in tree._prefetches:
+            for name, s in [(tree.anchor, p.host), *(p.snap or {}).items()]:
+                held[("host", name)]["in_flight"].append(s)
+        for name, s in tree.storage.deferred_slots().items():
+            held[("host", name)]["in_flight"].append(s)
     return held
 
 
 def _check_slots(tree, nodes) -> None:
     held = _held_slots(tree, nodes)
-    pools = {"device": tree.cache.device_pools, "host": tree.cache.host_group.pools}
     for name in [tree.anchor, *tree.state_sizes]:
-        for tier in ("device", "host"):
-            pool, parts = pools[tier][name], held[(tier, name)]
+        for tier in tree.tiers:
+            pool, parts = tier.pools[name], held[(tier.name, name)]
             counts = {k: sum(int(s.numel()) for s in v) for k, v in parts.items()}
             free, total = pool.available(), pool.num_tokens
             if free + sum(counts.values()) != total:
-                _fail(f"{tier} {name}: {free=} + {counts} != {total=}")
+                _fail(f"{tier.name} {name}: {free=} + {counts} != {total=}")
             everything = [s for v in parts.values() for s in v]
             if not everything:
                 continue
-            _check_unique_owned(f"{tier} {name}", torch.cat(everything), pool.allocator)
+            _check_unique_owned(f"{tier.name} {name}", torch.cat(everything), pool.allocator)
 
 
 def _check_unique_owned(what: str, flat: torch.Tensor, allocator) -> None:

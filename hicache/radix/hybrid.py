@@ -39,7 +39,8 @@ from typing import Sequence
 import torch
 
 from host_pools.spec import PoolKind, Stack
-from hicache.radix_node import TreeNode
+from hicache.radix.node import TreeNode
+from hicache.radix.tiers import Tier
 
 
 def snapshot_sizes(stack: Stack) -> dict[str, int]:
@@ -106,25 +107,10 @@ class SnapshotMixin:
         if node.state_device is not None or loading or node.device is None:
             for name, slots in snap.items():
                 if node.state_device is None or not torch.equal(node.state_device[name], slots):
-                    self.cache.device_pools[name].free(slots)
+                    self.device_tier.free(name, slots)
             return False
-        node.state_device = dict(snap)
-        self._dev_states.add(node)
+        self.device_tier.set_snapshot(node, dict(snap))
         return True
-
-    def _free_device_states(self, node: TreeNode) -> None:
-        if node.state_device is not None:
-            for name, slots in node.state_device.items():
-                self.cache.device_pools[name].free(slots)
-            node.state_device = None
-            self._dev_states.discard(node)
-
-    def _free_host_states(self, node: TreeNode) -> None:
-        if node.state_host is not None:
-            for name, slots in node.state_host.items():
-                self.cache.host_group.pools[name].free(slots)
-            node.state_host = None
-            self._host_states.discard(node)
 
     def _first_state_root(self) -> str:
         if not self.state_sizes:
@@ -142,8 +128,7 @@ class SnapshotMixin:
         Raises:
             ValueError: the stack has no state pools.
         """
-        name = self._first_state_root()
-        return self._evict_snapshots(num_slots, self._dev_states, self._free_device_states, name)
+        return self._evict_snapshots(self.device_tier, num_slots)
 
     def evict_host_states(self, num_slots: int) -> int:
         """Free host snapshots (LRU, never of a node in use); the history chain stays.
@@ -151,16 +136,19 @@ class SnapshotMixin:
         Returns:
             Host slots freed in the first state root pool.
         """
-        name = self._first_state_root()
-        return self._evict_snapshots(num_slots, self._host_states, self._free_host_states, name)
+        return self._evict_snapshots(self.host_tier, num_slots)
 
-    def _evict_snapshots(self, num_slots: int, pool: set, free, name: str) -> int:
-        heap = [(n.last_access, n.id, n) for n in pool if n.evictable]
+    def _evict_snapshots(self, tier: Tier, num_slots: int) -> int:
+        """LRU snapshots of ``tier`` go; host ones are written to storage first under its
+        write-back policy (device ones are dropped: their history stays and a later
+        insert brings a new snapshot)."""
+        per = self.state_sizes[self._first_state_root()]
+        heap = [(n.last_access, n.id, n) for n in tier.states if n.evictable]
         heapq.heapify(heap)
-        freed, per = 0, self.state_sizes[name]
-        while heap and freed < num_slots:
-            node = heapq.heappop(heap)[2]
-            free(node)
-            freed += per
-        self.counters["states_evicted"] += freed // per
-        return freed
+        victims = [heapq.heappop(heap)[2] for _ in range(min(len(heap), -(-num_slots // per)))]
+        if tier is self.host_tier and self._writes_back(tier):
+            self._store_now([n for n in victims if not n.state_stored])
+        for node in victims:
+            tier.free_snapshot(node)
+        self.counters["states_evicted"] += len(victims)
+        return len(victims) * per

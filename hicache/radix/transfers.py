@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from hicache.controller import Ack
-from hicache.radix_node import EMPTY_SLOTS, TreeNode
+from hicache.radix.node import EMPTY_SLOTS, TreeNode
+from hicache.radix.tiers import Tier
 
 
 @dataclass(slots=True)
@@ -54,7 +55,7 @@ class TransferMixin:
         """
         anchor = node.device if node.host is None else EMPTY_SLOTS
         state = node.state_device if node.state_host is None else None
-        self._make_host_room(anchor.numel(), state is not None)
+        self._make_room(self.host_tier, anchor.numel(), state is not None)
         dst = self.ctrl.write(anchor, state)
         if dst is None and state is not None and anchor.numel():
             state = None
@@ -68,21 +69,16 @@ class TransferMixin:
         self.counters["backups"] += 1
         return op
 
-    def _make_host_room(self, anchor_tokens: int, with_state: bool) -> None:
-        self._make_room(self.host_pool, self.cache.host_group.pools, self.evict_host,
-                        self.evict_host_states, anchor_tokens, with_state)
-
-    def _make_room(self, anchor_pool, pools, evict, evict_states, anchor_tokens: int,
-                   with_state: bool) -> None:
-        """Evict on one tier until ``anchor_tokens`` (and, with state, one snapshot) fit."""
-        short = anchor_tokens - anchor_pool.available()
+    def _make_room(self, tier: Tier, anchor_tokens: int, with_state: bool) -> None:
+        """Evict on ``tier`` until ``anchor_tokens`` (and, with state, one snapshot) fit."""
+        short = anchor_tokens - tier.anchor.available()
         if short > 0:
-            evict(short)
+            self._evict(tier, short)
         if with_state:
             for name, size in self.state_sizes.items():
-                short = size - pools[name].available()
+                short = size - tier.pools[name].available()
                 if short > 0:
-                    evict_states(short)
+                    self._evict_snapshots(tier, short)
 
     # ---- loads -------------------------------------------------------------------
     def load_back(self, node: TreeNode) -> dict[str, torch.Tensor] | None:
@@ -111,7 +107,7 @@ class TransferMixin:
             return None
         host = torch.cat([n.host for n in chain]) if chain else EMPTY_SLOTS
         self.inc_lock_ref(node)
-        self._make_device_room(host.numel(), need_state)
+        self._make_room(self.device_tier, host.numel(), need_state)
         try:
             dst = self.ctrl.load(host, node.state_host if need_state else None)
         except BaseException:
@@ -135,16 +131,14 @@ class TransferMixin:
             node = node.parent
         return chain[::-1]
 
-    def _make_device_room(self, anchor_tokens: int, with_state: bool) -> None:
-        self._make_room(self.device_pool, self.cache.device_pools, self.evict,
-                        self.evict_states, anchor_tokens, with_state)
-
     # ---- acks --------------------------------------------------------------------
     def poll(self) -> list[Ack]:
         """Process every finished ack of the controller (never blocks).
 
         Acks of this tree's ops publish (or, failed, forget) their slots; acks of ops
-        the tree did not queue are returned untouched. Launching is the caller's:
+        the tree did not queue are returned untouched. With a storage tier, finished
+        storage jobs are taken in too (writes marked, prefetches advanced, deadlines
+        enforced) and the write-through writes of this poll submitted. Launching is the caller's:
         ``controller.start_writing()`` / ``start_loading()``. Mutates the tree.
 
         Returns:
@@ -155,6 +149,8 @@ class TransferMixin:
             rec = self._pending.pop(ack.op_id, None)
             if rec is not None:
                 self._finish(rec, ack)
+        if self.storage is not None:
+            self._poll_storage()
         return acks
 
     def wait(self, ops=None) -> None:
@@ -206,36 +202,35 @@ class TransferMixin:
         if self.policy != "write_back" and slots is not None and top.parent.host is None:
             # The parent's backup failed meanwhile: keep backed-up nodes a prefix from the root.
             for name, s in rec.dst.items():
-                self.cache.host_group.pools[name].free(s)
+                self.host_tier.free(name, s)
             self.counters["backups_discarded"] += 1
             return
-        if slots is not None:
-            self._deal(chain, slots, "host")
+        takers = self._deal(chain, slots, self.host_tier) if slots is not None else []
         if rec.with_state:
-            rec.node.state_host = {name: rec.dst[name] for name in self.state_sizes}
-            self._host_states.add(rec.node)
+            self.host_tier.set_snapshot(rec.node, {name: rec.dst[name] for name in self.state_sizes})
+        if self.storage is not None:
+            self._queue_store(takers, rec.node if rec.with_state else None)
 
     def _publish_load(self, rec: PendingOp, chain: list[TreeNode]) -> None:
         slots = rec.dst.get(self.anchor)
         if slots is not None:
-            for node in self._deal(chain, slots, "device"):
-                self._dev_leaves.add(node)
+            self.device_tier.leaves.update(self._deal(chain, slots, self.device_tier))
         if rec.with_state:
-            rec.node.state_device = {name: rec.dst[name] for name in self.state_sizes}
-            self._dev_states.add(rec.node)
+            self.device_tier.set_snapshot(rec.node, {name: rec.dst[name] for name in self.state_sizes})
 
     @staticmethod
-    def _deal(chain: list[TreeNode], slots: torch.Tensor, tier: str) -> list[TreeNode]:
-        """Hand ``slots`` out top-down to the chain nodes lacking ``tier``; returns them."""
-        takers = [n for n in chain if getattr(n, tier) is None]
+    def _deal(chain: list[TreeNode], slots: torch.Tensor, tier: Tier) -> list[TreeNode]:
+        """Hand ``slots`` out top-down to the chain nodes lacking a copy on ``tier``; returns them."""
+        attr = tier.attr
+        takers = [n for n in chain if getattr(n, attr) is None]
         if len(takers) == 1 and takers[0].num_tokens == slots.numel():  # the common case: no split
-            setattr(takers[0], tier, slots)
+            setattr(takers[0], attr, slots)
             return takers
         total = sum(n.num_tokens for n in takers)
         if total != slots.numel():
             raise RuntimeError(f"ack: {slots.numel()=} slots for {total=} tokens on {takers!r}")
         off = 0
         for n in takers:
-            setattr(n, tier, slots[off:off + n.num_tokens])
+            setattr(n, attr, slots[off:off + n.num_tokens])
             off += n.num_tokens
         return takers

@@ -10,12 +10,12 @@ from hicache import HiCacheConfig, build
 from hicache.cli import main
 from hicache.models import preset
 from hicache.replay import JSON_KEYS
-from hicache.replay_content import ReplayMismatch
-from hicache.replay_run import Replayer
-from hicache.replay_workload import chat_workload, parse_line
+from hicache.replay.content import ReplayMismatch
+from hicache.replay.run import Replayer
+from hicache.replay.workload import chat_workload, parse_line
 from host_pools.memory import HostBudget
 
-TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "mooncake_synthetic_trace.jsonl"
+TRACE = Path(__file__).resolve().parents[4] / "shared" / "data" / "mooncake_synthetic_trace.jsonl"
 BIG = HostBudget(1 << 40, None, 0, 1, 1 << 40)
 GOOD = '{"timestamp": 0, "input_length": 700, "output_length": 5, "hash_ids": [1, 2]}'
 
@@ -87,7 +87,7 @@ def test_corrupted_host_copy_is_caught():
 
 
 def test_mismatch_exits_nonzero_with_a_clear_message(monkeypatch, capsys):
-    import hicache.replay as replay_mod
+    import hicache.replay.cli as replay_mod
 
     def broken(*args, **kwargs):
         raise ReplayMismatch("request 7: loaded tokens [0, 64): pool 'kv' layer 0 buffer 'kv': unit 0 ...")

@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hicache.models import deepseek_v4, mha
-from hicache.replay_content import ContentModel, prefix_hashes, state_seed
-from tests.hicache.test_radix_cache import POLICIES, assert_same, fill_random, make, seq, snapshot
+from hicache.replay.content import ContentModel, prefix_hashes, state_seed
+from tests.hicache.radix.test_cache import POLICIES, assert_same, fill_random, make, seq, snapshot
 
 PS = 256  # DeepSeek-V4 page
 SNAP = 128  # one swa row: the 128-token window

@@ -6,8 +6,12 @@ hit rates (fractions of prompt tokens served from cache), tokens recomputed, pag
 bytes moved each way, transfer GB/s (time from launch to completion) and the peak host
 bytes in use; ``--plot FILE`` also draws hit rate vs ratio (needs matplotlib).
 
-Every page brought back from the host (and every device hit) is checked byte for byte
-against what its prefix must hold (`hicache.replay_content`); the first mismatch stops
+With ``--hicache-storage-backend file|mooncake`` every run with a host tier also has the
+storage tier (`hicache.replay.storage`): storage hit rate, bytes read and written and
+storage GB/s join the table and the JSON, and a second replay starts warm.
+
+Every page brought back from the host or storage (and every device hit) is checked byte for byte
+against what its prefix must hold (`hicache.replay.content`); the first mismatch stops
 the run with exit status 1. Every flag is checked before the first run (errors name the
 flag, exit status 2); Ctrl-C prints the runs finished so far and exits with 130.
 """
@@ -24,14 +28,15 @@ import torch
 
 from hicache.build import build
 from hicache.cli_checks import check_device_tokens, check_fits_device, parse_device, stack_from_flags
-from hicache.config import IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES, HiCacheConfig
-from hicache.replay_content import ReplayMismatch
-from hicache.replay_run import Replayer, RunStats
-from hicache.replay_workload import Request, chat_workload, load_trace
+from hicache.config import IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES, HiCacheConfig, add_storage_args
+from hicache.replay.content import ReplayMismatch
+from hicache.replay.report import format_table, json_row, plot
+from hicache.replay.run import Replayer, RunStats
+from hicache.replay.storage import (default_storage_dir, fill_storage_defaults, open_run_store, probe_storage,
+                                    storage_config)
+from hicache.replay.workload import Request, chat_workload, load_trace
 from hicache.sizing import plan_sizes
 
-JSON_KEYS = ("hicache_ratio", "hit_rate", "device_hit_rate", "host_hit_rate", "tokens_total",
-             "tokens_recomputed", "bytes_h2d", "bytes_d2h", "mismatches")
 
 
 def _ratios(text: str) -> list[float]:
@@ -67,6 +72,8 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
                    help="also write a PNG of hit rate vs ratio to FILE (needs matplotlib; default: no plot)")
     p.add_argument("--json", action="store_true", help="print only the JSON results")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_storage_args(p.add_argument_group("storage tier (every run with a host tier; the file store "
+                                          f"defaults to {default_storage_dir()})"))
 
 
 def _workload(args: argparse.Namespace) -> list[Request]:
@@ -80,38 +87,50 @@ def _workload(args: argparse.Namespace) -> list[Request]:
 
 def _config(args: argparse.Namespace, ratio: float) -> HiCacheConfig:
     # ratio 0 = device-only baseline: a ratio so small that every host pool has 0 rows
-    return HiCacheConfig(hicache_ratio=ratio if ratio > 0 else 1e-12, write_policy=args.write_policy,
-                         io_backend=args.io_backend, mem_layout=args.mem_layout,
-                         swa_full_tokens_ratio=args.swa_full_tokens_ratio)
+    config = HiCacheConfig(hicache_ratio=ratio if ratio > 0 else 1e-12, write_policy=args.write_policy,
+                           io_backend=args.io_backend, mem_layout=args.mem_layout,
+                           swa_full_tokens_ratio=args.swa_full_tokens_ratio)
+    return storage_config(config, args, ratio)
 
 
 class Progress:
     """A one-line progress bar on stderr, redrawn about 50 times per run.
 
     On a terminal the line is redrawn in place; in a log (stderr not a TTY) only the
-    finished line is written, so CI logs get one line per run instead of fifty.
+    finished line is written, so CI logs get one line per run instead of fifty. The
+    finished line comes from `finish`, once the run's results are kept (so a Ctrl-C
+    after it never loses that run).
     """
 
     def __init__(self, total: int, label: str, enabled: bool) -> None:
         self.total, self.label, self.enabled = total, label, enabled
-        self.step = max(1, total // 50) if sys.stderr.isatty() else max(1, total)
+        self.step = max(1, total // 50) if sys.stderr.isatty() else 0
 
     def __call__(self, done: int) -> None:
-        if self.enabled and (done % self.step == 0 or done == self.total):
-            bar = "#" * (30 * done // self.total)
-            print(f"\r{self.label:<14} [{bar:<30}] {done}/{self.total}", end="", file=sys.stderr, flush=True)
-            if done == self.total:
-                print(file=sys.stderr)
+        if self.enabled and self.step and done % self.step == 0 and done < self.total:
+            self._draw(done)
+
+    def finish(self) -> None:
+        if self.enabled:
+            self._draw(self.total)
+            print(file=sys.stderr, flush=True)
+
+    def _draw(self, done: int) -> None:
+        bar = "#" * (30 * done // max(self.total, 1))
+        print(f"\r{self.label:<14} [{bar:<30}] {done}/{self.total}", end="", file=sys.stderr, flush=True)
 
 
 def replay_one(args: argparse.Namespace, stack, requests: list[Request], ratio: float,
-               device_tokens: int, device: torch.device) -> RunStats:
-    """Build a fresh cache for ``ratio`` (0 = no host tier) and replay ``requests`` on it."""
+               device_tokens: int, device: torch.device, progress: Progress | None = None) -> RunStats:
+    """Build a fresh cache for ``ratio`` (0 = no host tier, no storage tier) and replay
+    ``requests`` on it."""
     cache = build(stack, device_tokens, _config(args, ratio), device=device)
     try:
-        label = "device only" if ratio == 0 else f"ratio {ratio:g}"
-        progress = Progress(len(requests), label, not args.no_progress)
-        return Replayer(cache, ratio).run(requests, progress)
+        replayer = Replayer(cache, ratio, storage=open_run_store(cache, ratio))
+        try:
+            return replayer.run(requests, progress)
+        finally:
+            replayer.close()
     finally:
         cache.close()
 
@@ -143,51 +162,6 @@ def _plot_path(text: str | None) -> Path | None:
     return path
 
 
-def _row(st: RunStats) -> dict:
-    total = max(st.tokens_total, 1)
-    return {"hicache_ratio": st.hicache_ratio, "hit_rate": (st.device_hit_tokens + st.host_hit_tokens) / total,
-            "device_hit_rate": st.device_hit_tokens / total, "host_hit_rate": st.host_hit_tokens / total,
-            "tokens_total": st.tokens_total, "tokens_recomputed": st.tokens_recomputed,
-            "bytes_h2d": st.bytes_h2d, "bytes_d2h": st.bytes_d2h, "mismatches": st.mismatches}
-
-
-def format_table(stack, runs: list[RunStats], device: torch.device | str = "cpu") -> str:
-    head = (f"{'ratio':>6}{'hit':>8}{'device':>8}{'host':>8}{'recomputed':>12}{'pages h2d':>11}{'pages d2h':>11}"
-            f"{'GB h2d':>9}{'GB d2h':>9}{'h2d GB/s':>10}{'d2h GB/s':>10}{'peak host GB':>14}{'wall s':>8}")
-    lines = [f"model {stack.model}, page {stack.page_size} tokens, {torch.device(device).type} replay "
-             "(transfer GB/s: launch to completion)", head, "-" * len(head)]
-    for st in runs:
-        r = _row(st)
-        h2d = st.bytes_h2d / st.seconds_h2d / 1e9 if st.seconds_h2d else 0.0
-        d2h = st.bytes_d2h / st.seconds_d2h / 1e9 if st.seconds_d2h else 0.0
-        lines.append(f"{st.hicache_ratio:>6g}{r['hit_rate']:>8.3f}{r['device_hit_rate']:>8.3f}{r['host_hit_rate']:>8.3f}"
-                     f"{st.tokens_recomputed:>12,}{st.pages_h2d:>11,}{st.pages_d2h:>11,}{st.bytes_h2d / 1e9:>9.3f}"
-                     f"{st.bytes_d2h / 1e9:>9.3f}{h2d:>10.2f}{d2h:>10.2f}{st.peak_host_bytes / 1e9:>14.3f}"
-                     f"{st.wall_s:>8.1f}")
-    return "\n".join(lines)
-
-
-def plot(runs: list[RunStats], path: str, title: str = "") -> None:
-    """Hit rates vs ratio (the baseline at 0) as a PNG."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    rows = [_row(st) for st in runs]
-    x = [r["hicache_ratio"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("hit_rate", "total"), ("device_hit_rate", "device"), ("host_hit_rate", "host")):
-        ax.plot(x, [r[key] for r in rows], marker="o", label=label)
-    ax.set_xlabel("--hicache-ratio (0 = device only)")
-    ax.set_ylabel("fraction of prompt tokens served from cache")
-    ax.set_ylim(0, 1)
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-
-
 def run_replay(args: argparse.Namespace) -> int:
     """The ``replay`` subcommand. ValueError (bad flags, bad trace lines) goes to the CLI."""
     if args.threads < 1:
@@ -208,32 +182,38 @@ def _run(args: argparse.Namespace) -> int:
                                         else (1 << 20 if args.trace else 32768), stack)
     plot_path = _plot_path(args.plot)
     requests = _workload(args)  # every trace line is checked before anything replays
+    fill_storage_defaults(args)
     _check_sizes(args, stack, device_tokens, device)  # bad flag values fail before the first run
+    storage = probe_storage(args, stack, _config(args, 0.0))
     runs: list[RunStats] = []
     ratios = [0.0, *args.hicache_ratio]
     try:
         for ratio in ratios:
-            runs.append(replay_one(args, stack, requests, ratio, device_tokens, device))
+            label = "device only" if ratio == 0 else f"ratio {ratio:g}"
+            progress = Progress(len(requests), label, not args.no_progress)
+            runs.append(replay_one(args, stack, requests, ratio, device_tokens, device, progress))
+            progress.finish()
     except ReplayMismatch as exc:
         print(f"hicache replay: MISMATCH: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C: what finished is still worth printing
-        _print_runs(args, stack, runs, device)
+        _print_runs(args, stack, runs, device, storage)
         print(f"{_line_break()}hicache replay: interrupted (Ctrl-C) after {len(runs)} of {len(ratios)} runs; "
               f"{'the rows above are the finished runs' if runs else 'no run finished'}", file=sys.stderr)
         return 130
-    _print_runs(args, stack, runs, device)
+    _print_runs(args, stack, runs, device, storage)
     if plot_path is None:
         return 0
     return _write_plot(runs, plot_path, f"{stack.model}, {len(requests)} requests, {args.write_policy} "
                                         f"({device.type} replay)", args.json)
 
 
-def _print_runs(args: argparse.Namespace, stack, runs: list[RunStats], device: torch.device) -> None:
+def _print_runs(args: argparse.Namespace, stack, runs: list[RunStats], device: torch.device,
+                storage: str = "") -> None:
     if args.json:
-        print(json.dumps({"runs": [_row(st) for st in runs]}))
+        print(json.dumps({"runs": [json_row(st) for st in runs]}))
     elif runs:
-        print(format_table(stack, runs, device))
+        print(format_table(stack, runs, device, storage))
 
 
 def _line_break() -> str:

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from hicache import HiCacheConfig, build
 from hicache.models import mha, mla
-from hicache.radix_cache import HiRadixCache
-from hicache.replay_content import ContentModel, prefix_hashes
+from hicache.radix import HiRadixCache
+from hicache.replay.content import ContentModel, prefix_hashes
 from host_pools.memory import HostBudget
 from transfer_kernels import FaultyBackend
 
@@ -327,3 +327,18 @@ def test_random_operations_keep_every_invariant(policy, ops):
             tree.wait()
             tree.dec_lock_ref(m.last_host_node)
         tree.check_integrity()
+
+
+def test_public_names_of_the_tree_still_resolve():
+    import hicache
+    import hicache.radix_cache as alias
+    assert alias.HiRadixCache is HiRadixCache is hicache.HiRadixCache
+
+
+def test_the_tree_without_a_store_never_loads_the_storage_layer():
+    # the vLLM environment has no xxhash: importing hicache (and the tree) must not need it
+    import subprocess
+    import sys
+    code = ("import sys, hicache, hicache.radix; "
+            "assert not [m for m in sys.modules if m.startswith('hicache.storage') or m == 'xxhash']")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0

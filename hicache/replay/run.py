@@ -3,10 +3,14 @@
 Simulated server loop per request (requests finish at once; output tokens are only
 counted, or, in the chat workload, part of the next turn's prompt):
 
-    match_prefix -> lock the match end -> load_back the host part (start_loading, wait)
-      -> check every device page of the prefix (and the snapshot) byte for byte
-      -> allocate device slots for the rest (evict when short) -> fill their content
-      -> insert (backups per policy; start_writing; poll) -> unlock
+    match_prefix -> (storage tier) prefetch the rest of the prompt into host slots, as the
+      prefetch policy says, and match again -> lock the match end -> load_back the host
+      part (start_loading, wait) -> check every device page of the prefix (and the
+      snapshot) byte for byte -> allocate device slots for the rest (evict when short)
+      -> fill their content -> insert (backups per policy; start_writing; poll) -> unlock
+
+    prompt   |<- device hit ->|<- host hit ->|<- storage hit ->|<- recomputed ->|
+             0                          first match end      loaded end      prompt end
 
 Hybrid stacks: the "prefill" also saves a state snapshot at the prompt end and at the
 last 512-token block boundary inside the computed part, where the next request of a
@@ -16,13 +20,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from hicache.radix_cache import HiRadixCache
-from hicache.radix_node import EMPTY_SLOTS
-from hicache.replay_content import ContentModel, ReplayMismatch, prefix_hashes, state_seed
-from hicache.replay_workload import BLOCK_TOKENS, Request, request_tokens
+from hicache.radix import HiRadixCache
+from hicache.radix.node import EMPTY_SLOTS
+from hicache.replay.content import ContentModel, ReplayMismatch, prefix_hashes, state_seed
+from hicache.replay.workload import BLOCK_TOKENS, Request, request_tokens
+
+if TYPE_CHECKING:
+    from hicache.radix.store import TierStore
 
 
 @dataclass(slots=True)
@@ -46,6 +54,12 @@ class RunStats:
     bytes_checked: int = 0
     mismatches: int = 0
     wall_s: float = 0.0
+    storage: bool = False  # the run had a storage tier
+    storage_hit_tokens: int = 0
+    bytes_storage_read: int = 0
+    bytes_storage_written: int = 0
+    seconds_storage_read: float = 0.0  # I/O threads busy reading (a read in flight)
+    seconds_storage_write: float = 0.0  # I/O threads busy writing
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -58,11 +72,13 @@ class Replayer:
         cache: a `hicache.HiCache`.
         hicache_ratio: the label of this run (0 = device-only baseline: no host tier).
         verify_hits: also check device-hit pages, not only loaded ones.
+        storage: the storage tier (`TierStore`, closed with the tree by `close`), or ``None``.
     """
 
-    def __init__(self, cache, hicache_ratio: float, verify_hits: bool = True) -> None:
+    def __init__(self, cache, hicache_ratio: float, verify_hits: bool = True,
+                 storage: TierStore | None = None) -> None:
         self.cache, self.ctrl, self.stack = cache, cache.controller, cache.stack
-        self.tree = HiRadixCache(cache, host_tier=hicache_ratio > 0)
+        self.tree = HiRadixCache(cache, host_tier=hicache_ratio > 0, storage=storage)
         self.content = ContentModel(cache)
         self.page = self.stack.page_size
         self.anchor = self.stack.anchor.name
@@ -97,10 +113,15 @@ class Replayer:
             if progress is not None:
                 progress(i + 1)
         self.tree.wait()
+        self.tree.drain_storage()
         self.tree.check_integrity()
         self._collect_transfers()
         self.stats.wall_s = time.perf_counter() - t0
         return self.stats
+
+    def close(self) -> None:
+        """Finish and close the storage tier (the cache is the caller's)."""
+        self.tree.close()
 
     def serve(self, i: int, req: Request) -> None:
         st, tree = self.stats, self.tree
@@ -109,10 +130,15 @@ class Replayer:
         tokens = request_tokens(req, self.page)
         hashes = prefix_hashes(tokens, self.page) if tokens.size else []
         m = tree.match_prefix(tokens)
+        first_end = m.last_host_node.end
+        p = tree.prefetch(tokens) if tree.storage is not None else None
+        if p is not None:  # lands as host-only nodes; the match picks them up
+            tree.wait_prefetch(p)
+            m = tree.match_prefix(tokens)
         lock = m.last_host_node
         tree.inc_lock_ref(lock)
         try:
-            prefix = self._prefix(i, tokens, hashes, m)
+            prefix = self._prefix(i, tokens, hashes, m, first_end)
             self._compute(tokens, hashes, prefix)
         finally:
             tree.dec_lock_ref(lock)
@@ -121,8 +147,9 @@ class Replayer:
         st.peak_host_bytes = max(st.peak_host_bytes, self._host_bytes_used())
 
     # ---- the cached prefix ---------------------------------------------------------
-    def _prefix(self, i: int, tokens, hashes: list[int], m) -> torch.Tensor:
-        """Device slots of the usable prefix after any load-back; checks its content."""
+    def _prefix(self, i: int, tokens, hashes: list[int], m, first_end: int) -> torch.Tensor:
+        """Device slots of the usable prefix after any load-back; checks its content.
+        Tokens loaded past ``first_end`` (the match before the prefetch) count as storage hits."""
         st, tree = self.stats, self.tree
         st.device_hit_tokens += m.device_hit_length
         if self.verify_hits:
@@ -134,9 +161,10 @@ class Replayer:
         again = tree.match_prefix(tokens)
         if again.last_device_node is not m.last_host_node:  # the load failed: recompute
             return m.device_slots
-        start = m.device_hit_length
+        start, end = m.device_hit_length, again.device_hit_length
         self._check(i, again.device_slots[start:], hashes, start, again.last_device_node, "loaded")
-        st.host_hit_tokens += again.device_hit_length - start
+        st.host_hit_tokens += min(end, first_end) - start
+        st.storage_hit_tokens += max(0, end - max(first_end, start))
         return again.device_slots
 
     def _check(self, i: int, slots: torch.Tensor, hashes: list[int], start: int, node, what: str) -> None:
@@ -226,6 +254,11 @@ class Replayer:
     def _collect_transfers(self) -> None:
         ctrl = self.ctrl.stats()
         st = self.stats
+        if self.tree.storage is not None:
+            store = self.tree.storage.stats()
+            st.storage = True
+            st.bytes_storage_read, st.bytes_storage_written = store["bytes_read"], store["bytes_written"]
+            st.seconds_storage_read, st.seconds_storage_write = store["read_busy_s"], store["write_busy_s"]
         st.bytes_d2h = sum(ctrl["d2h"]["bytes"].values())
         st.bytes_h2d = sum(ctrl["h2d"]["bytes"].values())
         st.pages_d2h = ctrl["d2h"]["tokens"].get(self.anchor, 0) // self.page

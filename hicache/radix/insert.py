@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from host_pools.allocator import PageAllocator, is_integer_dtype
-from hicache.radix_check import tree_nodes
-from hicache.radix_node import EMPTY_SLOTS, InsertResult, TreeNode, as_key, page_key
+from hicache.radix.check import tree_nodes
+from hicache.radix.node import EMPTY_SLOTS, InsertResult, TreeNode, as_key, page_key
 
 
 class _Segment(NamedTuple):
@@ -230,7 +230,7 @@ class InsertMixin:
                 cached += seg.end - seg.start
             elif seg.action == "revive":
                 node.device = slots[seg.start:seg.end].clone()
-                self._dev_leaves.add(node)
+                self.device_tier.leaves.add(node)
                 self.counters["revived_tokens"] += seg.end - seg.start
             elif seg.action == "drop":
                 path.append(node)
@@ -243,5 +243,5 @@ class InsertMixin:
     def _new_node(self, parent: TreeNode, tokens, slots: torch.Tensor) -> TreeNode:
         node = TreeNode(tokens=tokens.copy(), end=parent.end + tokens.size, parent=parent, device=slots.clone())
         parent.children[page_key(node.tokens, 0, self.page_size)] = node
-        self._dev_leaves.add(node)
+        self.device_tier.leaves.add(node)
         return node

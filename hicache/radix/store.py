@@ -1,0 +1,245 @@
+"""`TierStore`: the storage tier below the host, as the tree uses it — one backend per data pool.
+
+The tree hands the store page hashes and host slots; the store turns them into page
+objects of every data pool and runs them as `StorageIO` operations on I/O threads. The
+scheduler thread only submits and polls (`poll` returns the finished jobs):
+
+    pool kind   one object holds                            its key (page hash of ...)
+    history     a page's rows of the pool, every layer      the prefix up to and including the page
+    state       a snapshot's rows of the pool, every layer  the prefix up to the snapshot's boundary
+
+    job      operations (one per pool)                      result
+    lookup   query of the first history pool (leading run)  pages found, snapshot boundaries found
+             + presence of the first state pool's keys
+    read     prefetch of every pool into host slots         leading run read in every pool, snapshot ok
+    write    backup of every pool from host slots           per page and per snapshot: stored
+
+Host pages a write reads are pinned until the write completes: freeing them meanwhile
+(an eviction, a deleted node) is deferred, so the I/O threads never read a slot that was
+handed out again. Keys are namespaced per pool (`StorageNamespace`: model, pool, dtypes,
+layers, rank...), so pools, models and ranks never read each other's objects.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from hicache.config import HiCacheConfig
+from hicache.radix.jobs import LOOKUP, READ, WRITE, BusyClock, StoreJob
+from hicache.radix.pins import HostPins
+from hicache.storage import StorageBackend, StorageIO, StorageNamespace, make_storage, page_hashes, page_view
+
+class TierStore:
+    """The storage tier of one cache: a backend per data pool, I/O threads, pins (scheduler thread).
+
+    Args:
+        cache: the `hicache.HiCache` whose host pools the objects move through.
+        backends: an open `StorageBackend` per data pool of the stack.
+        config: ``storage_prefetch_policy``, ``storage_prefetch_timeout_s`` and
+            ``storage_write_policy`` are read from it (default: ``cache.config``).
+        io: the I/O threads (default: two of them, owned and closed by the store).
+        cache_salt: per-tenant salt of the page hash chain.
+    Raises:
+        ValueError: a backend missing for a data pool, or one of another namespace shape.
+    """
+
+    def __init__(self, cache: Any, backends: Mapping[str, StorageBackend], config: HiCacheConfig | None = None,
+                 *, io: StorageIO | None = None, cache_salt: str | bytes | None = None) -> None:
+        self.stack, self.host_pools = cache.stack, cache.host_group.pools
+        config = config or cache.config
+        self.prefetch_policy = config.storage_prefetch_policy
+        self.prefetch_timeout_s = config.storage_prefetch_timeout_s
+        self.write_policy = config.storage_write_policy
+        self.cache_salt = cache_salt
+        self.page_size = self.stack.page_size
+        anchor = self.stack.anchor.name
+        self.history = [p.name for p in self.stack.data_pools() if self.stack.root_of(p.name).name == anchor]
+        self.state = [p.name for p in self.stack.data_pools() if self.stack.root_of(p.name).name != anchor]
+        self.backends = dict(backends)
+        self._check_backends()
+        self._own_io = io is None
+        self.io = StorageIO() if io is None else io
+        self.clocks = {LOOKUP: BusyClock(), READ: BusyClock(), WRITE: BusyClock()}
+        self._jobs: dict[int, tuple[StoreJob, str]] = {}  # StorageIO op id -> (job, pool)
+        self.pins = HostPins({r: self.host_pools[r] for r in (anchor, *(self.stack.root_of(n).name
+                                                                       for n in self.state))})
+        for name, backend in self.backends.items():
+            backend.register_buffer(self.host_pools[name].buffer)
+
+    def _check_backends(self) -> None:
+        names = set(self.history) | set(self.state)
+        if set(self.backends) != names:
+            raise ValueError(f"backends: need one per data pool {sorted(names)}, got {sorted(self.backends)}")
+        for name, backend in self.backends.items():
+            rows = self.unit_rows(self.stack, name)
+            if backend.namespace.rows_per_object != rows or backend.namespace.pool != name:
+                raise ValueError(f"backends[{name!r}]: namespace of pool {backend.namespace.pool!r} with "
+                                 f"{backend.namespace.rows_per_object} rows per object; need {rows}")
+
+    @staticmethod
+    def unit_rows(stack: Any, pool: str) -> int:
+        """Rows of ``pool`` in one object: a page (history pools) or one snapshot (state pools).
+
+        Raises:
+            ValueError: a state root whose snapshot is more than one of its rows (its rows
+                need not be consecutive host rows, so it is not one object).
+        """
+        root = stack.root_of(pool)
+        if root is stack.anchor:
+            return stack.page_size // stack.pool(pool).tokens_per_row
+        window = max(p.window_tokens for p in stack if stack.root_of(p.name).name == root.name)
+        if window > root.tokens_per_row:
+            raise ValueError(f"stack: the snapshot of {root.name!r} spans {window} tokens, more than one "
+                             f"row ({root.tokens_per_row}); the storage tier stores one-row snapshots")
+        return root.tokens_per_row // stack.pool(pool).tokens_per_row
+
+    # ---- keys and objects ---------------------------------------------------------------
+    def page_hashes(self, tokens: np.ndarray, prior_hash: str | None) -> list[str]:
+        """Chained hashes of whole pages of ``tokens`` after the page hashed ``prior_hash``
+        (``None``: the first page of a prompt, seeded with the cache salt)."""
+        if prior_hash is None:
+            return page_hashes(tokens, self.page_size, cache_salt=self.cache_salt)
+        return page_hashes(tokens, self.page_size, prior_hash=prior_hash)
+
+    def objects(self, pool: str, root_slots: torch.Tensor) -> list[torch.Tensor]:
+        """Host page views of ``pool`` for the units (pages or snapshots) at ``root_slots``."""
+        spec = self.stack.pool(pool)
+        rows = self.backends[pool].namespace.rows_per_object
+        first_rows = root_slots.numpy()[::spec.tokens_per_row * rows] // spec.tokens_per_row
+        host = self.host_pools[pool]
+        return [page_view(host, int(r), rows) for r in first_rows]
+
+    # ---- jobs ---------------------------------------------------------------------------
+    def lookup(self, hashes: Sequence[str], snapshots: bool, owner: Any) -> StoreJob:
+        """Leading run of ``hashes`` present (first history pool), and with ``snapshots``
+        which boundaries have one (first state pool)."""
+        ops = {"history": self.io.query(self.backends[self.history[0]], hashes)}
+        if snapshots and self.state:
+            ops["state"] = self.io.presence(self.backends[self.state[0]], hashes)
+        return self._track(StoreJob(LOOKUP, ops, owner))
+
+    def read(self, hashes: Sequence[str], anchor_slots: torch.Tensor, snapshot: dict[str, torch.Tensor] | None,
+             timeout_s: float | None, owner: Any) -> StoreJob:
+        """Read the pages of ``hashes`` into ``anchor_slots`` (every history pool) and, if
+        given, the snapshot at the last page's boundary into its host slots (state pools
+        first: they are few and a deadline should not cost the whole hit)."""
+        ops = {}
+        for name in self.state if snapshot else ():
+            root = self.stack.root_of(name).name
+            ops[name] = self.io.prefetch(self.backends[name], [hashes[-1]], self.objects(name, snapshot[root]),
+                                         timeout_s=timeout_s)
+        for name in self.history:
+            ops[name] = self.io.prefetch(self.backends[name], hashes, self.objects(name, anchor_slots),
+                                         timeout_s=timeout_s)
+        return self._track(StoreJob(READ, ops, owner))
+
+    def write(self, hashes: Sequence[str], anchor_slots: torch.Tensor, snap_hashes: Sequence[str],
+              snap_slots: dict[str, torch.Tensor], owner: Any) -> StoreJob:
+        """Write pages (``hashes`` at ``anchor_slots``) and snapshots (``snap_hashes``, each
+        one unit of ``snap_slots`` per state root) of every pool; their host pages stay
+        pinned until the job is done."""
+        ops = {}
+        if hashes:
+            for name in self.history:
+                ops[name] = self.io.backup(self.backends[name], hashes, self.objects(name, anchor_slots))
+        for name in self.state if snap_hashes else ():
+            root = self.stack.root_of(name).name
+            ops[name] = self.io.backup(self.backends[name], snap_hashes, self.objects(name, snap_slots[root]))
+        job = StoreJob(WRITE, ops, owner)
+        if hashes:
+            job.pins[self.stack.anchor.name] = self.pins.pin(self.stack.anchor.name, anchor_slots)
+        for root, slots in snap_slots.items() if snap_hashes else ():
+            job.pins[root] = self.pins.pin(root, slots)
+        return self._track(job)
+
+    def _track(self, job: StoreJob) -> StoreJob:
+        clock = self.clocks[job.kind]
+        for name, op in job.ops.items():
+            self._jobs[op.op_id] = (job, name)
+            clock.start()
+            op.future.add_done_callback(lambda _f, c=clock: c.stop())  # on the I/O thread: true busy time
+        return job
+
+    def poll(self) -> list[StoreJob]:
+        """Jobs whose every operation has finished since the last poll (non-blocking)."""
+        done = []
+        for res in self.io.poll():
+            entry = self._jobs.pop(res.op_id, None)
+            if entry is None:
+                continue
+            job, name = entry
+            job.results[name] = res
+            if job.done:
+                for root, pages in job.pins.items():
+                    self.pins.unpin(root, pages)
+                job.pins = {}
+                done.append(job)
+        return done
+
+    def busy(self) -> bool:
+        """Whether any job of this store is still running."""
+        return bool(self._jobs)
+
+    def free_host(self, root: str, slots: torch.Tensor) -> None:
+        """Free host slots of an own-indexed pool; pages a write still reads are freed when it ends."""
+        self.pins.free(root, slots)
+
+    def deferred_slots(self) -> dict[str, torch.Tensor]:
+        """Host slots freed by the tree but held until a write ends, per own-indexed pool."""
+        return self.pins.deferred_slots()
+
+    # ---- accounting and shutdown ------------------------------------------------------
+    def stats(self) -> dict:
+        """Backend counters summed over the pools, and busy seconds per job kind."""
+        total: dict[str, int] = {}
+        for backend in self.backends.values():
+            for k, v in backend.stats().as_dict().items():
+                total[k] = total.get(k, 0) + v
+        total.update({f"{kind}_busy_s": clock.seconds for kind, clock in self.clocks.items()})
+        return total
+
+    def close(self) -> None:
+        """Stop the I/O threads (the store's own) after the running operations, then the backends."""
+        if self._own_io:
+            self.io.close(wait=True)
+        for backend in self.backends.values():
+            backend.close()
+
+
+def open_store(cache: Any, config: HiCacheConfig | None = None, *, model: str | None = None, tp_rank: int = 0,
+               tp_size: int = 1, extra: str = "", cache_salt: str | bytes | None = None) -> TierStore | None:
+    """Open the storage tier ``config`` asks for (default ``cache.config``), or ``None``.
+
+    One backend per data pool, each under its pool's `StorageNamespace` (``model`` defaults
+    to the stack's model; ``extra`` is folded into every digest).
+
+    Returns:
+        The store; ``None`` for ``--hicache-storage-backend none``, or when the store is
+        unreachable and ``--hicache-storage-optional`` is set (a warning says so).
+    Raises:
+        StorageUnavailableError: unreachable without ``--hicache-storage-optional``.
+        ValueError: a stack whose snapshots the tier cannot store.
+    """
+    config = config or cache.config
+    if config.storage_backend == "none":
+        return None
+    stack, backends = cache.stack, {}
+    try:
+        for spec in stack.data_pools():
+            ns = StorageNamespace.for_pool(stack, spec.name, model=model, tp_rank=tp_rank, tp_size=tp_size,
+                                           rows_per_object=TierStore.unit_rows(stack, spec.name), extra=extra)
+            backend = make_storage(config, ns)
+            if backend is None:  # unreachable, --hicache-storage-optional: no tier at all
+                break
+            backends[spec.name] = backend
+        else:
+            return TierStore(cache, backends, config, cache_salt=cache_salt)
+    except BaseException:
+        for backend in backends.values():
+            backend.close()
+        raise
+    for backend in backends.values():
+        backend.close()
+    return None
