@@ -1,29 +1,52 @@
-"""Radix-tree bookkeeping speed: how many tokens per second pass through match + insert?
+"""Radix-tree bookkeeping speed beside SGLang's, on SGLang's own workload (tokens counted once per turn).
 
-Workload: 200 conversations x 8 turns; each turn appends 512 new tokens to the
-conversation so far; turns of all conversations interleave (turn 1 of every
-conversation, then turn 2...). Per turn: ``match_prefix`` of the whole sequence, device
-slots for the new tokens (evicting when short), ``insert`` of the whole sequence (which
-queues the write-through backup), ``controller.start_writing()`` and one ``tree.poll()``.
+Workload (the shared anchor's, ``../shared/anchors/sglang_cpu_anchor.py``): 200
+conversations x 8 turns; each turn appends 512 random tokens to the conversation so far;
+turns interleave (turn 1 of every conversation, then turn 2...). Per turn:
+``match_prefix`` of the whole sequence, device slots for the new tokens (not timed),
+``insert`` of the whole sequence (which queues the write-through backup) and, with the
+host tier, one scheduler step: ``controller.start_writing()`` + ``tree.poll()``. Then
+eviction of 10 % of the cached tokens (device -> host), and with the host tier a re-visit
+of every conversation that loads its host hit back (``load_back`` + ``start_loading`` +
+``poll``). 1,000,000-slot device pool, host tier of ratio 2, write-through.
 
-Bookkeeping only: the stack is a 1-layer MHA with 8-byte rows per token and the copy
-backend is `NullBackend`, which moves nothing (the controller's planning still runs).
-Page 64, write-through, host tier twice the device.
+Counting, as the anchor counts: tokens/s = tokens of every turn's sequence, once per
+turn, / (time in match + insert). "poll per step" is ``start_writing`` + ``poll`` per
+turn (SGLang: ``check_hicache_events``); "load-back per token" is the load-back time over
+the tokens it brought back.
 
-    python bench/tree.py                      # writes bench/results/tree_cpu.json
-    python bench/tree.py --device-tokens 262144   # a smaller device: eviction in the loop
+Bookkeeping only on both sides: hicache's copy backend moves nothing (`NullBackend`,
+planning still runs), SGLang's copy kernels are stubbed to no-ops by the anchor. One
+thread, CPU clock. Rounds alternate sides (ours, then SGLang's in a subprocess with the
+interpreter that has SGLang 0.5.23 installed, see the anchor's docstring); medians of the
+rounds and their ratios are reported. Both sides run with the anchor's fixed malloc
+thresholds (this script re-executes itself with them, as the anchor does).
 
-Targets on the 2-core CPU: >= 15 M tokens/s through match + insert, poll <= 50 us.
+    python bench/tree.py --anchor-python /path/to/sglang-venv/bin/python   # writes bench/results/tree_cpu.json
+    python bench/tree.py --rounds 1                                          # hicache only
+
+Targets: with the host tier >= 2x SGLang's tokens/s and poll per step <= 50 us; without
+it >= SGLang's default Rust core.
 """
 from __future__ import annotations
 
-import argparse
+import os
 import sys
-import time
-from pathlib import Path
 
-import numpy as np
-import torch
+_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "4294967296"}
+if __name__ == "__main__" and any(os.environ.get(k) != v for k, v in _MALLOC_ENV.items()):
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **_MALLOC_ENV})
+
+import argparse  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -33,103 +56,171 @@ from hicache import HiCacheConfig, build  # noqa: E402
 from hicache.models import mha  # noqa: E402
 from hicache.radix import HiRadixCache  # noqa: E402
 from host_pools.memory import HostBudget  # noqa: E402
-from transfer_kernels import CopyBackend  # noqa: E402
+from transfer_kernels.fault import NullBackend  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_ANCHOR = ROOT.parent / "shared" / "anchors" / "sglang_cpu_anchor.py"
+CONVERSATIONS, TURNS, TURN_TOKENS, VOCAB, DEVICE_SLOTS = 200, 8, 512, 32000, 1_000_000
+CASES = (("host", 64), ("host", 1), ("none", 64), ("none", 1))  # (host tier, page size)
 
 
-class NullBackend(CopyBackend):
-    """A copy backend that copies nothing (bookkeeping benchmarks)."""
-
-    name = "null"
-
-    def _execute(self, plan) -> None:
-        return None
-
-
-def build_tree(device_tokens: int, page_size: int) -> HiRadixCache:
+def build_tree(page_size: int, host_tier: bool, device_slots: int = DEVICE_SLOTS) -> HiRadixCache:
+    """A 1-layer MHA stack with 8-byte token rows, host tier of ratio 2, write-through."""
     stack = mha(1, 1, 4, dtype=torch.uint8, page_size=page_size, model="tiny-mha")
     config = HiCacheConfig(hicache_ratio=2.0, write_policy="write_through", io_backend="torch")
     budget = HostBudget(1 << 40, None, 0, 1, 1 << 40)
-    cache = build(stack, device_tokens, config, device="cpu", budget=budget, backend=NullBackend())
-    return HiRadixCache(cache)
+    cache = build(stack, device_slots, config, device="cpu", budget=budget, backend=NullBackend())
+    return HiRadixCache(cache, host_tier=host_tier, storage=None)
 
 
-def step(tree: HiRadixCache, seq: np.ndarray, clock: dict) -> None:
-    """One turn: match, device slots for the new tokens, insert, launch, poll (each timed)."""
-    dev, ctrl, n = tree.device_pool, tree.ctrl, seq.size
-    t0 = time.perf_counter()
-    m = tree.match_prefix(seq)
-    t1 = time.perf_counter()
-    need = n - m.device_hit_length
-    tree.inc_lock_ref(m.last_device_node)
-    new = dev.alloc(need)
-    if new is None:
-        clock["evicted_tokens"] += tree.evict(need - dev.available())
-        new = dev.alloc(need)
-    t2 = time.perf_counter()
-    tree.insert(seq, torch.cat([m.device_slots, new]))
-    t3 = time.perf_counter()
-    tree.dec_lock_ref(m.last_device_node)
-    ctrl.start_writing()
-    t4 = time.perf_counter()
-    tree.poll()
-    t5 = time.perf_counter()
-    for key, dt in (("match", t1 - t0), ("alloc_evict", t2 - t1), ("insert", t3 - t2),
-                    ("launch", t4 - t3), ("poll", t5 - t4)):
-        clock[key] += dt
+def conversations(seed: int = 0) -> np.ndarray:
+    """The anchor's token ids: one row of ``TURNS * TURN_TOKENS`` ids per conversation."""
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.integers(0, VOCAB, size=TURNS * TURN_TOKENS, dtype=np.int64)
+                     for _ in range(CONVERSATIONS)])
 
 
-def one_pass(args: argparse.Namespace) -> dict:
-    """The whole workload on a fresh tree; per-call means in microseconds."""
-    tree = build_tree(args.device_tokens, args.page_size)
-    rng = np.random.default_rng(0)
-    convs = rng.integers(0, 1 << 31, (args.conversations, args.turns * args.turn_tokens), dtype=np.int64)
-    clock = dict.fromkeys(("match", "alloc_evict", "insert", "launch", "poll", "evicted_tokens"), 0.0)
-    steps = tokens = 0
-    t_start = time.perf_counter()
-    for turn in range(1, args.turns + 1):  # turn t of every conversation, then turn t + 1
-        for c in range(args.conversations):
-            step(tree, convs[c, :turn * args.turn_tokens], clock)
-            tokens += 2 * turn * args.turn_tokens  # through match and through insert
+def one_pass(convs: np.ndarray, page_size: int, host_tier: bool) -> dict:
+    """The whole workload on a fresh tree; times in microseconds."""
+    tree = build_tree(page_size, host_tier)
+    dev, ctrl = tree.device_pool, tree.ctrl
+    ns = time.perf_counter_ns
+    match_ns = insert_ns = step_ns = tokens = steps = 0
+    gc.collect()
+    for turn in range(1, TURNS + 1):  # turn t of every conversation, then turn t + 1
+        n = turn * TURN_TOKENS
+        for c in range(CONVERSATIONS):
+            seq = convs[c, :n]
+            t0 = ns()
+            m = tree.match_prefix(seq)
+            t1 = ns()
+            new = dev.alloc(n - m.device_hit_length)
+            slots = torch.cat((m.device_slots, new))
+            t2 = ns()
+            tree.insert(seq, slots)
+            t3 = ns()
+            if host_tier:  # one scheduler step: launch the queued backups, take the acks
+                ctrl.start_writing()
+                tree.poll()
+            t4 = ns()
+            match_ns += t1 - t0
+            insert_ns += t3 - t2
+            step_ns += t4 - t3
+            tokens += n
             steps += 1
-    total = time.perf_counter() - t_start
+    tree.wait()
+    cached = dev.num_tokens - dev.available()
+    gc.collect()
+    t0 = ns()
+    evicted = tree.evict(cached // 10)
+    evict_us = (ns() - t0) / 1e3
+    lb_ns = lb_tokens = load_backs = 0
+    if host_tier:  # re-visit every conversation: a host hit is loaded back
+        for c in range(CONVERSATIONS):
+            m = tree.match_prefix(convs[c])
+            if m.host_hit_length <= 0:
+                continue
+            t0 = ns()
+            got = tree.load_back(m.last_host_node)
+            ctrl.start_loading()
+            tree.poll()
+            lb_ns += ns() - t0
+            assert got is not None and got["kv"].numel() == m.host_hit_length
+            lb_tokens += m.host_hit_length
+            load_backs += 1
     tree.check_integrity()
-    row = {"steps": steps, "tokens_match_insert": tokens, "total_s": total,
-           "mtokens_per_s": tokens / (clock["match"] + clock["insert"]) / 1e6,
-           "evicted_tokens": int(clock.pop("evicted_tokens")), "backups": tree.counters["backups"],
-           "host_used_tokens": tree.host_pool.allocator.used()}
-    row.update({f"{k}_us": v / steps * 1e6 for k, v in clock.items()})
-    return row
+    seconds = (match_ns + insert_ns) / 1e9
+    return {"tokens_counted_once": tokens, "mtokens_per_s": tokens / seconds / 1e6,
+            "match_us": match_ns / steps / 1e3, "insert_us": insert_ns / steps / 1e3,
+            "poll_step_us": step_ns / steps / 1e3 if host_tier else None,
+            "evicted_tokens": evicted, "evict_us": evict_us, "load_backs": load_backs,
+            "load_back_us_per_token": lb_ns / lb_tokens / 1e3 if lb_tokens else None,
+            "backups": tree.counters["backups"]}
 
 
-def run(args: argparse.Namespace) -> tuple[dict, list[float]]:
-    """Best of ``args.repeats`` passes (the machine is shared: the best pass is the least disturbed)."""
-    passes = [one_pass(args) for _ in range(args.repeats)]
-    return max(passes, key=lambda r: r["mtokens_per_s"]), [r["mtokens_per_s"] for r in passes]
+def anchor_round(python: str, anchor: Path, pages: list[int]) -> dict:
+    """One round of SGLang's side (``bench/sglang_anchor.py`` in its interpreter), per case."""
+    cmd = [python, str(ROOT / "bench" / "sglang_anchor.py"), "--anchor", str(anchor),
+           "--pages", *map(str, pages)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if proc.returncode:
+        raise RuntimeError(f"SGLang anchor failed (exit {proc.returncode}): {proc.stderr[-2000:]}{proc.stdout[-500:]}")
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = {"sglang": data["sglang"]}
+    for row in data["no_host_tier"]:
+        out[("none", row["page_size"])] = {"mtokens_per_s": row["tokens_per_s"] / 1e6,
+                                           "match_us": row["match_prefix_mean_us"],
+                                           "insert_us": row["insert_mean_us"], "evict_us": row["evict_us"]}
+    for row in data["host_tier"]:
+        lb = row["load_back_mean_us"] * row["load_backs"] / row["load_back_tokens"] if row["load_backs"] else None
+        out[("host", row["page_size"])] = {"mtokens_per_s": row["tokens_per_s"] / 1e6,
+                                           "match_us": row["match_prefix_mean_us"],
+                                           "insert_us": row["insert_mean_us"],
+                                           "poll_step_us": row["check_hicache_events_mean_us"],
+                                           "evict_us": row["evict_us"], "load_back_us_per_token": lb}
+    return out
+
+
+def _median(rows: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--conversations", type=int, default=200)
-    p.add_argument("--turns", type=int, default=8)
-    p.add_argument("--turn-tokens", type=int, default=512)
-    p.add_argument("--page-size", type=int, default=64)
-    p.add_argument("--device-tokens", type=int, default=1 << 20,
-                   help="device anchor tokens (default 1M: the whole workload fits, no eviction)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    p.add_argument("--repeats", type=int, default=3, help="passes; the best one is reported (default 3)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds per side, alternating (default 3)")
+    p.add_argument("--anchor-python", default=os.environ.get("SGLANG_PYTHON"),
+                   help="interpreter with SGLang 0.5.23 (default $SGLANG_PYTHON; none: hicache only)")
+    p.add_argument("--anchor", default=str(DEFAULT_ANCHOR), help="path of sglang_cpu_anchor.py")
+    p.add_argument("--pages", type=int, nargs="+", default=[64, 1], choices=(64, 1))
     p.add_argument("--out", default=str(harness.RESULTS_DIR / "tree_cpu.json"))
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    row, all_passes = run(args)
-    row["mtokens_per_s_all_passes"] = all_passes
-    config = {k: v for k, v in vars(args).items() if k != "out"}
-    config.update(backend="null (moves nothing)", stack="mha 1 layer, 1 head, head_dim 4, uint8",
-                  write_policy="write_through", hicache_ratio=2.0)
-    harness.write_json(Path(args.out), [row], config, torch.device("cpu"))
-    cols = ["steps", "total_s", "match_us", "insert_us", "poll_us", "launch_us", "alloc_evict_us",
-            "mtokens_per_s"]
-    print(harness.format_table([row], cols))
-    print(f"CPU, bookkeeping only; target >= 15 M tokens/s and poll <= 50 us -> {args.out}")
+    if args.anchor_python and not Path(args.anchor).is_file():
+        p.error(f"--anchor: {args.anchor} is not a file")
+    torch.set_num_threads(1)
+    cases = [c for c in CASES if c[1] in args.pages]
+    convs = conversations()
+    ours: dict = {c: [] for c in cases}
+    theirs: dict = {c: [] for c in cases}
+    version = None
+    for r in range(args.rounds):
+        for case in cases:
+            ours[case].append(one_pass(convs, case[1], case[0] == "host"))
+        if args.anchor_python:
+            got = anchor_round(args.anchor_python, Path(args.anchor), args.pages)
+            version = got.pop("sglang")
+            for case in cases:
+                theirs[case].append(got[case])
+        print(f"round {r + 1}/{args.rounds} done", flush=True)
+    keys = ("mtokens_per_s", "match_us", "insert_us", "poll_step_us", "evict_us", "load_back_us_per_token")
+    rows = []
+    for case in cases:
+        row = {"host_tier": case[0] == "host", "page_size": case[1]}
+        for key in keys:
+            row[key] = _median(ours[case], key)
+            if theirs[case]:
+                row[f"sglang_{key}"] = _median(theirs[case], key)
+        if theirs[case]:
+            row["speedup_tokens_per_s"] = row["mtokens_per_s"] / row["sglang_mtokens_per_s"]
+        row["rounds"] = ours[case]
+        row["sglang_rounds"] = theirs[case]
+        rows.append(row)
+    config = {"workload": f"{CONVERSATIONS} conv x {TURNS} turns x {TURN_TOKENS} new tokens, interleaved",
+              "device_slots": DEVICE_SLOTS, "hicache_ratio": 2.0, "write_policy": "write_through",
+              "backend": "null (moves nothing)", "stack": "mha 1 layer, 1 head, head_dim 4, uint8",
+              "counting": "tokens of each turn's sequence once per turn / (match + insert time)",
+              "rounds": args.rounds, "alternating": bool(args.anchor_python), "sglang": version,
+              "malloc_env": _MALLOC_ENV, "torch_threads": 1}
+    harness.write_json(Path(args.out), rows, config, torch.device("cpu"))
+    cols = ["host_tier", "page_size", "mtokens_per_s", "match_us", "insert_us", "poll_step_us",
+            "evict_us", "load_back_us_per_token"]
+    if version:
+        cols += ["sglang_mtokens_per_s", "sglang_poll_step_us", "sglang_load_back_us_per_token",
+                 "speedup_tokens_per_s"]
+    print(harness.format_table(rows, cols))
+    print(f"CPU, bookkeeping only, tokens counted once per turn, medians of {args.rounds} round(s)"
+          f"{f', alternating with SGLang {version}' if version else ' (no SGLang side: --anchor-python)'}"
+          f" -> {args.out}")
     return 0
 
 

@@ -105,7 +105,7 @@ class PageAllocator:
     def owns_pages(self, pages: np.ndarray) -> bool:
         """True when every page in ``pages`` (from ``pages_of``) is currently allocated."""
         with self._lock:
-            return bool(self._owned[pages].all())
+            return np.count_nonzero(self._owned[pages]) == pages.size
 
     def generations(self, pages: np.ndarray) -> np.ndarray:
         """How many times each page in ``pages`` (from ``pages_of``) has been allocated (a copy)."""

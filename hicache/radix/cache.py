@@ -92,12 +92,20 @@ class HiRadixCache(MatchMixin, InsertMixin, EvictionMixin, SnapshotMixin, Transf
         self._clock = 0
         device_pools, host_pools = cache.device_pools, cache.host_group.pools
         self.device_tier = Tier("device", "device", "state_device", device_pools, self.device_pool,
-                                is_device_leaf, lambda name, slots: device_pools[name].free(slots))
+                                is_device_leaf, self._free_device)
         self.host_tier = Tier("host", "host", "state_host", host_pools, self.host_pool,
                               is_host_leaf, self._free_host)
         self.tiers = (self.device_tier, self.host_tier)
         self.counters: Counter = Counter()
-        self._page_marks = np.zeros(self.device_pool.allocator.num_pages, np.bool_)  # scratch of insert
+        # Per device anchor page: how many nodes and loads in flight hold it (0 or 1 but
+        # for a rolled-back load not yet acked); insert's "already held?" is one lookup.
+        self._held = np.zeros(self.device_pool.allocator.num_pages, np.int32)
+        self._page_bytes = self.page_size * 8  # a child's dict key: its first page as int64 bytes
+        self._page_offsets = np.arange(self.page_size, dtype=np.int64)
+        # Bumped by every split and deletion and whenever a node's copy on a tier is dropped
+        # or published: a match's walk kept for the next insert is stale then.
+        self._epoch = 0
+        self._last_walk: tuple | None = None  # match_prefix's (key bytes, path, epoch, device slots)
         self._init_transfers()
         if storage == "config":  # the storage layer is imported only when a store is configured
             storage = None
@@ -105,6 +113,12 @@ class HiRadixCache(MatchMixin, InsertMixin, EvictionMixin, SnapshotMixin, Transf
                 from hicache.radix.store import open_store
                 storage = open_store(cache)
         self._init_storage(storage)
+
+    def _free_device(self, name: str, slots: torch.Tensor) -> None:
+        """Give device slots the tree held back (anchor pages stop counting as held)."""
+        if name == self.anchor:
+            self._hold(slots.numpy(), -1)
+        self.cache.device_pools[name].free(slots)
 
     # ---- write policies ----------------------------------------------------------
     def _backup_path(self, path: list[TreeNode]) -> None:

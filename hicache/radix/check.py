@@ -11,11 +11,14 @@
                 rolled-back batch whose failed ack is not polled yet holds nothing; in
                 flight on the host: prefetches' slots and freed pages a storage write reads)
     candidates  every evictable leaf and snapshot is in the set eviction draws from
+    held        the per-page counts insert looks up (``_held``) equal the device anchor
+                pages the nodes and the loads in flight hold
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
 import torch
 
 
@@ -35,7 +38,7 @@ def tree_nodes(tree) -> list:
 
 def _check_structure(tree, node) -> None:
     ps, parent = tree.page_size, node.parent
-    if node.dead or parent.children.get(node.tokens[:ps].tobytes()) is not node:
+    if node.dead or parent.children.get(node.key[:ps * 8]) is not node:
         _fail(f"{node!r} is dead or not filed under its first page in its parent")
     if node.num_tokens == 0 or node.num_tokens % ps or node.end != parent.end + node.num_tokens:
         _fail(f"{node!r}: length not whole pages of {ps} or end != parent.end + length ({parent.end})")
@@ -126,6 +129,19 @@ def _check_unique_owned(what: str, flat: torch.Tensor, allocator) -> None:
         _fail(f"{what}: the tree holds slots its allocator calls free")
 
 
+def _check_held(tree, nodes) -> None:
+    ps, expect = tree.page_size, np.zeros_like(tree._held)
+    parts = [n.device for n in nodes if n.device is not None]
+    parts += [rec.dst[tree.anchor] for rec in tree._pending.values()
+              if rec.kind == "load" and tree.anchor in rec.dst]  # rolled back too, until acked
+    for slots in parts:
+        np.add.at(expect, slots.numpy()[::ps] // ps, 1)
+    wrong = np.flatnonzero(expect != tree._held)
+    if wrong.size:
+        p = int(wrong[0])
+        _fail(f"device page {p}: held count {int(tree._held[p])}, but nodes and loads hold it {int(expect[p])} times")
+
+
 def check_tree(tree) -> None:
     """Raise RuntimeError naming the first broken invariant of ``tree``.
 
@@ -141,4 +157,5 @@ def check_tree(tree) -> None:
         if rec.node.dead:
             _fail(f"op {op} in flight on a deleted node {rec.node!r}")
     _check_slots(tree, nodes)
+    _check_held(tree, nodes)
     tree.ctrl.check_integrity()

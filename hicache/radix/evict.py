@@ -106,6 +106,7 @@ class EvictionMixin:
             return tokens
         tier.free(self.anchor, getattr(node, tier.attr))
         setattr(node, tier.attr, None)
+        self._epoch += 1
         tier.free_snapshot(node)
         tier.leaves.add(node.parent)
         for other in others:
@@ -126,7 +127,8 @@ class EvictionMixin:
                 tier.free_snapshot(cur)
             cur.dead = True
         parent = node.parent
-        del parent.children[node.tokens[:self.page_size].tobytes()]
+        del parent.children[node.key[:self._page_bytes]]
+        self._epoch += 1
         for tier in self.tiers:
             tier.leaves.add(parent)
         self.counters["nodes_deleted"] += 1

@@ -18,10 +18,12 @@ part is split when the plan is applied; its upper half takes the segment):
 Device nodes are closed under parent, so keep segments come first, then revive ones.
 Rules on ``device_slots`` (a ValueError naming it, and the tree and allocators unchanged):
 one slot per token, integers (TypeError otherwise), whole aligned pages in range, no page
-twice, every page allocated by the device pool's allocator, and no slot past the cached
-prefix that the tree holds for that prefix (the tree would hold it twice). When the
-cached prefix is given as the tree's own slots (the common case), only the rest is
-checked: the tree's slots are valid by construction.
+twice, every page allocated by the device pool's allocator, and no slot of a revive or new
+segment that the tree already holds (for this prefix or another: it would hold it twice).
+When the cached prefix is given as the tree's own slots (the common case), only the rest
+is checked, at a cost proportional to the rest: the tree's slots are valid by
+construction, and what the tree holds is a per-page count (``_held``) kept as nodes and
+loads take and give back device pages, so "held?" is one lookup per page, never a walk.
 
 Only *provable duplicates* are freed: candidates no node and no load in flight holds.
 The tree's own slots passed back in another order are kept, never freed.
@@ -34,15 +36,18 @@ import numpy as np
 import torch
 
 from host_pools.allocator import PageAllocator, is_integer_dtype
-from hicache.radix.check import tree_nodes
-from hicache.radix.node import EMPTY_SLOTS, InsertResult, TreeNode, as_key, page_key
+from hicache.radix.node import InsertResult, TreeNode, as_key
 
 
-class _Segment(NamedTuple):
-    action: str  # "keep" | "revive" | "drop" | "new"
-    start: int  # token positions [start, end) of the key
-    end: int
-    node: TreeNode | None  # None for "new"
+class _Plan(NamedTuple):
+    """Where an insert's key goes (module docstring), found before anything changes."""
+
+    walked: list  # the nodes matched, in order (a partly matched one last, before its split)
+    keep: int  # tokens [0, keep) stay on the tree's device slots (the first num_keep nodes)
+    num_keep: int
+    revive: list  # (index into walked, start, end) of host-only nodes taking the caller's slots
+    stop: int  # tokens [stop, len): a new leaf, or (drop) candidates to free
+    drop: bool  # walked[-1] has a load in flight: nothing may hang below it
 
 
 def as_slots(value: Any, what: str) -> torch.Tensor:
@@ -54,14 +59,23 @@ def as_slots(value: Any, what: str) -> torch.Tensor:
     Raises:
         TypeError: values that are not integers (floats and bools are refused, never cast).
     """
+    return torch.from_numpy(slots_array(value, what))
+
+
+def slots_array(value: Any, what: str) -> np.ndarray:
+    """`as_slots` as a numpy int64 array (a view of a CPU int64 tensor: no copy)."""
+    if type(value) is torch.Tensor and value.dtype is torch.int64 and value.is_cpu:
+        return value.numpy()  # the common case (an integer tensor never requires grad)
     if isinstance(value, torch.Tensor):
         if value.numel() and not is_integer_dtype(value.dtype):
             raise TypeError(f"{what}: need integer slots, got dtype {value.dtype}")
-        return value.detach().to("cpu", torch.int64)
+        if value.dtype != torch.int64 or value.device.type != "cpu":
+            value = value.to("cpu", torch.int64)
+        return value.detach().numpy()
     arr = np.asarray(value)
     if arr.size and arr.dtype.kind not in "iu":
         raise TypeError(f"{what}: need integer slots, got dtype {arr.dtype}")
-    return torch.from_numpy(np.array(arr, dtype=np.int64, copy=True))
+    return arr.astype(np.int64, copy=False)
 
 
 def allocated_pages(allocator: PageAllocator, slots: torch.Tensor, what: str) -> np.ndarray:
@@ -91,7 +105,8 @@ class InsertMixin:
         device snapshot at the end of ``token_ids`` (``{"swa": slots}``, hybrid stacks
         only; freed when the boundary already has one). Queues backups per write policy
         (launch with ``controller.start_writing()``). Mutates the tree; a CUDA slot tensor
-        is copied to the host once.
+        is copied to the host once. After a `match_prefix` of these tokens (or a prefix
+        of them) the insert continues that match's walk.
 
         Returns:
             `InsertResult`: tokens already cached on the device, and the node ending at
@@ -99,20 +114,22 @@ class InsertMixin:
         Raises:
             TypeError: token ids or slots that are not integers.
             ValueError: tokens not whole pages; ``device_slots`` not one per token,
-                unaligned, out of range, repeated, not allocated, or slots this prefix
+                unaligned, out of range, repeated, not allocated, or slots the tree
                 already holds for other tokens; ``extra`` naming other pools / sizes than
                 the stack's snapshot or unallocated slots. Nothing changes then.
         """
         key = as_key(token_ids, self.page_size, strict=True)
-        slots = as_slots(device_slots, "device_slots")
-        if slots.dim() != 1 or slots.numel() != key.size:
+        slots = slots_array(device_slots, "device_slots")
+        if slots.ndim != 1 or slots.size != key.size:
             raise ValueError(f"device_slots: need {key.size} slots (one per token), got shape {tuple(slots.shape)}")
         snap = self._check_extra(extra, key.size)
-        segs, partial = self._plan_insert(key)
-        to_free = self._insert_frees(segs, slots)  # raises before anything changes
-        path, cached, complete = self._apply_insert(segs, partial, key, slots)
-        if to_free.numel():
-            self.device_pool.free(to_free)
+        kb = key.tobytes()
+        path, partial, matched = self._walk_from_match(kb)
+        plan = self._plan_insert(path, partial)
+        to_free = self._insert_frees(plan, slots, matched, partial)  # raises before anything changes
+        path, complete = self._apply_insert(plan, partial, kb, slots)
+        if to_free.size:
+            self.device_pool.free(torch.from_numpy(to_free))
         last = path[-1] if path else self.root
         if snap and complete:
             self._attach_snapshot(last, snap)
@@ -121,7 +138,7 @@ class InsertMixin:
                 self.cache.device_pools[name].free(s)
         self._touch(path)
         self._backup_path(path)
-        return InsertResult(cached, last)
+        return InsertResult(plan.keep, last)
 
     def _check_extra(self, extra: Mapping[str, torch.Tensor] | None, num_tokens: int) -> dict:
         if not extra:
@@ -142,106 +159,140 @@ class InsertMixin:
         return out
 
     # ---- plan ----------------------------------------------------------------------
-    def _plan_insert(self, key) -> tuple[list[_Segment], tuple[TreeNode, int] | None]:
-        """Segments of ``key`` (module docstring) and the node to split, without changing anything."""
-        path, partial = self._walk(key)
-        matched = [(n, n.num_tokens) for n in path] + ([partial] if partial is not None else [])
-        segs, start = [], 0
-        for node, length in matched:
-            if node.device is None and node.pending is not None:  # a load is bringing it back
-                segs.append(_Segment("drop", start, key.size, node))
-                return segs, partial
-            segs.append(_Segment("keep" if node.device is not None else "revive", start, start + length, node))
+    @staticmethod
+    @staticmethod
+    def _plan_insert(path: list[TreeNode], partial: tuple[TreeNode, int] | None) -> _Plan:
+        """The plan of an insert along its walk (``path``, ``partial``), changing nothing."""
+        walked = path if partial is None else [*path, partial[0]]
+        start = keep = num_keep = 0
+        revive = []
+        last = len(walked) - 1
+        for i, node in enumerate(walked):
+            length = partial[1] if i == last and partial is not None else node.num_tokens
+            if node.device is not None:  # device nodes are closed under parent: they come first
+                num_keep, keep = i + 1, start + length
+            elif node.pending is not None:  # a load is bringing it back
+                return _Plan(walked[:i + 1], keep, num_keep, revive, start, True)
+            else:
+                revive.append((i, start, start + length))
             start += length
-        if start < key.size:
-            segs.append(_Segment("new", start, key.size, None))
-        return segs, partial
+        return _Plan(walked, keep, num_keep, revive, start, False)
 
-    def _insert_frees(self, segs: list[_Segment], slots: torch.Tensor) -> torch.Tensor:
+    def _insert_frees(self, plan: _Plan, slots: np.ndarray, matched: torch.Tensor | None,
+                      partial: tuple[TreeNode, int] | None) -> np.ndarray:
         """Check the caller's slots against the plan; returns the ones to free.
 
+        Args:
+            matched: the device slots the continued `match_prefix` returned (still the
+                tree's: nothing changed since), or ``None``.
         Raises:
             ValueError: a rule of the module docstring broken (before anything changes).
         """
-        keep = [s for s in segs if s.action == "keep"]
-        k = keep[-1].end if keep else 0
-        own = torch.cat([s.node.device[:s.end - s.start] for s in keep]) if len(keep) > 1 else \
-            (keep[0].node.device[:k] if keep else EMPTY_SLOTS)
-        mine = slots[:k]
-        same = torch.equal(own, mine)  # the common case: the tree's own slots, valid by construction
-        pages = allocated_pages(self.device_pool.allocator, slots[k:] if same else slots, "device_slots")
-        self._check_past_prefix(own, pages if same else pages[k // self.device_pool.allocator.page_size:])
-        cand = [] if same else [mine[mine != own]]
-        if segs and segs[-1].action == "drop":
-            cand.append(slots[segs[-1].start:])
-        return self._provable_duplicates(torch.cat(cand), own) if cand else EMPTY_SLOTS
-
-    def _check_past_prefix(self, own: torch.Tensor, pages: np.ndarray) -> None:
-        """No slot past the cached prefix (``pages``) may be one the tree holds for this prefix."""
-        if not own.numel() or not pages.size:
-            return
-        clash = self._pages_in(pages, self._pages(own))
-        if clash.any():
-            first = int(pages[clash][0]) * self.device_pool.allocator.page_size
+        k, ps = plan.keep, self.page_size
+        if matched is not None and matched.numel() == k:
+            own = matched.numpy()
+        elif k:
+            parts = [n.device for n in plan.walked[:plan.num_keep]]
+            if partial is not None and plan.num_keep == len(plan.walked):
+                parts[-1] = parts[-1][:partial[1]]
+            own = (torch.cat(parts) if len(parts) > 1 else parts[0]).numpy()
+        else:
+            own = slots[:0]
+        if own.tobytes() == slots[:k].tobytes():  # the common case: the tree's own slots, valid by construction
+            pages = self._rest_pages(slots, k)
+            cand = []
+        else:  # the cached prefix given as other slots: check them all
+            pages = allocated_pages(self.device_pool.allocator, torch.from_numpy(slots), "device_slots")
+            mine = pages[:k // ps]
+            cand = [mine[mine != own[::ps] // ps]]
+            pages = pages[k // ps:]
+        stop = plan.stop if plan.drop else slots.size
+        held = self._held_pages(pages[:(stop - k) // ps])
+        if held is not None:
+            first = int(pages[:held.size][held][0]) * ps
             raise ValueError(f"device_slots: slot {first} (and its page) is the tree's own slot for other tokens "
-                             "of this prefix; pass the tree's slots at their positions (match_prefix) or fresh ones")
+                             "(of this prefix or another); pass the tree's slots at their positions "
+                             "(match_prefix) or fresh ones")
+        if plan.drop:
+            cand.append(pages[(stop - k) // ps:])
+        if not cand:
+            return slots[:0]
+        cand = np.concatenate(cand) if len(cand) > 1 else cand[0]
+        held = self._held_pages(cand)
+        return self._page_slots(cand if held is None else cand[~held])  # only provable duplicates go back
 
-    def _provable_duplicates(self, cand: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
-        """Of ``cand`` (whole pages), those no node and no load in flight holds."""
-        if not cand.numel():
-            return cand
-        cand_pages = self._pages(cand)
-        free = ~self._pages_in(cand_pages, self._pages(own)) if own.numel() else np.ones(cand_pages.size, bool)
-        if free.any():  # rare (the caller computed cached pages again): one pass over the tree
-            free &= ~self._pages_in(cand_pages, self._held_device_pages())
-        ps = self.device_pool.allocator.page_size
-        return cand.view(-1, ps)[torch.from_numpy(free)].reshape(-1)
+    def _rest_pages(self, slots: np.ndarray, k: int) -> np.ndarray:
+        """Pages of ``slots[k:]`` (the caller's slots past the cached prefix), checked.
 
-    def _pages(self, slots: torch.Tensor) -> np.ndarray:
-        ps = self.device_pool.allocator.page_size
-        return slots.numpy()[::ps] // ps
+        Fast path: ascending aligned pages (what an allocator hands out), checked with a
+        handful of vector operations; anything else goes through the allocator's full
+        check, which also names the first bad slot.
+        """
+        rest, ps, alloc = slots[k:], self.page_size, self.device_pool.allocator
+        if not rest.size:
+            return rest
+        if ps > 1:
+            pages = rest[::ps] // ps
+            ok = rest.tobytes() == (pages[:, None] * ps + self._page_offsets).tobytes()
+        else:
+            pages, ok = rest, True
+        if ok and 0 <= pages[0] and pages[-1] < alloc.num_pages and not np.count_nonzero(pages[1:] <= pages[:-1]) \
+                and alloc.owns_pages(pages):
+            return pages
+        return allocated_pages(alloc, torch.from_numpy(rest), "device_slots")
 
-    def _pages_in(self, pages: np.ndarray, among: np.ndarray) -> np.ndarray:
-        """Mask of ``pages`` found in ``among`` (a scratch bitmap: O(n), no sort, no allocation)."""
-        marks = self._page_marks
-        marks[among] = True
-        try:
-            return marks[pages]
-        finally:
-            marks[among] = False
+    # ---- what the tree holds ---------------------------------------------------------
+    def _hold(self, slots: np.ndarray, delta: int) -> None:
+        """Count device anchor pages of ``slots`` (the tree's own: whole, distinct) as
+        taken (+1: a node or a load in flight) or given back (-1)."""
+        ps = self.page_size
+        self._held[slots if ps == 1 else slots[::ps] // ps] += delta
 
-    def _held_device_pages(self) -> np.ndarray:
-        """Every device anchor page a node or a load in flight holds (walks the tree)."""
-        held = [node.device for node in tree_nodes(self) if node.device is not None]
-        rolled_back = self.ctrl.rolled_back_ops()  # their slots are free again
-        held += [rec.dst[self.anchor] for op, rec in self._pending.items()
-                 if rec.kind == "load" and self.anchor in rec.dst and op not in rolled_back]
-        return self._pages(torch.cat(held)) if held else np.empty(0, np.int64)
+    def _held_pages(self, pages: np.ndarray) -> np.ndarray | None:
+        """Mask of ``pages`` some node or load in flight holds, or ``None`` when none is (the
+        common case, one lookup). A load of a rolled-back batch whose failed ack is not
+        polled yet holds nothing (its slots are free again)."""
+        counts = self._held[pages]
+        if not np.count_nonzero(counts):
+            return None
+        rolled_back = self.ctrl.rolled_back_ops()
+        gone = [rec.dst[self.anchor].numpy() for op, rec in self._pending.items()
+                if op in rolled_back and rec.kind == "load" and self.anchor in rec.dst]
+        if gone:
+            ps = self.page_size
+            counts = counts - np.isin(pages, np.concatenate(gone)[::ps] // ps)
+        held = counts > 0
+        return held if held.any() else None
+
+    def _page_slots(self, pages: np.ndarray) -> np.ndarray:
+        ps = self.page_size
+        return pages if ps == 1 else (pages[:, None] * ps + self._page_offsets).reshape(-1)
 
     # ---- apply ---------------------------------------------------------------------
-    def _apply_insert(self, segs: list[_Segment], partial, key, slots: torch.Tensor
-                      ) -> tuple[list[TreeNode], int, bool]:
-        """Carry out the plan; (path, tokens cached on device, reached the end of the key)."""
-        upper = self._split(*partial) if partial is not None else None
-        path, cached = [], 0
-        for seg in segs:
-            node = upper if partial is not None and seg.node is partial[0] else seg.node
-            if seg.action == "keep":
-                cached += seg.end - seg.start
-            elif seg.action == "revive":
-                node.device = slots[seg.start:seg.end].clone()
-                self.device_tier.leaves.add(node)
-                self.counters["revived_tokens"] += seg.end - seg.start
-            elif seg.action == "drop":
-                path.append(node)
-                return path, cached, node.end == key.size
-            else:
-                node = self._new_node(path[-1] if path else self.root, key[seg.start:], slots[seg.start:])
-            path.append(node)
-        return path, cached, True
+    def _apply_insert(self, plan: _Plan, partial, kb: bytes, slots: np.ndarray
+                      ) -> tuple[list[TreeNode], bool]:
+        """Carry out the plan; (path, reached the end of the key)."""
+        path = plan.walked
+        if partial is not None and len(path) and path[-1] is partial[0]:
+            path = [*path[:-1], self._split(*partial)]
+        for i, start, end in plan.revive:
+            node = path[i]
+            node.device = self._take(slots[start:end])
+            self.device_tier.leaves.add(node)
+            self.counters["revived_tokens"] += end - start
+            self._epoch += 1
+        if plan.drop:
+            return path, path[-1].end << 3 == len(kb)
+        if plan.stop < slots.size:
+            parent = path[-1] if path else self.root
+            node = TreeNode(key=kb[plan.stop << 3:], end=slots.size, parent=parent,
+                            device=self._take(slots[plan.stop:]))
+            parent.children[node.key[:self._page_bytes]] = node
+            self.device_tier.leaves.add(node)
+            path = [*path, node]
+        return path, True
 
-    def _new_node(self, parent: TreeNode, tokens, slots: torch.Tensor) -> TreeNode:
-        node = TreeNode(tokens=tokens.copy(), end=parent.end + tokens.size, parent=parent, device=slots.clone())
-        parent.children[page_key(node.tokens, 0, self.page_size)] = node
-        self.device_tier.leaves.add(node)
-        return node
+    def _take(self, slots: np.ndarray) -> torch.Tensor:
+        """A node's own copy of caller slots, counted as held."""
+        self._hold(slots, 1)
+        return torch.from_numpy(slots.copy())

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from hicache.radix.hybrid import select_match_end
-from hicache.radix.node import EMPTY_SLOTS, MatchResult, TreeNode, as_key, common_pages, page_key
+from hicache.radix.node import EMPTY_SLOTS, MatchResult, TreeNode, as_key, common_pages
 
 
 class MatchMixin:
@@ -21,7 +21,9 @@ class MatchMixin:
         """Longest usable cached prefix of ``token_ids`` (a partial last page is ignored).
 
         Non-hybrid stacks may split a node so the match ends on a node boundary. Touches
-        the matched nodes (LRU). Hybrid rule: `hicache.radix.hybrid`.
+        the matched nodes (LRU). Hybrid rule: `hicache.radix.hybrid`. The walk is kept
+        for an `insert` of the same tokens (or more) that follows before the tree's shape
+        changes: that insert continues from it instead of walking again.
 
         Returns:
             `MatchResult` (device slots and last device node; host hit length and last
@@ -29,37 +31,69 @@ class MatchMixin:
         Raises:
             ValueError: ``token_ids`` not 1-D.
         """
-        key = as_key(token_ids, self.page_size, strict=False)
-        path, partial = self._walk(key)
+        kb = as_key(token_ids, self.page_size, strict=False).tobytes()
+        path, partial = self._walk_bytes(kb)
         if partial is not None and not self.hybrid:
             path.append(self._split(*partial))
-        d, e = select_match_end(path, self.hybrid)
-        self._touch(path[:e + 1])
-        dev = path[:d + 1]
-        slots = torch.cat([n.device for n in dev]) if len(dev) > 1 else (dev[0].device if dev else EMPTY_SLOTS)
-        last_dev = dev[-1] if dev else self.root
+        if self.hybrid:
+            d, e = select_match_end(path, True)
+        else:  # every boundary qualifies; device nodes are closed under parent
+            d, e = -1, len(path) - 1
+            for node in path:
+                if node.device is None:
+                    break
+                d += 1
+        self._touch(path if e == len(path) - 1 else path[:e + 1])
+        if d > 0:
+            slots = torch.cat([n.device for n in path[:d + 1]])
+        else:
+            slots = path[0].device if d == 0 else EMPTY_SLOTS
+        self._last_walk = (kb, path, self._epoch, slots)
+        last_dev = path[d] if d >= 0 else self.root
         last_host = path[e] if e >= 0 else self.root
         return MatchResult(slots, last_dev, last_host.end - last_dev.end, last_host)
 
     def _walk(self, key) -> tuple[list[TreeNode], tuple[TreeNode, int] | None]:
-        """Fully matched nodes, and the node matched only partly with its matched tokens."""
-        node, off, path, ps = self.root, 0, [], self.page_size
-        while off < key.size:
-            child = node.children.get(page_key(key, off, ps))
+        """`_walk_bytes` of an int64 key array."""
+        return self._walk_bytes(key.tobytes())
+
+    def _walk_bytes(self, kb: bytes, node: TreeNode | None = None
+                    ) -> tuple[list[TreeNode], tuple[TreeNode, int] | None]:
+        """Fully matched nodes below ``node`` (default: the root), and the node matched only
+        partly with its matched tokens. ``kb`` is the whole key's bytes from the root."""
+        node = self.root if node is None else node
+        off, path, pb, n = node.end << 3, [], self._page_bytes, len(kb)
+        children = node.children
+        while off < n:
+            child = children.get(kb[off:off + pb])
             if child is None:
                 break
-            n = common_pages(child.tokens, key[off:], ps)
-            if n < child.num_tokens:
-                return path, (child, n)
+            ck = child.key
+            if not kb.startswith(ck, off):  # a shorter or different key: a partial match
+                return path, (child, common_pages(ck, kb[off:off + len(ck)], self.page_size))
             path.append(child)
-            off += n
-            node = child
+            off += len(ck)
+            children = child.children
         return path, None
+
+    def _walk_from_match(self, kb: bytes) -> tuple[list[TreeNode], tuple[TreeNode, int] | None,
+                                                   torch.Tensor | None]:
+        """The walk of ``kb`` and the device slots of the last `match_prefix`, continuing
+        that match's walk when ``kb`` extends its key and the tree did not change since
+        (``_epoch``: no split, no deletion, no copy dropped or published); else a new walk
+        and ``None``."""
+        last = self._last_walk
+        if last is not None and last[2] == self._epoch and kb.startswith(last[0]):
+            path = last[1]
+            more, partial = self._walk_bytes(kb, path[-1] if path else None)
+            return path + more, partial, last[3]
+        return (*self._walk_bytes(kb), None)
 
     def _touch(self, nodes) -> None:
         self._clock += 1
+        clock = self._clock
         for n in nodes:
-            n.last_access = self._clock
+            n.last_access = clock
 
     def _split(self, node: TreeNode, num_tokens: int) -> TreeNode:
         """Cut ``node`` after ``num_tokens`` (whole pages); returns the new upper half.
@@ -69,8 +103,9 @@ class MatchMixin:
         the snapshot stays with the lower half (it belongs to the end boundary, which does
         not move).
         """
-        parent = node.parent
-        upper = TreeNode(tokens=node.tokens[:num_tokens], end=node.end - node.num_tokens + num_tokens,
+        self._epoch += 1
+        parent, cut = node.parent, num_tokens << 3
+        upper = TreeNode(key=node.key[:cut], end=node.end - node.num_tokens + num_tokens,
                          parent=parent, lock_ref=node.lock_ref, hit_count=node.hit_count,
                          last_access=node.last_access, pending=node.pending)
         if node.device is not None:
@@ -81,8 +116,9 @@ class MatchMixin:
             pages = num_tokens // self.page_size
             upper.hashes, node.hashes = node.hashes[:pages], node.hashes[pages:]
         upper.stored = node.stored
-        parent.children[page_key(upper.tokens, 0, self.page_size)] = upper
-        node.tokens = node.tokens[num_tokens:]
+        pb = self._page_bytes
+        parent.children[upper.key[:pb]] = upper
+        node.key = node.key[cut:]
         node.parent = upper
-        upper.children[page_key(node.tokens, 0, self.page_size)] = node
+        upper.children[node.key[:pb]] = node
         return upper

@@ -47,7 +47,8 @@ class TreeNode:
     """One radix-tree node (identity-hashed; hot mutable record).
 
     Attributes:
-        tokens: the node's key, token ids of whole pages (int64, never empty but for the root).
+        key: the node's token ids (whole pages) as the bytes of an int64 array: a walk
+            compares bytes (memcmp), never arrays; ``tokens`` views them as int64.
         end: prefix length in tokens at the end of this node (its boundary).
         parent: ``None`` only for the root.
         children: child nodes keyed by the bytes of their first page.
@@ -64,7 +65,7 @@ class TreeNode:
             tree wrote or read it; the store may have dropped it since).
     """
 
-    tokens: np.ndarray
+    key: bytes
     end: int
     parent: "TreeNode | None" = None
     children: dict = field(default_factory=dict)
@@ -80,11 +81,16 @@ class TreeNode:
     hashes: list | None = None
     stored: bool = False
     state_stored: bool = False
-    id: int = field(default_factory=lambda: next(_ids))
+    id: int = field(default_factory=_ids.__next__)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The key as a read-only int64 array (a view, no copy)."""
+        return np.frombuffer(self.key, np.int64)
 
     @property
     def num_tokens(self) -> int:
-        return int(self.tokens.size)
+        return len(self.key) >> 3
 
     @property
     def is_root(self) -> bool:
@@ -107,7 +113,7 @@ class TreeNode:
 
 def new_root() -> TreeNode:
     """The root: an empty key that is on every tier and holds the (empty) initial state."""
-    root = TreeNode(tokens=np.empty(0, np.int64), end=0, device=EMPTY_SLOTS, host=EMPTY_SLOTS)
+    root = TreeNode(key=b"", end=0, device=EMPTY_SLOTS, host=EMPTY_SLOTS)
     root.lock_ref = 1  # the root is never evicted
     return root
 
@@ -146,6 +152,18 @@ def as_key(token_ids, page_size: int, strict: bool) -> np.ndarray:
         TypeError: ids that are not integers (floats and bools are refused, never cast).
         ValueError: not 1-D, or (strict) not a multiple of ``page_size``.
     """
+    if type(token_ids) is np.ndarray and token_ids.dtype == np.int64 and token_ids.ndim == 1 \
+            and token_ids.flags.c_contiguous:  # the common case: nothing to convert
+        key = token_ids
+    else:
+        key = _as_int64(token_ids)
+    extra = key.size % page_size
+    if extra and strict:
+        raise ValueError(f"token_ids: length {key.size} is not a multiple of page_size={page_size}")
+    return key[:key.size - extra] if extra else key
+
+
+def _as_int64(token_ids) -> np.ndarray:
     if isinstance(token_ids, torch.Tensor):
         if token_ids.numel() and not is_integer_dtype(token_ids.dtype):
             raise TypeError(f"token_ids: need integer token ids, got dtype {token_ids.dtype}")
@@ -156,21 +174,14 @@ def as_key(token_ids, page_size: int, strict: bool) -> np.ndarray:
     key = np.ascontiguousarray(arr, dtype=np.int64)
     if key.ndim != 1:
         raise ValueError(f"token_ids: need a 1-D sequence, got shape {key.shape}")
-    extra = key.size % page_size
-    if extra and strict:
-        raise ValueError(f"token_ids: length {key.size} is not a multiple of page_size={page_size}")
-    return key[:key.size - extra] if extra else key
+    return key
 
 
-def page_key(key: np.ndarray, start: int, page_size: int) -> bytes:
-    """Child-dict key: the bytes of the page starting at ``start``."""
-    return key[start:start + page_size].tobytes()
-
-
-def common_pages(a: np.ndarray, b: np.ndarray, page_size: int) -> int:
-    """Tokens (whole pages) of the common prefix of two page-aligned keys."""
-    n = min(a.size, b.size)
-    if a[:n].tobytes() == b[:n].tobytes():  # memcmp: the common case, 4x cheaper than ==
-        return n
-    first = int((a[:n] == b[:n]).argmin())
+def common_pages(a: bytes, b: bytes, page_size: int) -> int:
+    """Tokens (whole pages) of the common prefix of two page-aligned keys (as bytes)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # memcmp: the common case
+        return n >> 3
+    x, y = np.frombuffer(a, np.int64, n >> 3), np.frombuffer(b, np.int64, n >> 3)
+    first = int((x == y).argmin())
     return first - first % page_size

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hicache.radix.jobs import WRITE, StoreJob
-from hicache.radix.node import TreeNode, page_key
+from hicache.radix.node import TreeNode
 from hicache.radix.prefetch import Prefetch
 
 if TYPE_CHECKING:
@@ -167,10 +167,10 @@ class StorageMixin:
             return 0
         if covered > p.start:  # inserted meanwhile: the tree's copy wins
             self.host_tier.free(self.anchor, host[:covered - p.start])
-        node = TreeNode(tokens=p.key[covered:end].copy(), end=end, parent=parent,
+        node = TreeNode(key=p.key[covered:end].tobytes(), end=end, parent=parent,
                         host=host[covered - p.start:].clone(), stored=True,
                         hashes=p.hashes[(covered - p.start) // ps:pages])
-        parent.children[page_key(node.tokens, 0, ps)] = node
+        parent.children[node.key[:self._page_bytes]] = node
         self.host_tier.leaves.add(node)
         if snap is not None:
             self.host_tier.set_snapshot(node, snap)

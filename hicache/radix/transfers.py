@@ -118,6 +118,8 @@ class TransferMixin:
             self.counters["loads_refused"] += 1
             return None
         op = self.ctrl.last_op_id
+        if self.anchor in dst:
+            self._hold(dst[self.anchor].numpy(), 1)
         for n in (*chain, node):
             n.pending = op
         self._pending[op] = PendingOp("load", node, dst, need_state)
@@ -189,6 +191,8 @@ class TransferMixin:
         if rec.kind == "load":
             self.dec_lock_ref(rec.node)
         if not ack.success:
+            if rec.kind == "load" and self.anchor in rec.dst:  # the controller freed them
+                self._hold(rec.dst[self.anchor].numpy(), -1)
             self.counters[f"{rec.kind}s_failed"] += 1
             return
         if rec.kind == "backup":
@@ -218,9 +222,9 @@ class TransferMixin:
         if rec.with_state:
             self.device_tier.set_snapshot(rec.node, {name: rec.dst[name] for name in self.state_sizes})
 
-    @staticmethod
-    def _deal(chain: list[TreeNode], slots: torch.Tensor, tier: Tier) -> list[TreeNode]:
+    def _deal(self, chain: list[TreeNode], slots: torch.Tensor, tier: Tier) -> list[TreeNode]:
         """Hand ``slots`` out top-down to the chain nodes lacking a copy on ``tier``; returns them."""
+        self._epoch += 1
         attr = tier.attr
         takers = [n for n in chain if getattr(n, attr) is None]
         if len(takers) == 1 and takers[0].num_tokens == slots.numel():  # the common case: no split
