@@ -89,10 +89,25 @@ class PageAllocator:
                 repeated, or not currently owned (double free). Nothing changes then.
         """
         pages = self.pages_of(slots)
+        try:
+            return self.free_pages(pages)
+        except ValueError as exc:
+            raise ValueError(f"slots: {str(exc).removeprefix('pages: ')}") from None
+
+    def free_pages(self, pages: np.ndarray) -> int:
+        """Return whole pages a holder took from this allocator (its own records: ``pages_of``
+        output, distinct and in range, so they are not checked again); a page that is not
+        allocated still raises, and nothing changes then.
+
+        Returns:
+            The number of slots freed.
+        Raises:
+            ValueError: a page that is not currently allocated (double free).
+        """
         with self._lock:
-            if not self._owned[pages].all():
+            if np.count_nonzero(self._owned[pages]) != pages.size:
                 bad = self._unowned(pages)[:4] * self.page_size
-                raise ValueError(f"slots: double free (or never allocated) of slots starting at {bad.tolist()}")
+                raise ValueError(f"pages: double free (or never allocated) of slots starting at {bad.tolist()}")
             self._owned[pages] = False
             self._stack[self._top:self._top + pages.size] = pages[::-1]
             self._top += pages.size

@@ -115,10 +115,15 @@ class HiRadixCache(MatchMixin, InsertMixin, EvictionMixin, SnapshotMixin, Transf
         self._init_storage(storage)
 
     def _free_device(self, name: str, slots: torch.Tensor) -> None:
-        """Give device slots the tree held back (anchor pages stop counting as held)."""
-        if name == self.anchor:
-            self._hold(slots.numpy(), -1)
-        self.cache.device_pools[name].free(slots)
+        """Give device slots the tree held back (anchor pages stop counting as held). The
+        anchor's are the tree's own whole pages: freed without being checked again."""
+        if name != self.anchor:
+            self.cache.device_pools[name].free(slots)
+            return
+        ps = self.page_size
+        pages = slots.numpy()[::ps] // ps
+        self.device_pool.allocator.free_pages(pages)
+        self._held[pages] -= 1
 
     # ---- write policies ----------------------------------------------------------
     def _backup_path(self, path: list[TreeNode]) -> None:

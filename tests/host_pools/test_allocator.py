@@ -148,6 +148,20 @@ def test_second_free_of_the_same_slots_is_rejected():
     assert _snapshot(a) == before
 
 
+def test_free_pages_of_the_holders_own_records():
+    # the trusted free (pages from pages_of): slots go back; a page already free is
+    # still refused and nothing changes
+    a = PageAllocator(16, page_size=4)
+    slots = a.alloc(12)
+    pages = a.pages_of(slots)
+    assert a.free_pages(pages[:2]) == 8 and a.available() == 12
+    before = _snapshot(a)
+    with pytest.raises(ValueError, match=r"double free .* starting at \[0, 4\]"):
+        a.free_pages(pages)
+    assert _snapshot(a) == before and a.is_owned(slots[8:])
+    a.check_integrity()
+
+
 # a 0-d tensor (or a float, a bool) used to pass the checks and hand out slots
 @pytest.mark.parametrize("n,error", [(3, ValueError), (6, ValueError), (-4, ValueError),
                                      (torch.tensor(4), TypeError), (4.0, TypeError), (True, TypeError),
