@@ -196,3 +196,34 @@ def test_cuda_slots_are_kept_on_the_host():
     assert node.device.device.type == "cpu" and torch.equal(node.device, slots)
     tree.wait()
     tree.check_integrity()
+
+
+def test_an_insert_after_its_match_sees_what_changed_in_between():
+    # insert continues the walk of the match before it; an eviction, a split or a load
+    # between the two must not make it trust what the match saw
+    cache, tree, content, a, own = setup_a()
+    kv = cache.device_pools["kv"]
+    ab = np.concatenate([a, seq(600, 2, PS)])
+    # 1. match A+B (A on the device), then A leaves the device: the insert revives A
+    assert tree.match_prefix(ab).device_hit_length == 2 * PS
+    assert tree.evict(2 * PS) == 2 * PS
+    slots = kv.alloc(4 * PS)
+    content.fill("kv", slots, prefix_hashes(ab, PS))
+    res = tree.insert(ab, slots)
+    assert res.cached_length == 0 and torch.equal(tree.match_prefix(ab).device_slots, slots)
+    tree.wait()
+    tree.check_integrity()
+    # 2. match A+B+C, then an insert of A's first page + D splits A: the next insert of
+    #    A+B+C walks again and keeps the tree's slots
+    abc = np.concatenate([ab, seq(800, 1, PS)])
+    m = tree.match_prefix(abc)
+    epoch = tree._epoch
+    ad = np.concatenate([a[:PS], seq(900, 1, PS)])
+    tree.insert(ad, torch.cat([slots[:PS], kv.alloc(PS)]))
+    assert tree._epoch > epoch  # the split made the match's walk stale
+    c_slots = kv.alloc(PS)
+    res = tree.insert(abc, torch.cat([m.device_slots, c_slots]))
+    assert res.cached_length == 4 * PS
+    assert torch.equal(tree.match_prefix(abc).device_slots, torch.cat([slots, c_slots]))
+    tree.wait()
+    tree.check_integrity()
