@@ -122,6 +122,12 @@ class PageAllocator:
         with self._lock:
             return np.count_nonzero(self._owned[pages]) == pages.size
 
+    def owned_mask(self) -> np.ndarray:
+        """The live per-page "allocated" flags, for a holder's fast membership checks:
+        read it, never write it. Read without the lock (a check followed by a use is not
+        atomic with the lock either)."""
+        return self._owned
+
     def generations(self, pages: np.ndarray) -> np.ndarray:
         """How many times each page in ``pages`` (from ``pages_of``) has been allocated (a copy)."""
         with self._lock:

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from host_pools.allocator import PageAllocator, is_integer_dtype
+from hicache.radix import fastpath
 from hicache.radix.node import InsertResult, TreeNode, as_key
 
 
@@ -119,7 +120,7 @@ class InsertMixin:
                 the stack's snapshot or unallocated slots. Nothing changes then.
         """
         key = as_key(token_ids, self.page_size, strict=True)
-        slots = slots_array(device_slots, "device_slots")
+        slots = np.ascontiguousarray(slots_array(device_slots, "device_slots"))
         if slots.ndim != 1 or slots.size != key.size:
             raise ValueError(f"device_slots: need {key.size} slots (one per token), got shape {tuple(slots.shape)}")
         snap = self._check_extra(extra, key.size)
@@ -198,21 +199,19 @@ class InsertMixin:
             own = (torch.cat(parts) if len(parts) > 1 else parts[0]).numpy()
         else:
             own = slots[:0]
-        if own.tobytes() == slots[:k].tobytes():  # the common case: the tree's own slots, valid by construction
-            pages = self._rest_pages(slots, k)
+        stop = plan.stop if plan.drop else slots.size  # slots of revive and new segments end here
+        if fastpath.same_bytes(own, slots[:k]):  # the common case: the tree's own slots, valid by construction
             cand = []
+            pages = fastpath.fresh_pages(slots, k, stop, ps, self.device_pool.allocator.owned_mask(), self._held)
+            if pages is None:  # not the fast case: check the rest the long way (names what is wrong)
+                pages = allocated_pages(self.device_pool.allocator, torch.from_numpy(slots[k:]), "device_slots")
+                self._refuse_held(pages[:(stop - k) // ps])
         else:  # the cached prefix given as other slots: check them all
             pages = allocated_pages(self.device_pool.allocator, torch.from_numpy(slots), "device_slots")
             mine = pages[:k // ps]
             cand = [mine[mine != own[::ps] // ps]]
             pages = pages[k // ps:]
-        stop = plan.stop if plan.drop else slots.size
-        held = self._held_pages(pages[:(stop - k) // ps])
-        if held is not None:
-            first = int(pages[:held.size][held][0]) * ps
-            raise ValueError(f"device_slots: slot {first} (and its page) is the tree's own slot for other tokens "
-                             "(of this prefix or another); pass the tree's slots at their positions "
-                             "(match_prefix) or fresh ones")
+            self._refuse_held(pages[:(stop - k) // ps])
         if plan.drop:
             cand.append(pages[(stop - k) // ps:])
         if not cand:
@@ -221,32 +220,20 @@ class InsertMixin:
         held = self._held_pages(cand)
         return self._page_slots(cand if held is None else cand[~held])  # only provable duplicates go back
 
-    def _rest_pages(self, slots: np.ndarray, k: int) -> np.ndarray:
-        """Pages of ``slots[k:]`` (the caller's slots past the cached prefix), checked.
-
-        Fast path: ascending aligned pages (what an allocator hands out), checked with a
-        handful of vector operations; anything else goes through the allocator's full
-        check, which also names the first bad slot.
-        """
-        rest, ps, alloc = slots[k:], self.page_size, self.device_pool.allocator
-        if not rest.size:
-            return rest
-        if ps > 1:
-            pages = rest[::ps] // ps
-            ok = rest.tobytes() == (pages[:, None] * ps + self._page_offsets).tobytes()
-        else:
-            pages, ok = rest, True
-        if ok and 0 <= pages[0] and pages[-1] < alloc.num_pages and not np.count_nonzero(pages[1:] <= pages[:-1]) \
-                and alloc.owns_pages(pages):
-            return pages
-        return allocated_pages(alloc, torch.from_numpy(rest), "device_slots")
+    def _refuse_held(self, pages: np.ndarray) -> None:
+        """Raise if a page the caller gives for a revive or new segment is already held."""
+        held = self._held_pages(pages)
+        if held is not None:
+            first = int(pages[held][0]) * self.page_size
+            raise ValueError(f"device_slots: slot {first} (and its page) is the tree's own slot for other tokens "
+                             "(of this prefix or another); pass the tree's slots at their positions "
+                             "(match_prefix) or fresh ones")
 
     # ---- what the tree holds ---------------------------------------------------------
     def _hold(self, slots: np.ndarray, delta: int) -> None:
         """Count device anchor pages of ``slots`` (the tree's own: whole, distinct) as
         taken (+1: a node or a load in flight) or given back (-1)."""
-        ps = self.page_size
-        self._held[slots if ps == 1 else slots[::ps] // ps] += delta
+        fastpath.hold(slots, self.page_size, self._held, delta)
 
     def _held_pages(self, pages: np.ndarray) -> np.ndarray | None:
         """Mask of ``pages`` some node or load in flight holds, or ``None`` when none is (the

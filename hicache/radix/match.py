@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from hicache.radix import fastpath
 from hicache.radix.hybrid import select_match_end
 from hicache.radix.node import EMPTY_SLOTS, MatchResult, TreeNode, as_key, common_pages
 
@@ -62,19 +63,11 @@ class MatchMixin:
         """Fully matched nodes below ``node`` (default: the root), and the node matched only
         partly with its matched tokens. ``kb`` is the whole key's bytes from the root."""
         node = self.root if node is None else node
-        off, path, pb, n = node.end << 3, [], self._page_bytes, len(kb)
-        children = node.children
-        while off < n:
-            child = children.get(kb[off:off + pb])
-            if child is None:
-                break
-            ck = child.key
-            if not kb.startswith(ck, off):  # a shorter or different key: a partial match
-                return path, (child, common_pages(ck, kb[off:off + len(ck)], self.page_size))
-            path.append(child)
-            off += len(ck)
-            children = child.children
-        return path, None
+        path, child = fastpath.walk(node, kb, self._page_bytes)
+        if child is None:
+            return path, None
+        off = (path[-1].end if path else node.end) << 3
+        return path, (child, common_pages(child.key, kb[off:off + len(child.key)], self.page_size))
 
     def _walk_from_match(self, kb: bytes) -> tuple[list[TreeNode], tuple[TreeNode, int] | None,
                                                    torch.Tensor | None]:

@@ -1,0 +1,281 @@
+/* Compiled checks for HiRadixCache's hot path (optional: hicache.radix.fastpath falls back
+ * to numpy when this module is not built).
+ *
+ * Each function does in one pass over a few buffers what would otherwise be several numpy
+ * calls of ~1 us each. They take numpy arrays (buffer protocol) and never allocate Python
+ * objects but their return value; anything unexpected (wrong item size, non-contiguous
+ * buffer) is a TypeError or ValueError, never undefined behaviour.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+static int get_buf(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable, const char *what)
+{
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) < 0)
+        return -1;
+    if (view->itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s: need items of %zd bytes, got %zd", what, itemsize,
+                     view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* same_bytes(a, b) -> bool: equal lengths and bytes (two C-contiguous buffers). */
+static PyObject *same_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer a, b;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "same_bytes(a, b)");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[0], &a, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &b, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&a);
+        return NULL;
+    }
+    int same = a.len == b.len && (a.len == 0 || memcmp(a.buf, b.buf, (size_t)a.len) == 0);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    return PyBool_FromLong(same);
+}
+
+/* fresh_pages(slots, start, free_from, page_size, owned, held, out) -> int
+ *
+ * Pages of slots[start:] (int64), written to out (int64, room for them), when every page
+ * is a whole aligned run of page_size consecutive slots, pages strictly ascend, lie in
+ * [0, len(owned)), are allocated (owned[p], bool) and -- for slots before free_from --
+ * held by nobody (held[p] == 0, int32). Returns the number of pages, or -1 when any rule
+ * fails (the caller's slow path then names the first broken rule).
+ */
+static PyObject *fresh_pages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer s, owned, held, out;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "fresh_pages(slots, start, free_from, page_size, owned, held, out)");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t free_from = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t ps = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (get_buf(args[0], &s, 8, 0, "slots") < 0)
+        return NULL;
+    if (get_buf(args[4], &owned, 1, 0, "owned") < 0) {
+        PyBuffer_Release(&s);
+        return NULL;
+    }
+    if (get_buf(args[5], &held, 4, 0, "held") < 0) {
+        PyBuffer_Release(&s);
+        PyBuffer_Release(&owned);
+        return NULL;
+    }
+    if (get_buf(args[6], &out, 8, 1, "out") < 0) {
+        PyBuffer_Release(&s);
+        PyBuffer_Release(&owned);
+        PyBuffer_Release(&held);
+        return NULL;
+    }
+    const int64_t *slot = (const int64_t *)s.buf;
+    const char *own = (const char *)owned.buf;
+    const int32_t *hold = (const int32_t *)held.buf;
+    int64_t *pages = (int64_t *)out.buf;
+    Py_ssize_t n = s.len / 8, num_pages = owned.len, out_len = out.len / 8;
+    Py_ssize_t count = -1;
+    if (ps >= 1 && start >= 0 && start <= n && (n - start) % ps == 0 && held.len / 4 >= num_pages
+        && out_len >= (n - start) / ps) {
+        int64_t prev = -1;
+        Py_ssize_t i = start, k = 0;
+        for (; i < n; i += ps, k++) {
+            int64_t first = slot[i];
+            if (first < 0 || first % ps)
+                break;
+            int64_t p = first / ps;
+            if (p <= prev || p >= num_pages || !own[p] || (i < free_from && hold[p]))
+                break;
+            Py_ssize_t j = 1;
+            while (j < ps && slot[i + j] == first + j)
+                j++;
+            if (j < ps)
+                break;
+            pages[k] = p;
+            prev = p;
+        }
+        if (i >= n)
+            count = k;
+    }
+    PyBuffer_Release(&s);
+    PyBuffer_Release(&owned);
+    PyBuffer_Release(&held);
+    PyBuffer_Release(&out);
+    return PyLong_FromSsize_t(count);
+}
+
+/* hold(slots, page_size, held, delta) -> None: held[slots[i] // page_size] += delta for
+ * every page start i of slots (the holder's own whole pages, in range: trusted). */
+static PyObject *hold(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer s, held;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "hold(slots, page_size, held, delta)");
+        return NULL;
+    }
+    Py_ssize_t ps = PyLong_AsSsize_t(args[1]);
+    long delta = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (ps < 1) {
+        PyErr_SetString(PyExc_ValueError, "page_size: must be >= 1");
+        return NULL;
+    }
+    if (get_buf(args[0], &s, 8, 0, "slots") < 0)
+        return NULL;
+    if (get_buf(args[2], &held, 4, 1, "held") < 0) {
+        PyBuffer_Release(&s);
+        return NULL;
+    }
+    const int64_t *slot = (const int64_t *)s.buf;
+    int32_t *count = (int32_t *)held.buf;
+    Py_ssize_t n = s.len / 8, num_pages = held.len / 4;
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < n; i += ps) {  /* range-checked first: nothing changes on error */
+        int64_t p = slot[i] / ps;
+        if (slot[i] < 0 || p >= num_pages) {
+            ok = 0;
+            break;
+        }
+    }
+    if (ok)
+        for (Py_ssize_t i = 0; i < n; i += ps)
+            count[slot[i] / ps] += (int32_t)delta;
+    PyBuffer_Release(&s);
+    PyBuffer_Release(&held);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "slots: a page outside the held counts");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *s_end, *s_children, *s_key;
+
+/* walk(node, kb, page_bytes) -> (path, partial)
+ *
+ * The radix walk of HiRadixCache below ``node``: ``kb`` is a whole key's bytes from the
+ * root (int64 token ids), each node's ``children`` dict is keyed by the bytes of its
+ * first page and its ``key`` holds its tokens' bytes. ``path`` lists the nodes matched in
+ * full; ``partial`` is the next node when its key matches only in part (the caller finds
+ * how much), else None.
+ */
+static PyObject *walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "walk(node, kb: bytes, page_bytes)");
+        return NULL;
+    }
+    const char *kb = PyBytes_AS_STRING(args[1]);
+    Py_ssize_t n = PyBytes_GET_SIZE(args[1]);
+    Py_ssize_t pb = PyLong_AsSsize_t(args[2]);
+    if (pb == -1 && PyErr_Occurred())
+        return NULL;
+    if (pb < 1) {
+        PyErr_SetString(PyExc_ValueError, "page_bytes: must be >= 1");
+        return NULL;
+    }
+    PyObject *end = PyObject_GetAttr(args[0], s_end);
+    if (end == NULL)
+        return NULL;
+    Py_ssize_t off = PyLong_AsSsize_t(end);
+    Py_DECREF(end);
+    if (off == -1 && PyErr_Occurred())
+        return NULL;
+    off *= 8;
+    PyObject *path = PyList_New(0);
+    PyObject *children = PyObject_GetAttr(args[0], s_children);
+    PyObject *partial = Py_None;
+    Py_INCREF(partial);
+    if (path == NULL || children == NULL)
+        goto fail;
+    while (off < n) {
+        if (!PyDict_Check(children)) {
+            PyErr_SetString(PyExc_TypeError, "walk: a node's children must be a dict");
+            goto fail;
+        }
+        PyObject *page = PyBytes_FromStringAndSize(kb + off, off + pb <= n ? pb : n - off);
+        if (page == NULL)
+            goto fail;
+        PyObject *child = PyDict_GetItemWithError(children, page); /* borrowed */
+        Py_DECREF(page);
+        if (child == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            break;
+        }
+        PyObject *ck = PyObject_GetAttr(child, s_key);
+        if (ck == NULL)
+            goto fail;
+        if (!PyBytes_Check(ck)) {
+            Py_DECREF(ck);
+            PyErr_SetString(PyExc_TypeError, "walk: a node's key must be bytes");
+            goto fail;
+        }
+        Py_ssize_t m = PyBytes_GET_SIZE(ck);
+        int full = off + m <= n && memcmp(kb + off, PyBytes_AS_STRING(ck), (size_t)m) == 0;
+        Py_DECREF(ck);
+        if (!full) {
+            Py_DECREF(partial);
+            partial = child;
+            Py_INCREF(partial);
+            break;
+        }
+        if (PyList_Append(path, child) < 0)
+            goto fail;
+        off += m;
+        Py_DECREF(children);
+        children = PyObject_GetAttr(child, s_children);
+        if (children == NULL)
+            goto fail;
+    }
+    Py_XDECREF(children);
+    PyObject *out = PyTuple_Pack(2, path, partial);
+    Py_DECREF(path);
+    Py_DECREF(partial);
+    return out;
+fail:
+    Py_XDECREF(path);
+    Py_XDECREF(children);
+    Py_DECREF(partial);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL,
+     "walk(node, kb, page_bytes) -> (fully matched nodes, partly matched node or None)."},
+    {"same_bytes", (PyCFunction)(void (*)(void))same_bytes, METH_FASTCALL,
+     "same_bytes(a, b) -> bool: equal lengths and bytes of two C-contiguous buffers."},
+    {"fresh_pages", (PyCFunction)(void (*)(void))fresh_pages, METH_FASTCALL,
+     "fresh_pages(slots, start, free_from, page_size, owned, held, out) -> pages written, or -1."},
+    {"hold", (PyCFunction)(void (*)(void))hold, METH_FASTCALL,
+     "hold(slots, page_size, held, delta): count the pages of slots as held (+) or given back (-)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastpath",
+                                    "Compiled checks of HiRadixCache's hot path.", -1, methods};
+
+PyMODINIT_FUNC PyInit__fastpath(void)
+{
+    s_end = PyUnicode_InternFromString("end");
+    s_children = PyUnicode_InternFromString("children");
+    s_key = PyUnicode_InternFromString("key");
+    if (s_end == NULL || s_children == NULL || s_key == NULL)
+        return NULL;
+    return PyModule_Create(&module);
+}

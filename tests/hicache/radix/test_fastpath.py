@@ -1,0 +1,94 @@
+"""`hicache.radix.fastpath`: the compiled checks and their numpy fallbacks agree, and the
+tree works with either."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hicache.models import mha
+from hicache.radix import fastpath
+from tests.hicache.radix.test_cache import make, seq
+
+needs_compiled = pytest.mark.skipif(not fastpath.COMPILED, reason="hicache.radix._fastpath is not built")
+
+
+def _case(draw, page_size):
+    num_pages = 16
+    pages = draw(st.lists(st.integers(-2, num_pages + 1), max_size=6))
+    slots = [p * page_size + o for p in pages for o in range(page_size)]
+    if slots and draw(st.booleans()):  # break one slot of the run
+        i = draw(st.integers(0, len(slots) - 1))
+        slots[i] += draw(st.sampled_from([-1, 1, page_size]))
+    prefix = draw(st.integers(0, 2)) * page_size
+    slots = np.array(list(range(prefix)) + slots, np.int64)
+    owned = np.array(draw(st.lists(st.booleans(), min_size=num_pages, max_size=num_pages)), np.bool_)
+    held = np.array(draw(st.lists(st.integers(0, 1), min_size=num_pages, max_size=num_pages)), np.int32)
+    free_from = draw(st.integers(prefix, slots.size))
+    return slots, prefix, free_from, owned, held
+
+
+@needs_compiled
+@pytest.mark.parametrize("page_size", [1, 4])
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_compiled_fresh_pages_agrees_with_numpy(page_size, data):
+    slots, start, free_from, owned, held = _case(data.draw, page_size)
+    compiled = fastpath.fresh_pages(slots, start, free_from, page_size, owned, held)
+    numpy = fastpath._fresh_pages(slots, start, free_from, page_size, owned, held)
+    assert (compiled is None) == (numpy is None)
+    if compiled is not None:
+        assert compiled.tolist() == numpy.tolist()
+
+
+@needs_compiled
+def test_compiled_hold_and_same_bytes():
+    held = np.zeros(8, np.int32)
+    slots = np.arange(8, 16, dtype=np.int64)  # pages 2 and 3 of 4 slots
+    fastpath.hold(slots, 4, held, 1)
+    assert held.tolist() == [0, 0, 1, 1, 0, 0, 0, 0]
+    before = held.copy()
+    with pytest.raises(ValueError, match="outside the held counts"):  # nothing changes
+        fastpath.hold(np.array([4, 5, 6, 7, 64, 65, 66, 67], np.int64), 4, held, 1)
+    assert held.tolist() == before.tolist()
+    with pytest.raises(TypeError, match="held: need items of 4 bytes"):
+        fastpath.hold(slots, 4, held.astype(np.int64), 1)
+    a = np.arange(5, dtype=np.int64)
+    assert fastpath.same_bytes(a, a.copy()) and not fastpath.same_bytes(a, a[:4])
+    assert fastpath.same_bytes(a[:0], np.empty(0, np.int64))
+
+
+def test_the_tree_is_the_same_with_the_numpy_fallbacks(monkeypatch):
+    def run():
+        cache, tree = make(mha(1, 1, 8, page_size=4), device_pages=32)
+        kv = cache.device_pools["kv"]
+        out = []
+        for turn in range(1, 4):
+            for conv in range(3):
+                tokens = seq(conv * 1000, 2 * turn, 4)
+                m = tree.match_prefix(tokens)
+                slots = torch.cat([m.device_slots, kv.alloc(tokens.size - m.device_hit_length)])
+                out.append((tree.insert(tokens, slots).cached_length, m.device_hit_length))
+                tree.wait()
+        fresh = kv.alloc(4)
+        bad = torch.cat([tree.match_prefix(seq(0, 2, 4)).device_slots, fresh[[1, 0, 2, 3]]])
+        with pytest.raises(ValueError, match="whole pages"):
+            tree.insert(seq(0, 3, 4), bad)
+        kv.free(fresh)
+        tree.check_integrity()
+        for key in (seq(0, 1, 4), seq(0, 6, 4), seq(1000, 3, 4), np.concatenate([seq(0, 2, 4), seq(5, 1, 4)]),
+                    seq(0, 8, 4)[:-2], seq(7000, 2, 4)):
+            path, partial = tree._walk(key)  # whichever walk runs: same nodes either way
+            other = fastpath._walk(tree.root, key.tobytes(), tree._page_bytes)
+            out.append(([n.end for n in path], partial and partial[1]))
+            assert other[0] == path and other[1] is (partial and partial[0])
+        return out
+
+    compiled = run()
+    monkeypatch.setattr(fastpath, "_c", None)
+    monkeypatch.setattr(fastpath, "same_bytes", fastpath._same_bytes)
+    monkeypatch.setattr(fastpath, "hold", fastpath._hold)
+    monkeypatch.setattr(fastpath, "walk", fastpath._walk)
+    assert run() == compiled
