@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
+import numpy as np
 import torch
 
 from host_pools.spec import Stack
-from transfer_kernels import CopyBackend, CopyJob, make_plan
+from transfer_kernels import CopyBackend, CopyJob, CopyPlan
+from transfer_kernels.plan import LaunchGroups
 
 
 @dataclass(slots=True)
@@ -32,7 +34,8 @@ class Op:
     direction: str  # "d2h" (write / backup) or "h2d" (load)
     src: dict[str, torch.Tensor]
     dst: dict[str, torch.Tensor]
-    host_gens: dict[str, Any] | None = None  # d2h: allocation generations of the dst pages
+    # d2h: per pool, the destination host pages and their allocation generations
+    host_stamps: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
 
 
 @dataclass(slots=True)
@@ -47,6 +50,8 @@ class Batch:
 
 
 def _merge(ops: list[Op], side: str) -> dict[str, torch.Tensor]:
+    if len(ops) == 1:
+        return getattr(ops[0], side)
     per_root: dict[str, list[torch.Tensor]] = {}
     for op in ops:
         for root, slots in getattr(op, side).items():
@@ -54,21 +59,40 @@ def _merge(ops: list[Op], side: str) -> dict[str, torch.Tensor]:
     return {root: torch.cat(parts) if len(parts) > 1 else parts[0] for root, parts in per_root.items()}
 
 
-def plan_jobs(stack: Stack, ops: list[Op], tables: Callable[[str], tuple[Any, Any]]) -> dict[tuple, CopyJob]:
+def plan_jobs(stack: Stack, ops: list[Op], tables: Callable[[str], tuple[Any, Any]],
+              dst_pages: Mapping[str, int] | None = None) -> dict[tuple, CopyJob]:
     """Transfers of a batch keyed by (pool name, source pool), rows resolved from merged slots.
+
+    Every op's slots were validated for their root's page when it was queued, and each
+    op's destination slots were allocated distinct; so the rows are derived unchecked.
 
     Args:
         tables: pool name -> (source-tier table, destination-tier table).
+        dst_pages: root pool -> destination page size; when given, slots handed out to
+            two ops of the batch (freed and reallocated while queued) are refused.
+    Raises:
+        ValueError: a destination page twice in the batch (only with ``dst_pages``).
     """
-    # every op's slots were validated for their root's page when it was queued
+    dst = _merge(ops, "dst")
+    if dst_pages is not None and len(ops) > 1:
+        for root, slots in dst.items():
+            _check_distinct(slots, dst_pages[root], root)
     src_rows = stack.derive_rows(_merge(ops, "src"), check=False)
-    dst_rows = stack.derive_rows(_merge(ops, "dst"), check=False)
+    dst_rows = stack.derive_rows(dst, check=False)
     jobs = {}
     for name, rows in src_rows.items():
-        spec = stack.pool(name)
         src_table, dst_table = tables(name)
-        jobs[(name, spec.indices_from or name)] = CopyJob(src_table, dst_table, rows, dst_rows[name])
+        jobs[(name, stack.pool(name).indices_from or name)] = CopyJob(src_table, dst_table, rows,
+                                                                       dst_rows[name])
     return jobs
+
+
+def _check_distinct(slots: torch.Tensor, page_size: int, root: str) -> None:
+    pages = np.sort(slots.numpy()[::page_size])
+    twice = pages[1:][pages[1:] == pages[:-1]]
+    if twice.size:
+        raise ValueError(f"destination slots of pool {root!r}: page {int(twice[0])} belongs to two "
+                         f"ops of one batch (freed and allocated again while queued)")
 
 
 @functools.lru_cache(maxsize=64)
@@ -81,24 +105,28 @@ def layer_plan(stack: Stack, pools: tuple[str, ...]) -> list[list[tuple[str, int
     return per_layer
 
 
-def launch_backup(jobs: dict[tuple, CopyJob], backend: CopyBackend) -> None:
+def launch_backup(plan: CopyPlan, backend: CopyBackend) -> None:
     """All layers of every pool in one launch."""
-    if jobs:
-        backend.execute(make_plan(list(jobs.values())))
+    if plan.jobs:
+        backend.execute(plan)
 
 
-def launch_load(stack: Stack, jobs: dict[tuple, CopyJob], backend: CopyBackend,
-                on_layer: Callable[[int], None]) -> None:
+def launch_load(plan: CopyPlan, groups: LaunchGroups, backend: CopyBackend,
+                on_layer: Callable[[int], None] | None) -> None:
     """One launch per model layer covering every pool that has it, then ``on_layer(i)``.
 
-    The whole batch is validated and prepared once (the triton backend stages every
-    layer's descriptors and indices in one copy); each layer's launch is a slice of it.
+    The batch is prepared once (the triton backend stages every layer's descriptors and
+    indices in one copy); each layer's launch is a slice of it, O(1) Python per layer.
+    ``groups`` come from :func:`load_groups` for the plan's job order.
     """
-    plan = make_plan(list(jobs.values()))
-    groups = load_groups(stack, tuple(key[0] for key in jobs))
     prepared = backend.prepare(plan, groups)
+    launch = prepared.launch
+    if on_layer is None:
+        for layer in range(len(groups)):
+            launch(layer)
+        return
     for layer in range(len(groups)):
-        prepared.launch(layer)
+        launch(layer)
         on_layer(layer)
 
 

@@ -2,15 +2,20 @@
 
 Life of an operation (``write`` = backup D2H, ``load`` = H2D):
 
-    write()/load()     validate (once, here), allocate destination slots all-or-nothing,
+    write()/load()     validate (once, here; ``trusted=True`` skips it), allocate
+         |             destination slots all-or-nothing,
          |             queue (short on any pool -> free what this call took, return None;
          |             an allocator that raises -> free what this call took, re-raise)
     start_writing()/start_loading()
          |             merge every queued op of that direction into one batch (see
-         |             hicache.batch), launch (a raising launch -> free the batch's
+         |             hicache.batch; the plan is built unchecked: its rows come from
+         |             slots validated above), launch (a raising launch -> free the batch's
          |             destination slots, fail its acks; a load returns None)
     poll()             finished batches -> Acks, in order per direction; a successful
                        write makes its host pages loadable
+
+Internal hops trust what the controller produced: its own allocators' destination slots
+(a server-supplied ``device_alloc`` is checked), and the rows and plan of a batch.
 
 Acks, not CUDA events, say that data is valid: a rolled-back load still signals every
 layer event of its consumer (so no waiter hangs), but its device slots were freed.
@@ -26,13 +31,15 @@ import numpy as np
 import torch
 
 from host_pools.group import HostPoolGroup
-from hicache.batch import Batch, Op, launch_backup, launch_load, plan_jobs
+from hicache.batch import Batch, Op, launch_backup, launch_load, load_groups, plan_jobs
 from hicache.config import HiCacheConfig
 from hicache.device_pool import DevicePool
 from hicache.layer_sync import LayerDoneCounter
 from hicache.slots import alloc_all, check_owned, check_pages, edge_slots, free_all
-from hicache.stats import TransferStats
+from hicache.stats import TransferStats, volume_table
 from transfer_kernels import CopyBackend, RowTable, TritonBackend, get_backend
+from transfer_kernels.plan import LaunchGroups, exec_device, trusted_plan
+from transfer_kernels.rows import first_duplicate
 
 AllocFn = Callable[[int], "torch.Tensor | None"]
 FreeFn = Callable[[torch.Tensor], Any]
@@ -89,15 +96,32 @@ class HybridCacheController:
         self.write_stream = torch.cuda.Stream(self.device) if self._cuda else None
         self.load_stream = torch.cuda.Stream(self.device) if self._cuda else None
         self.layer_done = LayerDoneCounter(self.stack.num_model_layers, self.device)
+        self._tables: dict[tuple[str, str], RowTable] = {}
+        self._anchor = self.stack.anchor.name
+        # What a batch needs, computed once: per direction, each data pool's (source,
+        # destination) tables; the destination page size per root; the plan's device.
+        self._routes = {d: self._route_tables(d) for d in DIRECTIONS}
+        self._dst_pages = {"d2h": {n: host_group.pools[n].allocator.page_size for n in own},
+                           "h2d": {n: self.device_pools[n].allocator.page_size for n in own}}
+        first = next(iter(self._routes["d2h"].values()), None)
+        self._plan_device = exec_device(*first) if first else torch.device("cpu")
+        self._load_groups: dict[tuple[str, ...], LaunchGroups] = {}
+        self._volume = volume_table(self.stack)
         self._queues: dict[str, list[Op]] = {d: [] for d in DIRECTIONS}
         self._inflight: dict[str, deque[Batch]] = {d: deque() for d in DIRECTIONS}
         self._ids = itertools.count()
-        self._tables: dict[tuple[str, str], RowTable] = {}
         self.counters = TransferStats()
         self.last_op_id = -1
         self.closed = False
         if self._cuda:
             self._stage_descriptors()
+
+    def _route_tables(self, direction: str) -> dict[str, tuple[RowTable, RowTable]]:
+        routes = {}
+        for p in self.stack.data_pools():
+            dev, host = self.device_pools[p.name].row_table(), self._host_table(p.name)
+            routes[p.name] = (dev, host) if direction == "d2h" else (host, dev)
+        return routes
 
     def _stage_descriptors(self) -> None:
         """Upload every table's descriptor now, not on the first transfer's hot path."""
@@ -106,14 +130,22 @@ class HybridCacheController:
             self._host_table(p.name).device_desc(self.device)
 
     # ---- queueing -------------------------------------------------------------------
-    def write(self, device_indices: Any, extra: Mapping[str, Any] | None = None
-              ) -> dict[str, torch.Tensor] | None:
+    def write(self, device_indices: Any, extra: Mapping[str, Any] | None = None, *,
+              trusted: bool = False) -> dict[str, torch.Tensor] | None:
         """Queue a backup of device slots; allocate their host slots all-or-nothing.
 
         Args:
             device_indices: anchor device token slots (whole pages; an int64 CPU tensor,
                 a list or a numpy array; empty when only ``extra`` moves).
             extra: device slots of other own-indexed pools, e.g. ``{"swa": slots}``.
+            trusted: skip the coercion and every check of the slots (an internal caller
+                such as the radix tree, which validated them itself). The caller then
+                guarantees: ``device_indices`` and each ``extra`` value are 1-D int64
+                contiguous CPU tensors (possibly empty) of whole aligned pages of their
+                pool, in range, not repeated, currently allocated on the device;
+                ``extra`` is ``None`` or a dict keyed by own-indexed pools other than the
+                anchor; at least one tensor is non-empty. A broken promise is undefined
+                behaviour (wrong rows copied, or an error at launch).
         Returns:
             Host slots keyed by pool name, or ``None`` if any host pool is short (nothing
             is allocated or queued then). The op's id is ``last_op_id`` afterwards.
@@ -124,27 +156,54 @@ class HybridCacheController:
             RuntimeError: the controller is closed.
         """
         self._check_open()
-        src = edge_slots(self.stack, device_indices, extra, "device_indices")
+        if trusted:
+            src = self._trusted_slots(device_indices, extra, "device_indices")
+        else:
+            src = edge_slots(self.stack, device_indices, extra, "device_indices")
+            self._check_device_slots(src)
+        host = self.host_group.pools
+        # the host pools' own allocators hand out int64 CPU tensors of distinct whole pages
+        dst = alloc_all(src, lambda n, k: host[n].alloc(k), lambda n, s: host[n].free(s), ())
+        if dst is None:
+            return None
+        stamps = {}
+        for name, slots in dst.items():
+            pages = self._host_pages(name, slots)
+            stamps[name] = (pages, host[name].allocator.generations(pages))
+        return self._enqueue(Op(-1, "d2h", src, dst, stamps))
+
+    def _check_device_slots(self, src: dict[str, torch.Tensor]) -> None:
         for name, slots in src.items():
             pool = self.device_pools[name]
             if name in self._server_alloc:  # the server's own slots: shape and range only
                 check_pages(slots, pool.allocator.page_size, pool.num_tokens, _label("device_indices", name))
             else:  # aligned, in range, not repeated, and allocated
                 check_owned(pool.allocator, slots, _label("device_indices", name))
-        host = self.host_group.pools
-        dst = alloc_all(src, lambda n, k: host[n].alloc(k), lambda n, s: host[n].free(s))
-        if dst is None:
-            return None
-        gens = {n: host[n].allocator.generations(self._host_pages(n, s)) for n, s in dst.items()}
-        return self._enqueue(Op(-1, "d2h", src, dst, gens))
 
-    def load(self, host_indices: Any, extra: Mapping[str, Any] | None = None
-             ) -> dict[str, torch.Tensor] | None:
+    def _trusted_slots(self, anchor: torch.Tensor, extra: dict[str, torch.Tensor] | None,
+                       what: str) -> dict[str, torch.Tensor]:
+        """A trusted call's slots keyed by pool, empty ones dropped (no other check)."""
+        src = {self._anchor: anchor} if anchor.numel() else {}
+        if extra:
+            for name, slots in extra.items():
+                if slots.numel():
+                    src[name] = slots
+        if not src:
+            raise ValueError(f"{what}: nothing to transfer (empty anchor slots and no extra)")
+        return src
+
+    def load(self, host_indices: Any, extra: Mapping[str, Any] | None = None, *,
+             trusted: bool = False) -> dict[str, torch.Tensor] | None:
         """Queue a load of host slots; allocate their device slots all-or-nothing.
 
         Args:
             host_indices: anchor host token slots from an acked ``write`` (whole pages).
             extra: host slots of other own-indexed pools, e.g. ``{"swa": slots}``.
+            trusted: skip the coercion and every check of the slots (an internal caller
+                such as the radix tree). The caller guarantees what ``write(trusted=True)``
+                lists, for host slots, and that every page was filled by an acked
+                ``write`` (or declared by ``mark_host_written``) and not freed since.
+                A server-supplied ``device_alloc``'s slots are still checked.
         Returns:
             Device slots keyed by pool name, or ``None`` if any device pool is short.
         Raises:
@@ -154,20 +213,33 @@ class HybridCacheController:
             RuntimeError: the controller is closed.
         """
         self._check_open()
-        src = edge_slots(self.stack, host_indices, extra, "host_indices")
-        for name, slots in src.items():
-            self._check_loadable(name, slots)
-        dst = alloc_all(src, lambda n, k: self._alloc[n](k), lambda n, s: self._free[n](s))
+        if trusted:
+            src = self._trusted_slots(host_indices, extra, "host_indices")
+        else:
+            src = edge_slots(self.stack, host_indices, extra, "host_indices")
+            for name, slots in src.items():
+                self._check_loadable(name, slots)
+        # the device pools' own allocators are trusted; a server's slots are coerced
+        dst = alloc_all(src, lambda n, k: self._alloc[n](k), lambda n, s: self._free[n](s),
+                        self._server_alloc)
         if dst is None:
             return None
-        try:  # a server-supplied allocator must hand out whole aligned pages in range too
+        if self._server_alloc:
+            self._check_server_slots(dst)
+        return self._enqueue(Op(-1, "h2d", src, dst))
+
+    def _check_server_slots(self, dst: dict[str, torch.Tensor]) -> None:
+        """A server-supplied allocator must hand out distinct whole aligned pages in range."""
+        try:
             for name in self._server_alloc & dst.keys():
-                pool = self.device_pools[name]
-                check_pages(dst[name], pool.allocator.page_size, pool.num_tokens, _label("device_alloc", name))
+                pool, what = self.device_pools[name], _label("device_alloc", name)
+                check_pages(dst[name], pool.allocator.page_size, pool.num_tokens, what)
+                twice = first_duplicate(dst[name])
+                if twice is not None:
+                    raise ValueError(f"{what}: slot {twice} handed out twice in one call")
         except ValueError:
             free_all(dst, lambda n, s: self._free[n](s))
             raise
-        return self._enqueue(Op(-1, "h2d", src, dst))
 
     def mark_host_written(self, host_indices: Any, extra: Mapping[str, Any] | None = None) -> None:
         """Declare host slots that were filled outside the controller loadable.
@@ -212,12 +284,6 @@ class HybridCacheController:
             raise RuntimeError("controller: closed (host memory was released by close())")
 
     # ---- launching ------------------------------------------------------------------
-    def _table_pair(self, direction: str) -> Callable[[str], tuple[RowTable, RowTable]]:
-        def pair(name: str) -> tuple[RowTable, RowTable]:
-            dev, host = self.device_pools[name].row_table(), self._host_table(name)
-            return (dev, host) if direction == "d2h" else (host, dev)
-        return pair
-
     def _host_table(self, name: str) -> RowTable:
         key = ("host", name)
         if key not in self._tables:
@@ -248,31 +314,47 @@ class HybridCacheController:
         return self._start("h2d")
 
     def _start(self, direction: str) -> int | None:
-        ops, self._queues[direction] = self._queues[direction], []
+        ops = self._queues[direction]
         if not ops:
             return self.layer_done.consumer if direction == "h2d" else None
+        self._queues[direction] = []
         batch = Batch(ops, direction)
         if direction == "h2d":
             batch.consumer = self.layer_done.begin()
-        stream = self.write_stream if direction == "d2h" else self.load_stream
-        on_stream = _on_stream(stream)
-        with on_stream:
-            try:
-                self._launch(batch)
-            except Exception as exc:  # any launch failure rolls the whole batch back
-                self._rollback(batch, exc, on_stream.outer)
+        if self._cuda:
+            on_stream = _on_stream(self.write_stream if direction == "d2h" else self.load_stream)
+            with on_stream:
+                self._launch_or_rollback(batch, on_stream.outer)
+        else:
+            self._launch_or_rollback(batch, None)
         self._inflight[direction].append(batch)
         if direction == "d2h":
             return None
         self.layer_done.set_consumer(batch.consumer)
         return None if batch.error else batch.consumer
 
+    def _launch_or_rollback(self, batch: Batch, outer: Any) -> None:
+        try:
+            self._launch(batch)
+        except Exception as exc:  # any launch failure rolls the whole batch back
+            self._rollback(batch, exc, outer)
+
     def _launch(self, batch: Batch) -> None:
-        jobs = plan_jobs(self.stack, batch.ops, self._table_pair(batch.direction))
-        if batch.direction == "d2h":
-            launch_backup(jobs, self.backend)
+        direction = batch.direction
+        jobs = plan_jobs(self.stack, batch.ops, self._routes[direction].__getitem__,
+                         self._dst_pages[direction])
+        # rows derived from slots validated at write()/load(): no second round of checks
+        plan = trusted_plan(jobs.values(), self._plan_device)
+        if direction == "d2h":
+            launch_backup(plan, self.backend)
         else:
-            launch_load(self.stack, jobs, self.backend, lambda i: self.layer_done.record(i, batch.consumer))
+            pools = tuple(name for name, _ in jobs)
+            groups = self._load_groups.get(pools)
+            if groups is None:
+                groups = self._load_groups[pools] = load_groups(self.stack, pools)
+            consumer, record = batch.consumer, self.layer_done.record
+            launch_load(plan, groups, self.backend,
+                        (lambda i: record(i, consumer)) if self._cuda else None)
         self._record_event(batch)
 
     def _record_event(self, batch: Batch) -> None:
@@ -307,22 +389,25 @@ class HybridCacheController:
         A finished load is not held back by an unfinished backup (or the reverse).
         """
         acks: list[Ack] = []
-        for direction in DIRECTIONS:
-            queue = self._inflight[direction]
+        for queue in self._inflight.values():
             while queue and (queue[0].event is None or queue[0].event.query()):
                 acks.extend(self._finish(queue.popleft()))
         return acks
 
     def _finish(self, batch: Batch) -> list[Ack]:
-        ok = batch.error is None
-        acks = []
+        ok, direction, error = batch.error is None, batch.direction, batch.error
+        volume, acks, totals = self._volume.volume, [], {}
         for op in batch.ops:
-            if ok and batch.direction == "d2h":
-                for name, slots in op.dst.items():
-                    self._host_stamp[name][self._host_pages(name, slots)] = op.host_gens[name]
-            tokens, nbytes = self.counters.op_volume(self.stack, op.src)
-            acks.append(Ack(op.op_id, batch.direction, ok, tokens, nbytes, batch.error))
-            self.counters.record(batch.direction, ok, tokens, nbytes)
+            if ok and direction == "d2h":
+                for name, (pages, gens) in op.host_stamps.items():
+                    self._host_stamp[name][pages] = gens
+            counts = {name: slots.numel() for name, slots in op.src.items()}
+            acks.append(Ack(op.op_id, direction, ok, *volume(counts), error))
+            for name, n in counts.items():
+                totals[name] = totals.get(name, 0) + n
+        # the counters take the batch's volume at once, not op by op
+        tokens, nbytes = (acks[0].tokens, acks[0].bytes) if len(acks) == 1 else volume(totals)
+        self.counters.record(direction, ok, tokens, nbytes, ops=len(acks))
         return acks
 
     def _host_pages(self, name: str, slots: torch.Tensor) -> np.ndarray:

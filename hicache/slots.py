@@ -8,7 +8,7 @@ synchronize the device in the middle of the scheduler's step.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Container, Mapping
 
 import numpy as np
 import torch
@@ -106,10 +106,13 @@ def edge_slots(stack: Stack, anchor: Any, extra: Mapping[str, Any] | None,
     return slots
 
 
-def alloc_all(src: Mapping[str, torch.Tensor], alloc: Callable,
-              free: Callable) -> dict[str, torch.Tensor] | None:
+def alloc_all(src: Mapping[str, torch.Tensor], alloc: Callable, free: Callable,
+              coerce: Container[str] | None = None) -> dict[str, torch.Tensor] | None:
     """``alloc(name, n)`` for every pool of ``src``, all or nothing.
 
+    Args:
+        coerce: pools whose allocator is not trusted to return int64 CPU tensors: their
+            slots go through :func:`as_slots`; ``None`` means every pool.
     Returns:
         The slots per pool (int64 CPU tensors), or ``None`` when one allocator is short
         (everything taken so far is given back first).
@@ -125,7 +128,9 @@ def alloc_all(src: Mapping[str, torch.Tensor], alloc: Callable,
                 free_all(taken, free)
                 return None
             taken[name] = got
-        return {n: as_slots(s, f"allocated slots of {n!r}") for n, s in taken.items()}
+        for name in [n for n in taken if coerce is None or n in coerce]:
+            taken[name] = as_slots(taken[name], f"allocated slots of {name!r}")
+        return taken
     except BaseException:  # an allocator raised (or returned junk): give back the rest
         free_all(taken, free)
         raise

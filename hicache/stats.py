@@ -1,7 +1,9 @@
 """`TransferStats`: plain counters of operations, tokens and bytes per pool and direction."""
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
+from typing import Mapping
 
 import torch
 
@@ -20,19 +22,12 @@ class TransferStats:
     @staticmethod
     def op_volume(stack: Stack, own_slots: dict[str, torch.Tensor]) -> tuple[dict[str, int], dict[str, int]]:
         """Tokens per pool and bytes per data pool moved for one operation's root slots."""
-        tokens, nbytes = {}, {}
-        for p in stack:
-            root = stack.root_of(p.name).name
-            if root not in own_slots:
-                continue
-            n = own_slots[root].numel()
-            tokens[p.name] = n
-            if p.has_data:
-                nbytes[p.name] = n // p.tokens_per_row * p.num_layers * p.row_bytes
-        return tokens, nbytes
+        return volume_table(stack).volume({root: s.numel() for root, s in own_slots.items()})
 
-    def record(self, direction: str, ok: bool, tokens: dict[str, int], nbytes: dict[str, int]) -> None:
-        self.ops[(direction, "ok" if ok else "failed")] += 1
+    def record(self, direction: str, ok: bool, tokens: Mapping[str, int], nbytes: Mapping[str, int],
+               ops: int = 1) -> None:
+        """Count ``ops`` operations (e.g. a whole batch) and, when ``ok``, their volume."""
+        self.ops[(direction, "ok" if ok else "failed")] += ops
         if ok:
             for name, n in tokens.items():
                 self.tokens[(direction, name)] += n
@@ -53,3 +48,34 @@ class TransferStats:
                 "bytes": {p: n for (d, p), n in self.bytes.items() if d == direction},
             }
         return out
+
+
+class VolumeTable:
+    """Per own-indexed root, its pools' row sizes: an op's volume from token counts alone.
+
+    Args:
+        stack: the pools; computed once per stack (see :func:`volume_table`).
+    """
+
+    def __init__(self, stack: Stack) -> None:
+        by_root: dict[str, list[tuple[str, int, int | None]]] = {}
+        for p in stack:
+            per_row = p.num_layers * p.row_bytes if p.has_data else None
+            by_root.setdefault(stack.root_of(p.name).name, []).append((p.name, p.tokens_per_row, per_row))
+        self.by_root = {root: tuple(pools) for root, pools in by_root.items()}
+
+    def volume(self, counts: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+        """Tokens per pool and bytes (all layers) per data pool for ``counts`` tokens per root."""
+        tokens, nbytes = {}, {}
+        for root, n in counts.items():
+            for name, tokens_per_row, per_row in self.by_root[root]:
+                tokens[name] = n
+                if per_row is not None:
+                    nbytes[name] = n // tokens_per_row * per_row
+        return tokens, nbytes
+
+
+@functools.lru_cache(maxsize=16)
+def volume_table(stack: Stack) -> VolumeTable:
+    """The (cached) :class:`VolumeTable` of ``stack``."""
+    return VolumeTable(stack)

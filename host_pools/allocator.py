@@ -17,6 +17,9 @@ import numpy as np
 import torch
 
 
+_FEW_PAGES = 64  # up to this many pages, range and repeat checks run on a Python list
+
+
 class PageAllocator:
     """Free list over ``num_slots`` token slots handed out in whole pages.
 
@@ -161,15 +164,21 @@ class PageAllocator:
         if arr.size % ps:
             raise ValueError(f"{what}: must be whole pages of {ps} slots, got length {arr.size}")
         pages = arr
-        if ps > 1:  # page p is the run p*ps .. p*ps+ps-1: the first slot of each run says it all
-            runs = arr.reshape(-1, ps)
-            pages, offset = np.divmod(runs[:, 0], ps)
-            if offset.any() or not (runs == runs[:, :1] + self._offsets).all():
+        if ps > 1:  # page p is the run p*ps .. p*ps+ps-1: the slots must be exactly those runs
+            pages = arr[::ps] // ps
+            if not (arr.reshape(-1, ps) == pages[:, None] * ps + self._offsets).all():
                 raise ValueError(f"{what}: must be whole pages of {ps} aligned, consecutive slots")
-        if pages.size and (pages.min() < 0 or pages.max() >= self.num_pages):
+        if pages.size <= _FEW_PAGES:  # Python beats numpy's per-call cost on a few pages
+            few = pages.tolist()
+            out_of_range = bool(few) and (min(few) < 0 or max(few) >= self.num_pages)
+            repeats = len(set(few)) != len(few)
+        else:
+            out_of_range = bool(pages.min() < 0 or pages.max() >= self.num_pages)
+            repeats = _has_repeats(pages)
+        if out_of_range:
             raise ValueError(f"{what}: values must be in [0, {self.num_slots}), "
                              f"got min {arr.min()} max {arr.max()}")
-        if _has_repeats(pages):
+        if repeats:
             raise ValueError(f"{what}: the same page appears twice in one call")
         return pages
 

@@ -65,11 +65,19 @@ class CopyBackend(ABC):
             ValueError: the plan cannot run on this backend (see :meth:`check`).
         """
         self.check(plan)
-        return SubplanLaunches(self, plan.group_plans(groups))
+        return GroupLaunches(self, plan, groups)
 
     @abstractmethod
     def _execute(self, plan: CopyPlan) -> None:
         """Enqueue the copies of a non-empty, checked plan (one launch)."""
+
+    def _execute_group(self, plan: CopyPlan, group: Sequence[tuple[int, int]]) -> None:
+        """Enqueue one non-empty launch group of a checked plan (one launch).
+
+        The default runs the group's sub-plan through :meth:`_execute`; a backend that can
+        copy ``(job, layer)`` pairs directly overrides it and skips building that plan.
+        """
+        self._execute(plan.group_plan(group))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(launches={self.launches})"
@@ -91,15 +99,24 @@ class PreparedPlan(ABC):
         """Enqueue group ``group`` on the current stream (a no-op for an empty group)."""
 
 
-class SubplanLaunches(PreparedPlan):
-    """The generic preparation: one sub-plan per group, executed by the backend."""
+class GroupLaunches(PreparedPlan):
+    """The generic preparation: the plan and its groups; each launch hands one group to
+    the backend's ``_execute_group`` (O(pairs of the group), nothing built per launch)."""
 
-    def __init__(self, backend: CopyBackend, plans: Sequence[CopyPlan]) -> None:
-        self.backend, self.plans = backend, list(plans)
+    def __init__(self, backend: CopyBackend, plan: CopyPlan, groups: LaunchGroups) -> None:
+        self.backend, self.plan = backend, plan
+        empty = {j for j, job in enumerate(plan.jobs) if not (job.num_rows and job.layers)}
+        # Jobs that move nothing are dropped from the groups once, here (rare: a caller's
+        # empty rows); a group left empty launches nothing.
+        self.groups = groups if not empty else [[(j, layer) for j, layer in g if j not in empty]
+                                                for g in groups]
 
     @property
     def num_groups(self) -> int:
-        return len(self.plans)
+        return len(self.groups)
 
     def launch(self, group: int) -> None:
-        self.backend.execute(self.plans[group])
+        pairs = self.groups[group]
+        if pairs:
+            self.backend.launches += 1
+            self.backend._execute_group(self.plan, pairs)

@@ -17,6 +17,8 @@ a memcpy per row with about a microsecond of overhead, several times less than a
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import torch
 
@@ -49,18 +51,24 @@ class CopyEngineBackend(CopyBackend):
         self.batch = batch
 
     def _execute(self, plan: CopyPlan) -> None:
-        if plan.device.type != "cuda":
-            for job in plan.jobs:
-                if job.num_rows and job.layers:
-                    self._copy_job_cpu(job)
+        self._copy([(job, job.layers) for job in plan.jobs if job.num_rows and job.layers],
+                   plan.device)
+
+    def _execute_group(self, plan: CopyPlan, group: Sequence[tuple[int, int]]) -> None:
+        self._copy([(plan.jobs[j], (layer,)) for j, layer in group], plan.device)
+
+    def _copy(self, parts: list[tuple[PlannedJob, Sequence[int]]], device: torch.device) -> None:
+        """One launch: the given layers of each (non-empty) job."""
+        if device.type != "cuda":
+            for job, layers in parts:
+                self._copy_job_cpu(job, layers)
             return
         from transfer_kernels import cudart
 
-        stream = torch.cuda.current_stream(plan.device).cuda_stream
+        stream = torch.cuda.current_stream(device).cuda_stream
         pieces: list[np.ndarray] = []
-        for job in plan.jobs:
-            if job.num_rows and job.layers:
-                pieces += self._copy_job_cuda(job, stream, cudart)
+        for job, layers in parts:
+            pieces += self._copy_job_cuda(job, layers, stream, cudart)
         if pieces:
             dst, src, size = np.concatenate(pieces, axis=1)
             self.pieces += len(size)
@@ -74,14 +82,16 @@ class CopyEngineBackend(CopyBackend):
                     cudart.memcpy_async(d, s, n, stream)
                 self.copies += len(size)
 
-    def _copy_job_cuda(self, job: PlannedJob, stream: int, cudart) -> list[np.ndarray]:
-        """Issue the job's 2-D copies; return its 1-D pieces as ``[3, n]`` (dst, src, bytes)."""
+    def _copy_job_cuda(self, job: PlannedJob, layers: Sequence[int], stream: int,
+                       cudart) -> list[np.ndarray]:
+        """Issue the 2-D copies of ``layers`` of the job; return its 1-D pieces as
+        ``[3, n]`` (dst, src, bytes)."""
         runs = job.runs()
         starts = np.asarray(runs.src_starts, dtype=np.int64), np.asarray(runs.dst_starts, dtype=np.int64)
         lengths = np.asarray(runs.lengths, dtype=np.int64)
         src, dst = job.src, job.dst
         out = []
-        for layer in job.layers:
+        for layer in layers:
             for b, nbytes in enumerate(src.row_bytes):
                 s0, d0, k = _cut_at_chunks(src, dst, layer, b, *starts, lengths)
                 s_addr = int(src.ptrs[layer, b]) + s0 * src.row_strides[b]
@@ -100,16 +110,16 @@ class CopyEngineBackend(CopyBackend):
                                     src.row_strides[b], dst.row_strides[b]))
         return out
 
-    def _copy_job_cpu(self, job: PlannedJob) -> None:
-        """CPU plan: numpy slice assignments (memcpy per row) over the runs."""
+    def _copy_job_cpu(self, job: PlannedJob, layers: Sequence[int]) -> None:
+        """CPU plan: numpy slice assignments (memcpy per row) over the runs of ``layers``."""
         runs = list(zip(*job.runs()))
-        for layer in job.layers:
+        for layer in layers:
             for s_view, d_view in zip(job.src.views[layer], job.dst.views[layer]):
                 s_np, d_np = s_view.numpy(), d_view.numpy()
                 for s, d, k in runs:
                     d_np[d:d + k] = s_np[s:s + k]
-        self.copies += len(runs) * len(job.layers) * job.src.num_buffers
-        self.pieces += len(runs) * len(job.layers) * job.src.num_buffers
+        self.copies += len(runs) * len(layers) * job.src.num_buffers
+        self.pieces += len(runs) * len(layers) * job.src.num_buffers
 
 
 def _rows_of(d_addr: np.ndarray, s_addr: np.ndarray, k: np.ndarray, nbytes: int,

@@ -1,6 +1,8 @@
 """Fault injection: a backend that fails on a chosen launch, for the controller's tests."""
 from __future__ import annotations
 
+from typing import Sequence
+
 from transfer_kernels.base import CopyBackend
 from transfer_kernels.plan import CopyPlan
 
@@ -47,3 +49,6 @@ class NullBackend(CopyBackend):
 
     def _execute(self, plan: CopyPlan) -> None:
         """Nothing to copy: the plan was already validated by ``make_plan``."""
+
+    def _execute_group(self, plan: CopyPlan, group: Sequence[tuple[int, int]]) -> None:
+        """Nothing to copy, and no sub-plan to build for it."""

@@ -16,6 +16,10 @@ Checked before any launch (``ValueError`` naming the argument; nothing is copied
 
 Index tensors already on a CUDA device get only the dtype/shape/device checks; their
 values are trusted (reading them would synchronize the device).
+
+:func:`trusted_plan` is the internal path for a caller that derived the rows itself from
+indices it validated once at its own edge (hicache's controller): it builds the plan
+without any of these checks.
 """
 from __future__ import annotations
 
@@ -95,17 +99,18 @@ class CopyPlan:
         """A plan over some of this plan's (already validated) jobs, on the same device."""
         return CopyPlan(jobs=tuple(jobs), device=self.device)
 
+    def group_plan(self, group: Sequence[tuple[int, int]]) -> CopyPlan:
+        """The plan of one launch group: layer ``l`` of job ``j`` for each ``(j, l)`` it
+        lists (``l`` one of that job's layers, checked by the caller)."""
+        layers: dict[int, list[int]] = {}
+        for j, layer in group:
+            layers.setdefault(j, []).append(layer)
+        return self.subset(dataclasses.replace(self.jobs[j], layers=tuple(ls))
+                           for j, ls in layers.items())
+
     def group_plans(self, groups: LaunchGroups) -> list[CopyPlan]:
-        """One plan per launch group: group ``g`` copies layer ``l`` of job ``j`` for each
-        ``(j, l)`` it lists (``l`` one of that job's layers, checked by the caller)."""
-        plans = []
-        for group in groups:
-            layers: dict[int, list[int]] = {}
-            for j, layer in group:
-                layers.setdefault(j, []).append(layer)
-            plans.append(self.subset(dataclasses.replace(self.jobs[j], layers=tuple(ls))
-                                     for j, ls in layers.items()))
-        return plans
+        """One plan per launch group (see :meth:`group_plan`)."""
+        return [self.group_plan(group) for group in groups]
 
 
 def make_plan(jobs: Sequence[CopyJob | tuple], layers: LayersLike = None,
@@ -141,6 +146,21 @@ def make_plan(jobs: Sequence[CopyJob | tuple], layers: LayersLike = None,
     return CopyPlan(jobs=tuple(planned), device=device)
 
 
+def trusted_plan(jobs: Iterable[CopyJob], device: torch.device) -> CopyPlan:
+    """The plan of ``jobs`` WITHOUT any check: for internal callers that built the rows
+    themselves from indices they validated once (the public path is :func:`make_plan`).
+
+    The caller guarantees everything :func:`make_plan` would check: ``src``/``dst`` are
+    RowTables of the same layout and layer count whose devices run on ``device`` (see
+    :func:`exec_device`); rows are 1-D int64 CPU tensors of equal length, in range; no
+    ``(dst table, layer, row)`` is written twice and none is both read and written.
+    Each job's ``layers`` must be ``None``: every layer of the job is copied.
+    """
+    return CopyPlan(jobs=tuple(PlannedJob(j.src, j.dst, j.src_rows, j.dst_rows,
+                                          tuple(range(j.src.num_layers))) for j in jobs),
+                    device=device)
+
+
 def _as_job(job: CopyJob | tuple, label: str) -> CopyJob:
     if isinstance(job, CopyJob):
         return job
@@ -166,7 +186,7 @@ def _plan_job(job: CopyJob, layers: LayersLike, label: str) -> tuple[PlannedJob,
     if dst.num_layers != src.num_layers:
         raise ValueError(f"{label}dst: {dst.name} has {dst.num_layers} layers, src "
                          f"{src.name} has {src.num_layers}")
-    device = _exec_device(src, dst, label)
+    device = exec_device(src, dst, label)
     src_rows = as_rows(job.src_rows, f"{label}src_rows")
     dst_rows = as_rows(job.dst_rows, f"{label}dst_rows")
     if src_rows.numel() != dst_rows.numel():
@@ -181,7 +201,8 @@ def _plan_job(job: CopyJob, layers: LayersLike, label: str) -> tuple[PlannedJob,
     return PlannedJob(src, dst, src_rows, dst_rows, job_layers), device
 
 
-def _exec_device(src: RowTable, dst: RowTable, label: str) -> torch.device:
+def exec_device(src: RowTable, dst: RowTable, label: str = "") -> torch.device:
+    """The device a copy between ``src`` and ``dst`` runs on (``ValueError`` if none can)."""
     for arg, t in (("src", src), ("dst", dst)):
         if t.device.type not in ("cpu", "cuda"):
             raise ValueError(f"{label}{arg}: device must be cpu or cuda, got {t.device}")

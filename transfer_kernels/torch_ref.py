@@ -58,3 +58,8 @@ class TorchBackend(CopyBackend):
             if job.num_rows:
                 copy_rows_ref(job.src.views, job.dst.views, job.src_rows, job.dst_rows,
                               job.layers)
+
+    def _execute_group(self, plan: CopyPlan, group: Sequence[tuple[int, int]]) -> None:
+        for j, layer in group:
+            job = plan.jobs[j]
+            copy_rows_ref(job.src.views, job.dst.views, job.src_rows, job.dst_rows, (layer,))
