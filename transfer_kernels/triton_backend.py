@@ -6,13 +6,16 @@ address, as is ``cudaHostRegister``'ed memory whose device pointer equals its ho
 pointer (checked when hicache pins a reservation). A plan on CPU tensors runs the same
 kernel under the Triton interpreter, whether or not the machine has a GPU.
 
-Preparation builds the segment descriptors of every launch group at once (numpy, O(jobs)
-vector operations), packs them with every job's row indices into one int64 buffer and
-moves it to the device in one copy; each launch is then a slice ``[seg_begin, seg_end)``
-of that buffer. The per-table (base, stride) descriptors are cached on the tables.
+Preparation builds the segment descriptors of every launch group at once (numpy over all
+segments, O(jobs) Python), packs them with every job's row indices into one int64 buffer
+and moves it to the device in one copy; each launch is then a slice ``[seg_begin,
+seg_end)`` of that buffer. The per-table (base, stride) descriptors and per-(layer,
+buffer) segment fields are cached on the tables; flattened launch groups per groups value.
 """
 from __future__ import annotations
 
+import functools
+import itertools
 from typing import NamedTuple
 
 import numpy as np
@@ -20,7 +23,8 @@ import torch
 
 from transfer_kernels import tuning
 from transfer_kernels.base import CopyBackend, PreparedPlan
-from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
+from transfer_kernels.plan import CopyPlan, LaunchGroups
+from transfer_kernels.table import RowTable
 
 SEG_FIELDS = 10  # must equal triton_kernel.SEG_FIELDS (that module imports triton)
 
@@ -54,7 +58,7 @@ class TritonBackend(CopyBackend):
             raise ValueError(f"tile_bytes: must be a power of two >= 16, got {tile_bytes}")
         self.max_programs = max_programs
         self.tile_bytes = tile_bytes
-        self.last_launch: Launch | None = None  # the latest launch's arguments, for tests
+        self._last: tuple[LaunchSet, int] | None = None  # the latest launch, for tests
 
     def check(self, plan: CopyPlan) -> None:
         """Raise ``ValueError`` when a host side of a CUDA plan is not pinned (no UVA)."""
@@ -72,18 +76,19 @@ class TritonBackend(CopyBackend):
         return (tuning.TRITON_MAX_PROGRAMS if plan.device.type == "cuda"
                 else tuning.TRITON_INTERPRET_MAX_PROGRAMS)
 
+    @property
+    def last_launch(self) -> Launch | None:
+        """The latest kernel launch's arguments (for tests), or ``None`` before any."""
+        return None if self._last is None else self._last[0].launch_args(self._last[1])
+
     def _execute(self, plan: CopyPlan) -> None:
-        groups = [[(j, layer) for j, job in enumerate(plan.jobs) for layer in job.layers]]
-        self._prepare(plan, groups).run(0)
+        TritonLaunches(self, _build_all_layers(plan, self._grid_cap(plan), self.tile_bytes)).run(0)
 
     def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
         """All groups' descriptors and indices staged in one copy; each launch a slice."""
         self.check(plan)
-        return self._prepare(plan, groups)
-
-    def _prepare(self, plan: CopyPlan, groups: LaunchGroups) -> TritonLaunches:
-        return TritonLaunches(self, build_launches(plan, groups, self._grid_cap(plan),
-                                                   self.tile_bytes))
+        return TritonLaunches(self, _build_groups(plan, groups, self._grid_cap(plan),
+                                                  self.tile_bytes))
 
 
 class Launch(NamedTuple):
@@ -101,28 +106,53 @@ class Launch(NamedTuple):
         return self.seg_end - self.seg_begin
 
 
-class TritonLaunches(PreparedPlan):
-    """Prepared launches: one staged ``meta`` buffer, one (segment range, grid) per group."""
+class LaunchSet(NamedTuple):
+    """The launches of several groups sharing one ``meta`` buffer: group ``g`` is the
+    segment range ``bounds[g] .. bounds[g + 1]`` with grid ``grids[g]``."""
 
-    def __init__(self, backend: TritonBackend, launches: list[Launch]) -> None:
-        self.backend, self.launches = backend, launches
+    meta: torch.Tensor
+    bounds: list[int]  # num_groups + 1 segment offsets
+    grids: list[int]
+    block: int
+    num_warps: int
+
+    def launch_args(self, group: int) -> Launch:
+        return Launch(self.meta, self.bounds[group], self.bounds[group + 1], self.grids[group],
+                      self.block, self.num_warps)
+
+
+class TritonLaunches(PreparedPlan):
+    """Prepared launches: one staged ``meta`` buffer, one (segment range, grid) per group.
+    A launch reads its range and grid from lists: no per-launch object is built."""
+
+    def __init__(self, backend: TritonBackend, launch_set: LaunchSet) -> None:
+        self.backend, self.launch_set = backend, launch_set
+        self._kernel = None
 
     @property
     def num_groups(self) -> int:
-        return len(self.launches)
+        return len(self.launch_set.grids)
+
+    @property
+    def launches(self) -> list[Launch]:
+        """Every group's launch arguments (for tests and inspection)."""
+        return [self.launch_set.launch_args(g) for g in range(self.num_groups)]
 
     def launch(self, group: int) -> None:
-        if self.launches[group].num_segs:
+        bounds = self.launch_set.bounds
+        if bounds[group + 1] > bounds[group]:
             self.backend.launches += 1
             self.run(group)
 
     def run(self, group: int) -> None:
         """Launch group ``group`` (no counting; ``execute`` counted already)."""
-        launch = self.launches[group]
-        if launch.num_segs:
-            self.backend.last_launch = launch
-            kernel_module().launch_copy_rows(launch.meta, launch.seg_begin, launch.seg_end,
-                                             launch.grid, launch.block, launch.num_warps)
+        ls = self.launch_set
+        begin, end = ls.bounds[group], ls.bounds[group + 1]
+        if end > begin:
+            if self._kernel is None:
+                self._kernel = kernel_module().launch_copy_rows
+            self.backend._last = (ls, group)
+            self._kernel(ls.meta, begin, end, ls.grids[group], ls.block, ls.num_warps)
 
 
 def launch_config(plan: CopyPlan, tile_bytes: int) -> tuple[int, int]:
@@ -139,52 +169,89 @@ def launch_config(plan: CopyPlan, tile_bytes: int) -> tuple[int, int]:
 
 def build_launch(plan: CopyPlan, max_programs: int, tile_bytes: int) -> Launch:
     """The single launch of every job and layer of ``plan`` (tests inspect it)."""
-    groups = [[(j, layer) for j, job in enumerate(plan.jobs) for layer in job.layers]]
-    return build_launches(plan, groups, max_programs, tile_bytes)[0]
+    return _build_all_layers(plan, max_programs, tile_bytes).launch_args(0)
 
 
-def build_launches(plan: CopyPlan, groups: LaunchGroups, max_programs: int,
-                   tile_bytes: int) -> list[Launch]:
+def _build_all_layers(plan: CopyPlan, max_programs: int, tile_bytes: int) -> LaunchSet:
+    jobs = np.repeat(np.arange(len(plan.jobs), dtype=np.int64), [len(j.layers) for j in plan.jobs])
+    layers = np.fromiter(itertools.chain.from_iterable(j.layers for j in plan.jobs), np.int64,
+                         jobs.size)
+    return _build(plan, (jobs, layers, np.zeros(jobs.size, dtype=np.int64)), 1,
+                  max_programs, tile_bytes)
+
+
+def _build_groups(plan: CopyPlan, groups: LaunchGroups, max_programs: int,
+                  tile_bytes: int) -> LaunchSet:
     """Segment table and indices of every group in one buffer on the plan's device.
 
     Segments are laid out group after group; within a group, in the order its
     ``(job, layer)`` pairs are listed, buffers innermost. Each job's row indices are
     stored once and shared by all its segments.
     """
+    try:  # hashable groups (the controller's are cached tuples) are flattened once
+        pairs = _pair_arrays(groups)
+    except TypeError:
+        pairs = _pair_arrays.__wrapped__(groups)
+    return _build(plan, pairs, len(groups), max_programs, tile_bytes)
+
+
+@functools.lru_cache(maxsize=64)
+def _pair_arrays(groups: LaunchGroups) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every (job, layer) pair of ``groups`` flattened: job, layer and group per pair."""
+    flat = [pair for group in groups for pair in group]
+    pairs = np.asarray(flat, dtype=np.int64).reshape(-1, 2)
+    sizes = np.fromiter(map(len, groups), np.int64, len(groups))
+    return pairs[:, 0], pairs[:, 1], np.repeat(np.arange(len(groups), dtype=np.int64), sizes)
+
+
+def _build(plan: CopyPlan, pairs: tuple[np.ndarray, np.ndarray, np.ndarray], num_groups: int,
+           max_programs: int, tile_bytes: int) -> LaunchSet:
+    """The launches of ``num_groups`` groups given as flat (job, layer, group) arrays: every
+    segment of every group computed at once (numpy over all segments, O(jobs) Python)."""
     block, warps = launch_config(plan, tile_bytes)
     jobs = plan.jobs
-    # Each job's layers in first-use order: segments are built per job, then gathered.
-    positions: list[dict[int, int]] = [{} for _ in jobs]
-    for group in groups:
-        for j, layer in group:
-            if jobs[j].num_rows:
-                positions[j].setdefault(layer, len(positions[j]))
-    base, total = [], 0
-    for j, job in enumerate(jobs):
-        base.append(total)
-        total += len(positions[j]) * job.src.num_buffers
-    order, bounds = [], [0]
-    for group in groups:
-        for j, layer in group:
-            if jobs[j].num_rows:
-                nb = jobs[j].src.num_buffers
-                start = base[j] + positions[j][layer] * nb
-                order.extend(range(start, start + nb))
-        bounds.append(len(order))
-    if not order:
-        return [Launch(torch.empty(0, dtype=torch.int64), 0, 0, 1, block, warps)] * len(groups)
-    idx_at = len(order) * SEG_FIELDS
-    segs, idx_parts = [], []
-    for j, job in enumerate(jobs):
-        if positions[j]:
-            segs.append(_job_segments(job, tuple(positions[j]), plan.device, block, idx_at))
-            idx_parts += [job.src_rows, job.dst_rows]
-            idx_at += 2 * job.num_rows
-    seg = np.concatenate(segs)[np.asarray(order, dtype=np.int64)]
-    grids = _deal_items(seg, np.asarray(bounds, dtype=np.int64), max_programs)
+    rows = np.fromiter((j.num_rows for j in jobs), np.int64, len(jobs))
+    job, layer, group = pairs
+    keep = rows[job] > 0
+    if not keep.all():
+        job, layer, group = job[keep], layer[keep], group[keep]
+    if not job.size:
+        return LaunchSet(torch.empty(0, dtype=torch.int64), [0] * (num_groups + 1), [1] * num_groups,
+                         block, warps)
+    used = np.flatnonzero(np.bincount(job, minlength=len(jobs)))  # jobs with segments
+    src = np.concatenate([_side(jobs[j].src, plan.device) for j in used])
+    dst = np.concatenate([_side(jobs[j].dst, plan.device) for j in used])
+    # Row (layer * buffers + buffer) of job j's side table sits at base[j] in src / dst.
+    nbuf = np.fromiter((j.src.num_buffers for j in jobs), np.int64, len(jobs))
+    nlay = np.fromiter((j.src.num_layers for j in jobs), np.int64, len(jobs))
+    base = np.zeros(len(jobs), dtype=np.int64)
+    base[used] = np.cumsum(nbuf[used] * nlay[used]) - nbuf[used] * nlay[used]
+    per_pair = nbuf[job]
+    total = int(per_pair.sum())
+    pair_first = np.cumsum(per_pair) - per_pair  # each pair's first segment
+    order = np.repeat(base[job] + layer * per_pair - pair_first, per_pair) + np.arange(total)
+    seg_job = np.repeat(job, per_pair)
+    src, dst = src[order], dst[order]
+    idx_at = np.zeros(len(jobs), dtype=np.int64)  # each used job's rows in meta
+    idx_at[used] = total * SEG_FIELDS + np.cumsum(2 * rows[used]) - 2 * rows[used]
+    n, nbytes = rows[seg_job], src[:, 1]
+    span = np.minimum(block, 1 << np.ceil(np.log2(nbytes)).astype(np.int64))
+    chunks = -(-nbytes // span)
+    seg = np.empty((total, SEG_FIELDS), dtype=np.int64)
+    seg[:, 0], seg[:, 1], seg[:, 2] = src[:, 0], dst[:, 0], nbytes
+    seg[:, 3] = np.gcd(src[:, 2], dst[:, 2])
+    seg[:, 4] = idx_at[seg_job]
+    seg[:, 5] = seg[:, 4] + n
+    seg[:, 6] = n
+    seg[:, 7] = np.log2(span).astype(np.int64)
+    seg[:, 8] = chunks
+    seg[:, 9] = -(-n // (block // span)) * chunks  # item count; _deal_items makes it 'first'
+    bounds = np.zeros(num_groups + 1, dtype=np.int64)
+    bounds[1:] = np.cumsum(np.bincount(group, weights=per_pair, minlength=num_groups).astype(np.int64))
+    grids = _deal_items(seg, bounds, max_programs)
+    idx_parts = [t for j in used.tolist() for t in (jobs[j].src_rows, jobs[j].dst_rows)]
     meta = _to_device([torch.from_numpy(seg.reshape(-1))] + idx_parts, plan.device)
-    return [Launch(meta, int(b), int(e), int(g), block, warps)
-            for b, e, g in zip(bounds[:-1], bounds[1:], grids)]
+    return LaunchSet(meta, bounds.tolist(), grids.tolist(), block, warps)
 
 
 def _deal_items(seg: np.ndarray, bounds: np.ndarray, max_programs: int) -> np.ndarray:
@@ -199,29 +266,19 @@ def _deal_items(seg: np.ndarray, bounds: np.ndarray, max_programs: int) -> np.nd
     return grids
 
 
-def _job_segments(job: PlannedJob, layers: tuple[int, ...], device: torch.device, block: int,
-                  idx_at: int) -> np.ndarray:
-    """``[layers * buffers, SEG_FIELDS]`` int64 descriptors of ``layers`` of one job
-    (layer-major); field 9 holds each segment's item count."""
-    src, dst, n = job.src, job.dst, job.num_rows
-    nl, nb = len(layers), src.num_buffers
-    layers = np.asarray(layers, dtype=np.int64)
-    entry = (layers[:, None] * nb + np.arange(nb, dtype=np.int64)[None, :]).reshape(-1)
-    nbytes = np.tile(np.asarray(src.row_bytes, dtype=np.int64), nl)
-    span = np.minimum(block, 1 << np.ceil(np.log2(nbytes)).astype(np.int64))
-    chunks = -(-nbytes // span)
-    seg = np.empty((nl * nb, SEG_FIELDS), dtype=np.int64)
-    seg[:, 0] = src.device_desc(device).data_ptr() + entry * 16  # 2 int64 per entry
-    seg[:, 1] = dst.device_desc(device).data_ptr() + entry * 16
-    seg[:, 2] = nbytes
-    seg[:, 3] = np.gcd(src.align.numpy()[layers].reshape(-1), dst.align.numpy()[layers].reshape(-1))
-    seg[:, 4] = idx_at
-    seg[:, 5] = idx_at + n
-    seg[:, 6] = n
-    seg[:, 7] = np.log2(span).astype(np.int64)
-    seg[:, 8] = chunks
-    seg[:, 9] = -(-n // (block // span)) * chunks  # item count; _deal_items makes it 'first'
-    return seg
+def _side(table: RowTable, device: torch.device) -> np.ndarray:
+    """``[num_layers * num_buffers, 3]`` int64 per (layer, buffer), layer-major: descriptor
+    address on ``device``, row bytes, alignment. Cached on the table (it never changes)."""
+    key = ("segment_side", str(device))
+    side = table._cache.get(key)
+    if side is None:
+        nl, nb = table.num_layers, table.num_buffers
+        side = np.empty((nl * nb, 3), dtype=np.int64)
+        side[:, 0] = table.device_desc(device).data_ptr() + np.arange(nl * nb, dtype=np.int64) * 16
+        side[:, 1] = np.tile(np.asarray(table.row_bytes, dtype=np.int64), nl)
+        side[:, 2] = table.align.numpy().reshape(-1)
+        table._cache[key] = side
+    return side
 
 
 def _to_device(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:

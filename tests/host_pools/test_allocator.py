@@ -275,3 +275,18 @@ def test_concurrent_alloc_free_stays_consistent():
             a.free(block)
     assert a.available() == a.num_slots
     a.check_integrity()
+
+
+@pytest.mark.parametrize("pages", [3, 100])  # the Python path (few pages) and numpy's
+def test_pages_of_refuses_repeats_and_range_at_any_size(pages):
+    a = PageAllocator(256 * 4, 4)
+    slots = torch.arange(pages * 4)
+    assert a.pages_of(slots).tolist() == list(range(pages))
+    with pytest.raises(ValueError, match="twice"):
+        a.pages_of(torch.cat([slots, slots[:4]]))
+    with pytest.raises(ValueError, match=r"in \[0, 1024\)"):
+        a.pages_of(torch.cat([slots, torch.arange(1024, 1028)]))
+    with pytest.raises(ValueError, match=r"in \[0, 1024\)"):
+        a.pages_of(torch.cat([torch.arange(-4, 0), slots]))
+    with pytest.raises(ValueError, match="aligned, consecutive"):
+        a.pages_of(slots + 1)
