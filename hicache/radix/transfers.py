@@ -56,10 +56,10 @@ class TransferMixin:
         anchor = node.device if node.host is None else EMPTY_SLOTS
         state = node.state_device if node.state_host is None else None
         self._make_room(self.host_tier, anchor.numel(), state is not None)
-        dst = self.ctrl.write(anchor, state)
+        dst = self.ctrl.write(anchor, state, trusted=True)  # the tree's own slots, checked at insert
         if dst is None and state is not None and anchor.numel():
             state = None
-            dst = self.ctrl.write(anchor, None)
+            dst = self.ctrl.write(anchor, None, trusted=True)
         if dst is None:
             self.counters["backups_refused"] += 1
             return None
@@ -109,7 +109,7 @@ class TransferMixin:
         self.inc_lock_ref(node)
         self._make_room(self.device_tier, host.numel(), need_state)
         try:
-            dst = self.ctrl.load(host, node.state_host if need_state else None)
+            dst = self.ctrl.load(host, node.state_host if need_state else None, trusted=True)  # acked host copies
         except BaseException:
             self.dec_lock_ref(node)
             raise
