@@ -161,15 +161,21 @@ class HybridCacheController:
         else:
             src = edge_slots(self.stack, device_indices, extra, "device_indices")
             self._check_device_slots(src)
-        host = self.host_group.pools
-        # the host pools' own allocators hand out int64 CPU tensors of distinct whole pages
-        dst = alloc_all(src, lambda n, k: host[n].alloc(k), lambda n, s: host[n].free(s), ())
-        if dst is None:
-            return None
-        stamps = {}
-        for name, slots in dst.items():
-            pages = self._host_pages(name, slots)
-            stamps[name] = (pages, host[name].allocator.generations(pages))
+        # the host pools' own allocators: pages and their generations straight from them
+        dst, stamps = {}, {}
+        for name, slots in src.items():
+            alloc = self.host_group.pools[name].allocator
+            count, extra_slots = divmod(slots.numel(), alloc.page_size)
+            got = None if extra_slots else alloc.alloc_pages(count)
+            if got is None:
+                for taken, (pages, _) in stamps.items():
+                    self.host_group.pools[taken].allocator.free_pages(pages)
+                if extra_slots:
+                    raise ValueError(f"{_label('device_indices', name)}: {slots.numel()} slots are not whole "
+                                     f"host pages of {alloc.page_size}")
+                return None
+            stamps[name] = got
+            dst[name] = torch.from_numpy(alloc.page_slots(got[0]))
         return self._enqueue(Op(-1, "d2h", src, dst, stamps))
 
     def _check_device_slots(self, src: dict[str, torch.Tensor]) -> None:
@@ -409,11 +415,6 @@ class HybridCacheController:
         tokens, nbytes = (acks[0].tokens, acks[0].bytes) if len(acks) == 1 else volume(totals)
         self.counters.record(direction, ok, tokens, nbytes, ops=len(acks))
         return acks
-
-    def _host_pages(self, name: str, slots: torch.Tensor) -> np.ndarray:
-        """Pages of host slots this controller allocated itself (already whole pages)."""
-        page = self.host_group.pools[name].allocator.page_size
-        return slots.numpy()[::page] // page
 
     def rolled_back_ops(self) -> set[int]:
         """Ids of ops whose batch was rolled back (their destination slots are free again)

@@ -72,15 +72,37 @@ class PageAllocator:
         if num_slots < 0 or num_slots % self.page_size:
             raise ValueError(f"num_slots: must be a non-negative multiple of page_size={self.page_size}, "
                              f"got {num_slots}")
-        k = num_slots // self.page_size
+        got = self.alloc_pages(num_slots // self.page_size)
+        if got is None:
+            return None
+        return torch.from_numpy(self._pages_to_slots(got[0]))
+
+    def alloc_pages(self, num_pages: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Take ``num_pages`` whole pages (ascending) for a holder that keeps page records.
+
+        Args:
+            num_pages: a non-negative int (not checked again: `alloc` checks a caller's count).
+        Returns:
+            ``(pages, generations)``: the page numbers and each page's allocation generation
+            after this allocation; ``None`` when fewer are free (nothing changes).
+        """
         with self._lock:
-            if k > self._top:
+            if num_pages > self._top:
                 return None
-            pages = np.sort(self._stack[self._top - k:self._top])
-            self._top -= k
+            pages = self._stack[self._top - num_pages:self._top][::-1]  # the top of the stack first
+            if np.count_nonzero(pages[1:] <= pages[:-1]):  # pushed in descending order: usually not
+                pages = np.sort(pages)
+            else:
+                pages = pages.copy()
+            self._top -= num_pages
             self._owned[pages] = True
-            self._generation[pages] += 1
-        return torch.from_numpy(self._pages_to_slots(pages))
+            gens = self._generation[pages] + 1
+            self._generation[pages] = gens
+        return pages, gens
+
+    def page_slots(self, pages: np.ndarray) -> np.ndarray:
+        """The slots of whole pages (``pages`` from `alloc_pages` or `pages_of`), in order."""
+        return self._pages_to_slots(pages)
 
     def free(self, slots: torch.Tensor) -> int:
         """Return slots to the free list.
