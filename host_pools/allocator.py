@@ -96,9 +96,8 @@ class PageAllocator:
                 pages = pages.copy()
             self._top -= num_pages
             self._owned[pages] = True
-            gens = self._generation[pages] + 1
-            self._generation[pages] = gens
-        return pages, gens
+            self._generation[pages] += 1
+            return pages, self._generation[pages]
 
     def page_slots(self, pages: np.ndarray) -> np.ndarray:
         """The slots of whole pages (``pages`` from `alloc_pages` or `pages_of`), in order."""

@@ -166,6 +166,7 @@ static PyObject *hold(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyObject *s_end, *s_children, *s_key;
 
+
 /* walk(node, kb, page_bytes) -> (path, partial)
  *
  * The radix walk of HiRadixCache below ``node``: ``kb`` is a whole key's bytes from the

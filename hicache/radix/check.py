@@ -1,7 +1,7 @@
 """`check_tree`: every invariant of a `HiRadixCache`, checked from scratch.
 
     structure   each child is filed under its first page; lengths are whole pages; ``end``
-                adds up; lock counts never exceed the parent's; no dead node is reachable;
+                adds up; slots are contiguous int64 CPU tensors; lock counts never exceed the parent's; no dead node is reachable;
                 cached page hashes are one per page
     tiers       each node has history on some tier; device history implies the parent's;
                 a snapshot on a tier implies the history there; under write-through
@@ -46,6 +46,8 @@ def _check_structure(tree, node) -> None:
         slots = tier.slots(node)
         if slots is not None and slots.numel() != node.num_tokens:
             _fail(f"{node!r}: {tier.name} has {slots.numel()} slots for {node.num_tokens} tokens")
+        if slots is not None and (slots.dtype != torch.int64 or not slots.is_contiguous() or slots.is_cuda):
+            _fail(f"{node!r}: {tier.name} slots are not a contiguous int64 CPU tensor (the fast path reads their buffers)")
     if node.lock_ref < 0 or (not parent.is_root and parent.lock_ref < node.lock_ref):
         _fail(f"{node!r}: lock_ref {node.lock_ref} negative or above the parent's {parent.lock_ref}")
     if node.pending is not None and node.pending not in tree._pending:
