@@ -11,6 +11,34 @@
 #include <stdint.h>
 #include <string.h>
 
+/* p = slot / ps and whether slot % ps == 0, with a shift for power-of-two pages (a 64-bit
+ * division per page costs more than the rest of a check). */
+typedef struct {
+    int64_t ps;
+    int shift; /* log2(ps) when ps is a power of two, else -1 */
+} pagediv;
+
+static pagediv make_pagediv(int64_t ps)
+{
+    pagediv d = {ps, -1};
+    if (ps > 0 && (ps & (ps - 1)) == 0) {
+        d.shift = 0;
+        while (((int64_t)1 << d.shift) < ps)
+            d.shift++;
+    }
+    return d;
+}
+
+static inline int64_t page_of(pagediv d, int64_t slot)
+{
+    return d.shift >= 0 ? slot >> d.shift : slot / d.ps;
+}
+
+static inline int aligned(pagediv d, int64_t slot)
+{
+    return d.shift >= 0 ? (slot & (d.ps - 1)) == 0 : slot % d.ps == 0;
+}
+
 static int get_buf(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable, const char *what)
 {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
@@ -91,13 +119,14 @@ static PyObject *fresh_pages(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_ssize_t count = -1;
     if (ps >= 1 && start >= 0 && start <= n && (n - start) % ps == 0 && held.len / 4 >= num_pages
         && out_len >= (n - start) / ps) {
+        pagediv div = make_pagediv(ps);
         int64_t prev = -1;
         Py_ssize_t i = start, k = 0;
         for (; i < n; i += ps, k++) {
             int64_t first = slot[i];
-            if (first < 0 || first % ps)
+            if (first < 0 || !aligned(div, first))
                 break;
-            int64_t p = first / ps;
+            int64_t p = page_of(div, first);
             if (p <= prev || p >= num_pages || !own[p] || (i < free_from && hold[p]))
                 break;
             Py_ssize_t j = 1;
@@ -144,17 +173,17 @@ static PyObject *hold(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     const int64_t *slot = (const int64_t *)s.buf;
     int32_t *count = (int32_t *)held.buf;
     Py_ssize_t n = s.len / 8, num_pages = held.len / 4;
+    pagediv div = make_pagediv(ps);
     int ok = 1;
     for (Py_ssize_t i = 0; i < n; i += ps) {  /* range-checked first: nothing changes on error */
-        int64_t p = slot[i] / ps;
-        if (slot[i] < 0 || p >= num_pages) {
+        if (slot[i] < 0 || page_of(div, slot[i]) >= num_pages) {
             ok = 0;
             break;
         }
     }
     if (ok)
         for (Py_ssize_t i = 0; i < n; i += ps)
-            count[slot[i] / ps] += (int32_t)delta;
+            count[page_of(div, slot[i])] += (int32_t)delta;
     PyBuffer_Release(&s);
     PyBuffer_Release(&held);
     if (!ok) {

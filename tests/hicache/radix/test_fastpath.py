@@ -31,7 +31,7 @@ def _case(draw, page_size):
 
 
 @needs_compiled
-@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("page_size", [1, 3, 4])
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_compiled_fresh_pages_agrees_with_numpy(page_size, data):
