@@ -95,6 +95,11 @@ class PageAllocator:
             else:
                 pages = pages.copy()
             self._top -= num_pages
+            if num_pages and pages[-1] - pages[0] == num_pages - 1:  # one run (a fresh pool): slices
+                run = slice(int(pages[0]), int(pages[-1]) + 1)
+                self._owned[run] = True
+                self._generation[run] += 1
+                return pages, self._generation[run].copy()
             self._owned[pages] = True
             self._generation[pages] += 1
             return pages, self._generation[pages]
