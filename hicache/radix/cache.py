@@ -133,6 +133,8 @@ class HiRadixCache(MatchMixin, InsertMixin, EvictionMixin, SnapshotMixin, Transf
             return
         threshold = 1 if self.policy == "write_through" else 2
         for n in path:  # top-down: a node only after its parent (prefix invariant)
+            if n.host is not None and (n.state_device is None or n.state_host is not None):
+                continue  # backed up already (most of a path): the check of _needs_backup, inlined
             if n.hit_count < threshold or not self._needs_backup(n):
                 continue
             parent = n.parent

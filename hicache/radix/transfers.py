@@ -55,7 +55,8 @@ class TransferMixin:
         """
         anchor = node.device if node.host is None else EMPTY_SLOTS
         state = node.state_device if node.state_host is None else None
-        self._make_room(self.host_tier, anchor.numel(), state is not None)
+        if state is not None or anchor.numel() > self.host_pool.allocator.available():
+            self._make_room(self.host_tier, anchor.numel(), state is not None)
         dst = self.ctrl.write(anchor, state, trusted=True)  # the tree's own slots, checked at insert
         if dst is None and state is not None and anchor.numel():
             state = None
