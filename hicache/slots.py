@@ -15,6 +15,7 @@ import torch
 
 from host_pools.allocator import PageAllocator
 from host_pools.spec import Stack, slots_to_rows
+from hicache import fastpath
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,12 @@ def check_owned(alloc: PageAllocator, slots: torch.Tensor, what: str,
     Raises:
         ValueError: a page is free (never handed out, or already freed) or repeated.
     """
-    try:
+    arr = slots.numpy()
+    if arr.flags.c_contiguous:  # ascending whole pages (what allocators hand out): one pass
+        pages = fastpath.fresh_pages(arr, 0, 0, alloc.page_size, alloc.owned_mask(), None)
+        if pages is not None:
+            return pages
+    try:  # anything else: the allocator's full check names what is wrong
         pages = alloc.pages_of(slots)
     except ValueError as exc:
         raise ValueError(f"{what}: {exc}") from None

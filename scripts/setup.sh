@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 STAMP=.venv/.hicache-setup
 if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ] && [ "$STAMP" -nt scripts/setup.sh ] \
-    && [ "$STAMP" -nt setup.py ] && [ "$STAMP" -nt hicache/radix/_fastpath.c ]; then
+    && [ "$STAMP" -nt setup.py ] && [ "$STAMP" -nt hicache/_fastpath.c ]; then
   exit 0
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv --system-site-packages .venv
@@ -39,7 +39,7 @@ MOONCAKE=$("$V" -c "import torch; c = torch.version.cuda or ''; print('mooncake-
 "$V" -c "import importlib.util as u, sys; sys.exit(u.find_spec('mooncake') is None)" 2>/dev/null \
   || pipi "$MOONCAKE" || echo "setup: could not install $MOONCAKE (the Mooncake tests will skip)" >&2
 # editable install without build isolation: needs setuptools >= 64 and wheel locally; it
-# compiles hicache.radix._fastpath in place (optional: without a C compiler it is skipped)
+# compiles hicache._fastpath in place (optional: without a C compiler it is skipped)
 "$V" -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 64)" 2>/dev/null \
   || pipi "setuptools>=64"
 "$V" -c "import wheel" 2>/dev/null || pipi wheel

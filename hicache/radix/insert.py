@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from host_pools.allocator import PageAllocator, is_integer_dtype
-from hicache.radix import fastpath
+from hicache import fastpath
 from hicache.radix.node import InsertResult, TreeNode, as_key
 
 

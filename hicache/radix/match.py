@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from hicache.radix import fastpath
+from hicache import fastpath
 from hicache.radix.hybrid import select_match_end
 from hicache.radix.node import EMPTY_SLOTS, MatchResult, TreeNode, as_key, common_pages
 

@@ -1,4 +1,5 @@
-"""The radix tree's per-insert checks, compiled when `hicache.radix._fastpath` is built.
+"""Hot-path slot checks of the radix tree and the controller's edge, compiled when
+`hicache._fastpath` is built.
 
 Three operations on numpy arrays, each one pass in C (one call instead of several numpy
 calls of about a microsecond each) or, when the extension is absent (no C compiler at
@@ -7,8 +8,8 @@ install time, another Python), the numpy code below, which gives the same answer
     same_bytes(a, b)        equal lengths and bytes
     fresh_pages(...)        the pages of a caller's slots past the cached prefix when they
                             are whole aligned pages, strictly ascending, in range,
-                            allocated and held by nobody; None otherwise (the caller's slow
-                            path then names the broken rule)
+                            allocated and (``held`` given) held by nobody; None otherwise
+                            (the caller's slow path then names the broken rule)
     hold(slots, ps, held, d)  held[page] += d for the pages of the tree's own slots
     walk(node, kb, pb)      the nodes below ``node`` matching the key bytes ``kb`` in full,
                             and the next node if it matches only in part
@@ -20,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 try:
-    from hicache.radix import _fastpath as _c
+    from hicache import _fastpath as _c
 except ImportError:  # not built: numpy fallbacks
     _c = None
 
@@ -32,10 +33,10 @@ def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def fresh_pages(slots: np.ndarray, start: int, free_from: int, page_size: int,
-                owned: np.ndarray, held: np.ndarray) -> np.ndarray | None:
+                owned: np.ndarray, held: np.ndarray | None) -> np.ndarray | None:
     """Pages of ``slots[start:]`` if every page is whole, aligned, strictly ascending, in
     ``[0, owned.size)``, allocated (``owned``) and, before ``free_from``, held by nobody
-    (``held == 0``); else ``None``."""
+    (``held == 0``; ``held=None``: not asked); else ``None``."""
     if _c is not None:
         out = np.empty((slots.size - start) // page_size, np.int64)
         n = _c.fresh_pages(slots, start, free_from, page_size, owned, held, out)
@@ -44,7 +45,7 @@ def fresh_pages(slots: np.ndarray, start: int, free_from: int, page_size: int,
 
 
 def _fresh_pages(slots: np.ndarray, start: int, free_from: int, page_size: int,
-                 owned: np.ndarray, held: np.ndarray) -> np.ndarray | None:
+                 owned: np.ndarray, held: np.ndarray | None) -> np.ndarray | None:
     rest = slots[start:]
     if not rest.size:
         return rest
@@ -57,7 +58,7 @@ def _fresh_pages(slots: np.ndarray, start: int, free_from: int, page_size: int,
     if pages[0] < 0 or pages[-1] >= owned.size or np.count_nonzero(pages[1:] <= pages[:-1]) \
             or np.count_nonzero(owned[pages]) != pages.size:
         return None
-    if np.count_nonzero(held[pages[:max(0, -(-(free_from - start) // page_size))]]):  # pages starting before it
+    if held is not None and np.count_nonzero(held[pages[:max(0, -(-(free_from - start) // page_size))]]):  # pages starting before it
         return None
     return pages
 

@@ -1,4 +1,4 @@
-/* Compiled checks for HiRadixCache's hot path (optional: hicache.radix.fastpath falls back
+/* Compiled checks for HiRadixCache's hot path (optional: hicache.fastpath falls back
  * to numpy when this module is not built).
  *
  * Each function does in one pass over a few buffers what would otherwise be several numpy
@@ -77,9 +77,9 @@ static PyObject *same_bytes(PyObject *self, PyObject *const *args, Py_ssize_t na
  *
  * Pages of slots[start:] (int64), written to out (int64, room for them), when every page
  * is a whole aligned run of page_size consecutive slots, pages strictly ascend, lie in
- * [0, len(owned)), are allocated (owned[p], bool) and -- for slots before free_from --
- * held by nobody (held[p] == 0, int32). Returns the number of pages, or -1 when any rule
- * fails (the caller's slow path then names the first broken rule).
+ * [0, len(owned)), are allocated (owned[p], bool) and -- for slots before free_from,
+ * unless held is None -- held by nobody (held[p] == 0, int32). Returns the number of
+ * pages, or -1 when any rule fails (the caller's slow path then names the broken rule).
  */
 static PyObject *fresh_pages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -94,13 +94,14 @@ static PyObject *fresh_pages(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_ssize_t ps = PyLong_AsSsize_t(args[3]);
     if (PyErr_Occurred())
         return NULL;
+    int use_held = args[5] != Py_None;
     if (get_buf(args[0], &s, 8, 0, "slots") < 0)
         return NULL;
     if (get_buf(args[4], &owned, 1, 0, "owned") < 0) {
         PyBuffer_Release(&s);
         return NULL;
     }
-    if (get_buf(args[5], &held, 4, 0, "held") < 0) {
+    if (use_held && get_buf(args[5], &held, 4, 0, "held") < 0) {
         PyBuffer_Release(&s);
         PyBuffer_Release(&owned);
         return NULL;
@@ -108,17 +109,20 @@ static PyObject *fresh_pages(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (get_buf(args[6], &out, 8, 1, "out") < 0) {
         PyBuffer_Release(&s);
         PyBuffer_Release(&owned);
-        PyBuffer_Release(&held);
+        if (use_held)
+            PyBuffer_Release(&held);
         return NULL;
     }
     const int64_t *slot = (const int64_t *)s.buf;
     const char *own = (const char *)owned.buf;
-    const int32_t *hold = (const int32_t *)held.buf;
+    const int32_t *hold = use_held ? (const int32_t *)held.buf : NULL;
     int64_t *pages = (int64_t *)out.buf;
     Py_ssize_t n = s.len / 8, num_pages = owned.len, out_len = out.len / 8;
     Py_ssize_t count = -1;
-    if (ps >= 1 && start >= 0 && start <= n && (n - start) % ps == 0 && held.len / 4 >= num_pages
-        && out_len >= (n - start) / ps) {
+    if (!use_held)
+        free_from = 0;
+    if (ps >= 1 && start >= 0 && start <= n && (n - start) % ps == 0
+        && (!use_held || held.len / 4 >= num_pages) && out_len >= (n - start) / ps) {
         pagediv div = make_pagediv(ps);
         int64_t prev = -1;
         Py_ssize_t i = start, k = 0;
@@ -142,7 +146,8 @@ static PyObject *fresh_pages(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
     PyBuffer_Release(&s);
     PyBuffer_Release(&owned);
-    PyBuffer_Release(&held);
+    if (use_held)
+        PyBuffer_Release(&held);
     PyBuffer_Release(&out);
     return PyLong_FromSsize_t(count);
 }

@@ -1,4 +1,4 @@
-"""`hicache.radix.fastpath`: the compiled checks and their numpy fallbacks agree, and the
+"""`hicache.fastpath`: the compiled checks and their numpy fallbacks agree, and the
 tree works with either."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hicache.models import mha
-from hicache.radix import fastpath
+from hicache import fastpath
 from tests.hicache.radix.test_cache import make, seq
 
-needs_compiled = pytest.mark.skipif(not fastpath.COMPILED, reason="hicache.radix._fastpath is not built")
+needs_compiled = pytest.mark.skipif(not fastpath.COMPILED, reason="hicache._fastpath is not built")
 
 
 def _case(draw, page_size):
@@ -26,6 +26,8 @@ def _case(draw, page_size):
     slots = np.array(list(range(prefix)) + slots, np.int64)
     owned = np.array(draw(st.lists(st.booleans(), min_size=num_pages, max_size=num_pages)), np.bool_)
     held = np.array(draw(st.lists(st.integers(0, 1), min_size=num_pages, max_size=num_pages)), np.int32)
+    if draw(st.booleans()):
+        held = None  # the controller's edge asks no held question
     free_from = draw(st.integers(prefix, slots.size))
     return slots, prefix, free_from, owned, held
 
