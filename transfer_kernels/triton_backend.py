@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import NamedTuple
+import threading
+import weakref
+from collections import OrderedDict
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -173,10 +176,13 @@ def build_launch(plan: CopyPlan, max_programs: int, tile_bytes: int) -> Launch:
 
 
 def _build_all_layers(plan: CopyPlan, max_programs: int, tile_bytes: int) -> LaunchSet:
-    jobs = np.repeat(np.arange(len(plan.jobs), dtype=np.int64), [len(j.layers) for j in plan.jobs])
-    layers = np.fromiter(itertools.chain.from_iterable(j.layers for j in plan.jobs), np.int64,
-                         jobs.size)
-    return _build(plan, (jobs, layers, np.zeros(jobs.size, dtype=np.int64)), 1,
+    def pairs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        jobs = np.repeat(np.arange(len(plan.jobs), dtype=np.int64), [len(j.layers) for j in plan.jobs])
+        layers = np.fromiter(itertools.chain.from_iterable(j.layers for j in plan.jobs), np.int64,
+                             jobs.size)
+        return jobs, layers, np.zeros(jobs.size, dtype=np.int64)
+
+    return _build(plan, pairs, ("all layers", tuple(j.layers for j in plan.jobs)), 1,
                   max_programs, tile_bytes)
 
 
@@ -188,11 +194,13 @@ def _build_groups(plan: CopyPlan, groups: LaunchGroups, max_programs: int,
     ``(job, layer)`` pairs are listed, buffers innermost. Each job's row indices are
     stored once and shared by all its segments.
     """
-    try:  # hashable groups (the controller's are cached tuples) are flattened once
-        pairs = _pair_arrays(groups)
+    try:  # hashable groups (the controller's are cached tuples): flattened and laid out once
+        hash(groups)
     except TypeError:
-        pairs = _pair_arrays.__wrapped__(groups)
-    return _build(plan, pairs, len(groups), max_programs, tile_bytes)
+        return _build(plan, lambda: _pair_arrays.__wrapped__(groups), None, len(groups),
+                      max_programs, tile_bytes)
+    return _build(plan, lambda: _pair_arrays(groups), ("groups", groups), len(groups),
+                  max_programs, tile_bytes)
 
 
 @functools.lru_cache(maxsize=64)
@@ -204,10 +212,49 @@ def _pair_arrays(groups: LaunchGroups) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return pairs[:, 0], pairs[:, 1], np.repeat(np.arange(len(groups), dtype=np.int64), sizes)
 
 
-def _build(plan: CopyPlan, pairs: tuple[np.ndarray, np.ndarray, np.ndarray], num_groups: int,
-           max_programs: int, tile_bytes: int) -> LaunchSet:
-    """The launches of ``num_groups`` groups given as flat (job, layer, group) arrays: every
-    segment of every group computed at once (numpy over all segments, O(jobs) Python)."""
+# Segment layouts by (pairs, groups, grid cap, tile, device, and each job's tables and row
+# count): everything of a launch set but the row indices, which are the only part that
+# changes between batches of the same shape (a scheduler's steady state). LRU-bounded;
+# tables are keyed by weak reference, so the cache keeps no pool alive and a dead table's
+# entry never matches a new one.
+_LAYOUTS: OrderedDict = OrderedDict()
+_LAYOUTS_MAX = 256
+_LAYOUTS_LOCK = threading.Lock()
+
+
+def _build(plan: CopyPlan, pairs: Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray]],
+           pairs_key: tuple | None, num_groups: int, max_programs: int, tile_bytes: int) -> LaunchSet:
+    """The launches of ``num_groups`` groups whose flat (job, layer, group) arrays ``pairs()``
+    returns; the layout is reused when ``pairs_key`` and the jobs' shapes were seen before."""
+    key = layout = None
+    if pairs_key is not None:
+        shapes = tuple((weakref.ref(j.src), weakref.ref(j.dst), j.num_rows) for j in plan.jobs)
+        key = (pairs_key, num_groups, max_programs, tile_bytes, plan.device, shapes)
+        with _LAYOUTS_LOCK:
+            layout = _LAYOUTS.get(key)
+            if layout is not None:
+                _LAYOUTS.move_to_end(key)
+    if layout is None:
+        layout = _layout(plan, pairs(), num_groups, max_programs, tile_bytes)
+        if key is not None:
+            with _LAYOUTS_LOCK:
+                _LAYOUTS[key] = layout
+                if len(_LAYOUTS) > _LAYOUTS_MAX:
+                    _LAYOUTS.popitem(last=False)
+    seg, used, bounds, grids, block, warps = layout
+    if seg is None:
+        return LaunchSet(torch.empty(0, dtype=torch.int64), bounds, grids, block, warps)
+    jobs = plan.jobs
+    idx_parts = [t for j in used for t in (jobs[j].src_rows, jobs[j].dst_rows)]
+    meta = _to_device([seg] + idx_parts, plan.device)  # seg is never written: a cached copy
+    return LaunchSet(meta, bounds, grids, block, warps)
+
+
+def _layout(plan: CopyPlan, pairs: tuple[np.ndarray, np.ndarray, np.ndarray], num_groups: int,
+            max_programs: int, tile_bytes: int) -> tuple:
+    """``(segment table (flat int64 tensor, never written), used jobs, bounds, grids, block, warps)`` of the
+    launch set: every segment of every group computed at once (numpy over all segments,
+    O(jobs) Python). Depends on the jobs' tables and row counts, never on row values."""
     block, warps = launch_config(plan, tile_bytes)
     jobs = plan.jobs
     rows = np.fromiter((j.num_rows for j in jobs), np.int64, len(jobs))
@@ -216,8 +263,7 @@ def _build(plan: CopyPlan, pairs: tuple[np.ndarray, np.ndarray, np.ndarray], num
     if not keep.all():
         job, layer, group = job[keep], layer[keep], group[keep]
     if not job.size:
-        return LaunchSet(torch.empty(0, dtype=torch.int64), [0] * (num_groups + 1), [1] * num_groups,
-                         block, warps)
+        return None, (), (0,) * (num_groups + 1), (1,) * num_groups, block, warps
     used = np.flatnonzero(np.bincount(job, minlength=len(jobs)))  # jobs with segments
     src = np.concatenate([_side(jobs[j].src, plan.device) for j in used])
     dst = np.concatenate([_side(jobs[j].dst, plan.device) for j in used])
@@ -249,9 +295,8 @@ def _build(plan: CopyPlan, pairs: tuple[np.ndarray, np.ndarray, np.ndarray], num
     bounds = np.zeros(num_groups + 1, dtype=np.int64)
     bounds[1:] = np.cumsum(np.bincount(group, weights=per_pair, minlength=num_groups).astype(np.int64))
     grids = _deal_items(seg, bounds, max_programs)
-    idx_parts = [t for j in used.tolist() for t in (jobs[j].src_rows, jobs[j].dst_rows)]
-    meta = _to_device([torch.from_numpy(seg.reshape(-1))] + idx_parts, plan.device)
-    return LaunchSet(meta, bounds.tolist(), grids.tolist(), block, warps)
+    return (torch.from_numpy(seg.reshape(-1)), tuple(used.tolist()), tuple(bounds.tolist()),
+            tuple(grids.tolist()), block, warps)
 
 
 def _deal_items(seg: np.ndarray, bounds: np.ndarray, max_programs: int) -> np.ndarray:

@@ -127,8 +127,7 @@ class HiRadixCache(MatchMixin, InsertMixin, EvictionMixin, SnapshotMixin, Transf
 
     # ---- write policies ----------------------------------------------------------
     def _backup_path(self, path: list[TreeNode]) -> None:
-        for n in path:
-            n.hit_count += 1
+        """Queue the backups an insert along ``path`` (whose hit counts it raised) asks for."""
         if not self.host_enabled or self.policy == "write_back":
             return
         threshold = 1 if self.policy == "write_through" else 2

@@ -137,7 +137,11 @@ class InsertMixin:
         elif snap:
             for name, s in snap.items():
                 self.cache.device_pools[name].free(s)
-        self._touch(path)
+        self._clock += 1
+        clock = self._clock
+        for n in path:  # touched (LRU) and counted (write_through_selective) in one pass
+            n.last_access = clock
+            n.hit_count += 1
         self._backup_path(path)
         return InsertResult(plan.keep, last)
 

@@ -75,3 +75,40 @@ def test_make_plan_still_refuses_double_writes(gen):
     p = make_plan(_jobs(gen)[:1]).jobs[0]
     with pytest.raises(ValueError, match="written twice"):
         make_plan([CopyJob(p.src, p.dst, torch.tensor([0, 1]), torch.tensor([2, 2]))])
+
+
+def test_triton_reuses_a_layout_only_for_the_same_shape(gen):
+    # A second batch of the same shape (tables, row counts, groups) reuses the segment
+    # layout and copies its own rows byte for byte; a batch with other row counts builds
+    # its own; a dead table's layout never serves a new table.
+    from transfer_kernels import triton_backend as tb
+
+    groups = (((0, 0), (1, 0)), ((0, 1), (1, 1)))
+    impl = get_backend("triton", fresh=True)
+    pools = [make_pool(gen, 2, 9, [((16,), torch.bfloat16)] * 2, "page_first"),
+             make_pool(gen, 2, 5, [((133,), torch.uint8)], "layer_first")]
+
+    def run(count):
+        jobs = [CopyJob(p.host_table, p.device_table, *random_map(gen, p.num_rows, p.num_rows, count))
+                for p in pools]
+        befores = [(snapshot(j.src), snapshot(j.dst)) for j in jobs]
+        prepared = impl.prepare(make_plan(jobs), groups)
+        for g in range(len(groups)):
+            prepared.launch(g)
+        sync()
+        for j, job in enumerate(jobs):
+            assert_copied(job.src, job.dst, *befores[j], job.src_rows, job.dst_rows, layers=[0, 1])
+
+    before = len(tb._LAYOUTS)
+    run(4)
+    assert len(tb._LAYOUTS) == before + 1
+    run(4)  # same shape, other rows: cached layout, exact bytes
+    assert len(tb._LAYOUTS) == before + 1
+    run(3)  # other row counts: a layout of its own
+    assert len(tb._LAYOUTS) == before + 2
+    refs = [k for k in tb._LAYOUTS if k[0] == ("groups", groups)]
+    assert all(r() is not None for k in refs for shape in k[5] for r in shape[:2])
+    pools.clear()  # the tables die: their entries stay unmatched (weak references)
+    import gc
+    gc.collect()
+    assert all(r() is None for k in refs for shape in k[5] for r in shape[:2])
