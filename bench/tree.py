@@ -92,10 +92,11 @@ def one_pass(convs: np.ndarray, page_size: int, host_tier: bool) -> dict:
     dev, ctrl = tree.device_pool, tree.ctrl
     ns = time.perf_counter_ns
     match_ns = insert_ns = step_ns = tokens = steps = 0
+    num_convs, turns = convs.shape[0], convs.shape[1] // TURN_TOKENS
     gc.collect()
-    for turn in range(1, TURNS + 1):  # turn t of every conversation, then turn t + 1
+    for turn in range(1, turns + 1):  # turn t of every conversation, then turn t + 1
         n = turn * TURN_TOKENS
-        for c in range(CONVERSATIONS):
+        for c in range(num_convs):
             seq = convs[c, :n]
             t0 = ns()
             m = tree.match_prefix(seq)
@@ -122,7 +123,7 @@ def one_pass(convs: np.ndarray, page_size: int, host_tier: bool) -> dict:
     evict_us = (ns() - t0) / 1e3
     lb_ns = lb_tokens = load_backs = 0
     if host_tier:  # re-visit every conversation: a host hit is loaded back
-        for c in range(CONVERSATIONS):
+        for c in range(num_convs):
             m = tree.match_prefix(convs[c])
             if m.host_hit_length <= 0:
                 continue
