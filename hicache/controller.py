@@ -161,22 +161,11 @@ class HybridCacheController:
         else:
             src = edge_slots(self.stack, device_indices, extra, "device_indices")
             self._check_device_slots(src)
-        # the host pools' own allocators: pages and their generations straight from them
-        dst, stamps = {}, {}
-        for name, slots in src.items():
-            alloc = self.host_group.pools[name].allocator
-            count, extra_slots = divmod(slots.numel(), alloc.page_size)
-            got = None if extra_slots else alloc.alloc_pages(count)
-            if got is None:
-                for taken, (pages, _) in stamps.items():
-                    self.host_group.pools[taken].allocator.free_pages(pages)
-                if extra_slots:
-                    raise ValueError(f"{_label('device_indices', name)}: {slots.numel()} slots are not whole "
-                                     f"host pages of {alloc.page_size}")
-                return None
-            stamps[name] = got
-            dst[name] = torch.from_numpy(alloc.page_slots(got[0]))
-        return self._enqueue(Op(-1, "d2h", src, dst, stamps))
+        host = self.host_group.pools
+        got = _alloc_own({n: host[n].allocator for n in src}, src, "device_indices", "host")
+        if got is None:
+            return None
+        return self._enqueue(Op(-1, "d2h", src, *got))
 
     def _check_device_slots(self, src: dict[str, torch.Tensor]) -> None:
         for name, slots in src.items():
@@ -225,13 +214,15 @@ class HybridCacheController:
             src = edge_slots(self.stack, host_indices, extra, "host_indices")
             for name, slots in src.items():
                 self._check_loadable(name, slots)
-        # the device pools' own allocators are trusted; a server's slots are coerced
+        if not self._server_alloc:  # the device pools' own allocators: pages straight from them
+            got = _alloc_own({n: self.device_pools[n].allocator for n in src}, src, "host_indices", "device")
+            return None if got is None else self._enqueue(Op(-1, "h2d", src, got[0]))
+        # a server's allocator: its slots are coerced and checked
         dst = alloc_all(src, lambda n, k: self._alloc[n](k), lambda n, s: self._free[n](s),
                         self._server_alloc)
         if dst is None:
             return None
-        if self._server_alloc:
-            self._check_server_slots(dst)
+        self._check_server_slots(dst)
         return self._enqueue(Op(-1, "h2d", src, dst))
 
     def _check_server_slots(self, dst: dict[str, torch.Tensor]) -> None:
@@ -458,6 +449,32 @@ class HybridCacheController:
     def stats(self) -> dict:
         """Counters: ops, tokens and bytes per pool and direction, failures, rollbacks."""
         return self.counters.as_dict()
+
+
+def _alloc_own(allocators: Mapping[str, Any], src: Mapping[str, torch.Tensor], what: str,
+               tier: str) -> tuple[dict, dict] | None:
+    """Whole pages for every pool of ``src`` from the controller's own allocators, all or
+    nothing: ``(slots, (pages, generations))`` per pool, or ``None`` when one is short.
+
+    Raises:
+        ValueError: slots that are not whole pages of the destination's page size
+            (nothing is taken then).
+    """
+    dst, stamps = {}, {}
+    for name, slots in src.items():
+        alloc = allocators[name]
+        count, rest = divmod(slots.numel(), alloc.page_size)
+        got = None if rest else alloc.alloc_pages(count)
+        if got is None:
+            for taken, (pages, _) in stamps.items():
+                allocators[taken].free_pages(pages)
+            if rest:
+                raise ValueError(f"{_label(what, name)}: {slots.numel()} slots are not whole {tier} pages "
+                                 f"of {alloc.page_size}")
+            return None
+        stamps[name] = got
+        dst[name] = torch.from_numpy(alloc.page_slots(got[0]))
+    return dst, stamps
 
 
 def _label(what: str, pool: str) -> str:

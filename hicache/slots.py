@@ -96,8 +96,7 @@ def edge_slots(stack: Stack, anchor: Any, extra: Mapping[str, Any] | None,
             slots (see :func:`as_slots`), or nothing to transfer at all.
         TypeError: ``extra`` is not a mapping, or slots of an unsupported type.
     """
-    own = {p.name for p in stack.own_indexed}
-    anchor_name = stack.anchor.name
+    own, anchor_name = stack.own_names, stack.anchor.name
     if extra is not None and not isinstance(extra, Mapping):
         raise TypeError(f"extra: must be a mapping of pool name to slots, got {type(extra).__name__}")
     slots = {anchor_name: as_slots(anchor, what)} if anchor is not None else {}

@@ -255,7 +255,7 @@ class Stack:
             groups.setdefault(self._roots[p.name].name, {}).setdefault(p.tokens_per_row, []).append(p.name)
         return {r: {t: tuple(names) for t, names in g.items()} for r, g in groups.items()}
 
-    @property
+    @functools.cached_property
     def anchor(self) -> PoolSpec:
         return next(p for p in self.pools if p.kind is PoolKind.ANCHOR)
 
@@ -270,6 +270,11 @@ class Stack:
     def own_indexed(self) -> tuple[PoolSpec, ...]:
         """Pools with their own allocator (the anchor and e.g. ``swa``)."""
         return tuple(p for p in self.pools if p.indices_from is None)
+
+    @functools.cached_property
+    def own_names(self) -> frozenset[str]:
+        """Names of the own-indexed pools."""
+        return frozenset(p.name for p in self.own_indexed)
 
     def root_of(self, name: str) -> PoolSpec:
         """The own-indexed pool whose slots ``name``'s rows ultimately derive from."""
