@@ -75,7 +75,7 @@ class PageAllocator:
         got = self.alloc_pages(num_slots // self.page_size)
         if got is None:
             return None
-        return torch.from_numpy(self._pages_to_slots(got[0]))
+        return torch.from_numpy(self._pages_to_slots(got[0], ascending=True))
 
     def alloc_pages(self, num_pages: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Take ``num_pages`` whole pages (ascending) for a holder that keeps page records.
@@ -105,8 +105,8 @@ class PageAllocator:
             return pages, self._generation[pages]
 
     def page_slots(self, pages: np.ndarray) -> np.ndarray:
-        """The slots of whole pages (``pages`` from `alloc_pages` or `pages_of`), in order."""
-        return self._pages_to_slots(pages)
+        """The slots of the pages an `alloc_pages` call returned (strictly ascending), in order."""
+        return self._pages_to_slots(pages, ascending=True)
 
     def free(self, slots: torch.Tensor) -> int:
         """Return slots to the free list.
@@ -208,9 +208,14 @@ class PageAllocator:
             raise ValueError(f"{what}: the same page appears twice in one call")
         return pages
 
-    def _pages_to_slots(self, pages: np.ndarray) -> np.ndarray:
+    def _pages_to_slots(self, pages: np.ndarray, ascending: bool = False) -> np.ndarray:
+        """Slots of ``pages`` in order; ``ascending``: the pages strictly ascend (an
+        allocation's), so equal endpoints mean one run, one range of slots."""
         if self.page_size == 1:
             return pages
+        if ascending and pages.size and pages[-1] - pages[0] == pages.size - 1:
+            ps = self.page_size
+            return np.arange(int(pages[0]) * ps, (int(pages[-1]) + 1) * ps, dtype=np.int64)
         return (pages[:, None] * self.page_size + self._offsets).reshape(-1)
 
     def check_integrity(self) -> None:
