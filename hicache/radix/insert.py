@@ -126,7 +126,12 @@ class InsertMixin:
         snap = self._check_extra(extra, key.size)
         kb = key.tobytes()
         path, partial, matched = self._walk_from_match(kb)
-        plan = self._plan_insert(path, partial)
+        if partial is None and matched is not None and matched.numel() == (path[-1].end if path else 0):
+            # the continued match reached the last node on the device, and nothing changed
+            # since: every node is kept (what _plan_insert would find, without the loop)
+            plan = _Plan(path, matched.numel(), len(path), [], matched.numel(), False)
+        else:
+            plan = self._plan_insert(path, partial)
         to_free = self._insert_frees(plan, slots, matched, partial)  # raises before anything changes
         path, complete = self._apply_insert(plan, partial, kb, slots)
         if to_free.size:

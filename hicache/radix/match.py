@@ -38,13 +38,14 @@ class MatchMixin:
             path.append(self._split(*partial))
         if self.hybrid:
             d, e = select_match_end(path, True)
+            self._touch(path[:e + 1])
         else:  # every boundary qualifies; device nodes are closed under parent
-            d, e = -1, len(path) - 1
-            for node in path:
-                if node.device is None:
-                    break
-                d += 1
-        self._touch(path if e == len(path) - 1 else path[:e + 1])
+            self._clock += 1
+            clock, d, e = self._clock, -1, len(path) - 1
+            for node in path:  # touched (LRU) and counted in one pass
+                node.last_access = clock
+                if node.device is not None:
+                    d += 1
         if d > 0:
             slots = torch.cat([n.device for n in path[:d + 1]])
         else:
