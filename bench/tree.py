@@ -214,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
             row["sglang_device_indices_us"] = _median(theirs[case], "device_indices_us")
             row["speedup_tokens_per_s"] = row["mtokens_per_s"] / row["sglang_mtokens_per_s"]
             row["speedup_same_work"] = row["mtokens_per_s_same_work"] / row["sglang_mtokens_per_s_same_work"]
+            paired = [a["mtokens_per_s"] / b["mtokens_per_s"] for a, b in zip(ours[case], theirs[case])]
+            row["speedup_per_round"] = paired  # each of our passes over SGLang's next to it
+            row["speedup_per_round_min_median_max"] = [min(paired), statistics.median(paired), max(paired)]
         row["rounds"] = ours[case]
         row["sglang_rounds"] = theirs[case]
         rows.append(row)
@@ -230,6 +233,11 @@ def main(argv: list[str] | None = None) -> int:
         cols += ["sglang_mtokens_per_s", "sglang_mtokens_per_s_same_work", "sglang_poll_step_us",
                  "sglang_load_back_us_per_token", "speedup_tokens_per_s", "speedup_same_work"]
     print(harness.format_table(rows, cols))
+    if version:
+        for row in rows:
+            lo, mid, hi = row["speedup_per_round_min_median_max"]
+            print(f"host tier {row['host_tier']!s:5} page {row['page_size']:2}: tokens/s ratio per round "
+                  f"(ours / SGLang's next to it) min {lo:.2f} median {mid:.2f} max {hi:.2f}")
     print(f"CPU, bookkeeping only, tokens counted once per turn, medians of {args.rounds} round(s)"
           f"{f', alternating with SGLang {version}' if version else ' (no SGLang side: --anchor-python)'}"
           f" -> {args.out}")
