@@ -87,6 +87,9 @@ class HybridCacheController:
         self._server_alloc = set((device_alloc or {}).keys()) & set(own)
         self._alloc = {n: (device_alloc or {}).get(n, self.device_pools[n].alloc) for n in own}
         self._free = {n: (device_free or {}).get(n, self.device_pools[n].free) for n in own}
+        # the own allocators of each tier (destination pages of writes and of loads)
+        self._host_allocs = {n: host_group.pools[n].allocator for n in own}
+        self._device_allocs = {n: self.device_pools[n].allocator for n in own}
         # Per host page: the allocation generation its last acked backup wrote into.
         # A page is loadable only while it is still that allocation (0 = never written).
         self._host_stamp = {n: np.zeros(host_group.pools[n].allocator.num_pages, np.int64)
@@ -162,7 +165,7 @@ class HybridCacheController:
             src = edge_slots(self.stack, device_indices, extra, "device_indices")
             self._check_device_slots(src)
         host = self.host_group.pools
-        got = _alloc_own({n: host[n].allocator for n in src}, src, "device_indices", "host")
+        got = _alloc_own(self._host_allocs, src, "device_indices", "host")
         if got is None:
             return None
         return self._enqueue(Op(-1, "d2h", src, *got))
@@ -215,7 +218,7 @@ class HybridCacheController:
             for name, slots in src.items():
                 self._check_loadable(name, slots)
         if not self._server_alloc:  # the device pools' own allocators: pages straight from them
-            got = _alloc_own({n: self.device_pools[n].allocator for n in src}, src, "host_indices", "device")
+            got = _alloc_own(self._device_allocs, src, "host_indices", "device")
             return None if got is None else self._enqueue(Op(-1, "h2d", src, got[0]))
         # a server's allocator: its slots are coerced and checked
         dst = alloc_all(src, lambda n, k: self._alloc[n](k), lambda n, s: self._free[n](s),

@@ -290,5 +290,5 @@ class InsertMixin:
 
     def _take(self, slots: np.ndarray) -> torch.Tensor:
         """A node's own copy of caller slots, counted as held."""
-        self._hold(slots, 1)
+        fastpath.hold(slots, self.page_size, self._held, 1)
         return torch.from_numpy(slots.copy())

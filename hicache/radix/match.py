@@ -79,6 +79,9 @@ class MatchMixin:
         last = self._last_walk
         if last is not None and last[2] == self._epoch and kb.startswith(last[0]):
             path = last[1]
+            more, child = fastpath.walk(path[-1] if path else self.root, kb, self._page_bytes)
+            if child is None:  # the common case: no node matched in part
+                return path + more if more else path, None, last[3]
             more, partial = self._walk_bytes(kb, path[-1] if path else None)
             return path + more, partial, last[3]
         return (*self._walk_bytes(kb), None)
