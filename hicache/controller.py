@@ -34,12 +34,12 @@ from host_pools.group import HostPoolGroup
 from hicache.batch import Batch, Op, launch_backup, launch_load, load_groups, plan_jobs
 from hicache.config import HiCacheConfig
 from hicache.device_pool import DevicePool
-from hicache.layer_sync import LayerDoneCounter
-from hicache.slots import alloc_all, check_owned, check_pages, edge_slots, free_all
+from hicache.layer_sync import LayerDoneCounter, OnStream
+from hicache.queueing import QueueingMixin
+from hicache.slots import free_all
 from hicache.stats import TransferStats, volume_table
 from transfer_kernels import CopyBackend, RowTable, TritonBackend, get_backend
 from transfer_kernels.plan import LaunchGroups, exec_device, trusted_plan
-from transfer_kernels.rows import first_duplicate
 
 AllocFn = Callable[[int], "torch.Tensor | None"]
 FreeFn = Callable[[torch.Tensor], Any]
@@ -57,7 +57,7 @@ class Ack(NamedTuple):
     error: str | None = None
 
 
-class HybridCacheController:
+class HybridCacheController(QueueingMixin):
     """Moves pages of every pool of a stack between device and host pools.
 
     Args:
@@ -132,153 +132,6 @@ class HybridCacheController:
             self.device_pools[p.name].row_table().device_desc(self.device)
             self._host_table(p.name).device_desc(self.device)
 
-    # ---- queueing -------------------------------------------------------------------
-    def write(self, device_indices: Any, extra: Mapping[str, Any] | None = None, *,
-              trusted: bool = False) -> dict[str, torch.Tensor] | None:
-        """Queue a backup of device slots; allocate their host slots all-or-nothing.
-
-        Args:
-            device_indices: anchor device token slots (whole pages; an int64 CPU tensor,
-                a list or a numpy array; empty when only ``extra`` moves).
-            extra: device slots of other own-indexed pools, e.g. ``{"swa": slots}``.
-            trusted: skip the coercion and every check of the slots (an internal caller
-                such as the radix tree, which validated them itself). The caller then
-                guarantees: ``device_indices`` and each ``extra`` value are 1-D int64
-                contiguous CPU tensors (possibly empty) of whole aligned pages of their
-                pool, in range, not repeated, currently allocated on the device;
-                ``extra`` is ``None`` or a dict keyed by own-indexed pools other than the
-                anchor; at least one tensor is non-empty. A broken promise is undefined
-                behaviour (wrong rows copied, or an error at launch).
-        Returns:
-            Host slots keyed by pool name, or ``None`` if any host pool is short (nothing
-            is allocated or queued then). The op's id is ``last_op_id`` afterwards.
-        Raises:
-            ValueError: slots that are unaligned, out of range, repeated, on a CUDA device
-                or not allocated on the device; ``extra`` naming a pool that is not an
-                own-indexed pool of the stack. Nothing changes.
-            RuntimeError: the controller is closed.
-        """
-        self._check_open()
-        if trusted:
-            src = self._trusted_slots(device_indices, extra, "device_indices")
-        else:
-            src = edge_slots(self.stack, device_indices, extra, "device_indices")
-            self._check_device_slots(src)
-        host = self.host_group.pools
-        got = _alloc_own(self._host_allocs, src, "device_indices", "host")
-        if got is None:
-            return None
-        return self._enqueue(Op(-1, "d2h", src, *got))
-
-    def _check_device_slots(self, src: dict[str, torch.Tensor]) -> None:
-        for name, slots in src.items():
-            pool = self.device_pools[name]
-            if name in self._server_alloc:  # the server's own slots: shape and range only
-                check_pages(slots, pool.allocator.page_size, pool.num_tokens, _label("device_indices", name))
-            else:  # aligned, in range, not repeated, and allocated
-                check_owned(pool.allocator, slots, _label("device_indices", name))
-
-    def _trusted_slots(self, anchor: torch.Tensor, extra: dict[str, torch.Tensor] | None,
-                       what: str) -> dict[str, torch.Tensor]:
-        """A trusted call's slots keyed by pool, empty ones dropped (no other check)."""
-        src = {self._anchor: anchor} if anchor.numel() else {}
-        if extra:
-            for name, slots in extra.items():
-                if slots.numel():
-                    src[name] = slots
-        if not src:
-            raise ValueError(f"{what}: nothing to transfer (empty anchor slots and no extra)")
-        return src
-
-    def load(self, host_indices: Any, extra: Mapping[str, Any] | None = None, *,
-             trusted: bool = False) -> dict[str, torch.Tensor] | None:
-        """Queue a load of host slots; allocate their device slots all-or-nothing.
-
-        Args:
-            host_indices: anchor host token slots from an acked ``write`` (whole pages).
-            extra: host slots of other own-indexed pools, e.g. ``{"swa": slots}``.
-            trusted: skip the coercion and every check of the slots (an internal caller
-                such as the radix tree). The caller guarantees what ``write(trusted=True)``
-                lists, for host slots, and that every page was filled by an acked
-                ``write`` (or declared by ``mark_host_written``) and not freed since.
-                A server-supplied ``device_alloc``'s slots are still checked.
-        Returns:
-            Device slots keyed by pool name, or ``None`` if any device pool is short.
-        Raises:
-            ValueError: bad slots or pool names, or host slots that were never written
-                (backup not acked), were freed, or were freed and allocated again since.
-                Also when a server allocator hands out bad slots (they are given back).
-            RuntimeError: the controller is closed.
-        """
-        self._check_open()
-        if trusted:
-            src = self._trusted_slots(host_indices, extra, "host_indices")
-        else:
-            src = edge_slots(self.stack, host_indices, extra, "host_indices")
-            for name, slots in src.items():
-                self._check_loadable(name, slots)
-        if not self._server_alloc:  # the device pools' own allocators: pages straight from them
-            got = _alloc_own(self._device_allocs, src, "host_indices", "device")
-            return None if got is None else self._enqueue(Op(-1, "h2d", src, got[0]))
-        # a server's allocator: its slots are coerced and checked
-        dst = alloc_all(src, lambda n, k: self._alloc[n](k), lambda n, s: self._free[n](s),
-                        self._server_alloc)
-        if dst is None:
-            return None
-        self._check_server_slots(dst)
-        return self._enqueue(Op(-1, "h2d", src, dst))
-
-    def _check_server_slots(self, dst: dict[str, torch.Tensor]) -> None:
-        """A server-supplied allocator must hand out distinct whole aligned pages in range."""
-        try:
-            for name in self._server_alloc & dst.keys():
-                pool, what = self.device_pools[name], _label("device_alloc", name)
-                check_pages(dst[name], pool.allocator.page_size, pool.num_tokens, what)
-                twice = first_duplicate(dst[name])
-                if twice is not None:
-                    raise ValueError(f"{what}: slot {twice} handed out twice in one call")
-        except ValueError:
-            free_all(dst, lambda n, s: self._free[n](s))
-            raise
-
-    def mark_host_written(self, host_indices: Any, extra: Mapping[str, Any] | None = None) -> None:
-        """Declare host slots that were filled outside the controller loadable.
-
-        For host pages whose bytes came from elsewhere (the storage tier reads pages
-        straight into host slots): the caller allocated the slots from the host pools and
-        wrote every data pool rooted at them. Afterwards ``load`` accepts them, exactly as
-        after an acked ``write``, until they are freed.
-
-        Args:
-            host_indices: anchor host slots (whole pages; empty when only ``extra`` is given).
-            extra: host slots of other own-indexed pools, e.g. ``{"swa": slots}``.
-        Raises:
-            ValueError: bad slots or pool names, or slots that are not allocated (nothing changes).
-            RuntimeError: the controller is closed.
-        """
-        self._check_open()
-        src = edge_slots(self.stack, host_indices, extra, "host_indices")
-        stamps = {}
-        for name, slots in src.items():
-            alloc = self.host_group.pools[name].allocator
-            pages = check_owned(alloc, slots, _label("host_indices", name), "never handed out, or freed")
-            stamps[name] = (pages, alloc.generations(pages))
-        for name, (pages, gens) in stamps.items():  # all checked first: all or nothing
-            self._host_stamp[name][pages] = gens
-
-    def _check_loadable(self, name: str, slots: torch.Tensor) -> None:
-        pool = self.host_group.pools[name]
-        what = _label("host_indices", name)
-        pages = check_owned(pool.allocator, slots, what, "never written, or freed")
-        if not (self._host_stamp[name][pages] == pool.allocator.generations(pages)).all():
-            raise ValueError(f"{what}: slots were never written (backup not acked yet), or were "
-                             f"freed and allocated again since their backup")
-
-    def _enqueue(self, op: Op) -> dict[str, torch.Tensor]:
-        op.op_id = self.last_op_id = next(self._ids)
-        self._queues[op.direction].append(op)
-        return dict(op.dst)
-
     def _check_open(self) -> None:
         if self.closed:
             raise RuntimeError("controller: closed (host memory was released by close())")
@@ -322,7 +175,7 @@ class HybridCacheController:
         if direction == "h2d":
             batch.consumer = self.layer_done.begin()
         if self._cuda:
-            on_stream = _on_stream(self.write_stream if direction == "d2h" else self.load_stream)
+            on_stream = OnStream(self.write_stream if direction == "d2h" else self.load_stream)
             with on_stream:
                 self._launch_or_rollback(batch, on_stream.outer)
         else:
@@ -454,57 +307,7 @@ class HybridCacheController:
         return self.counters.as_dict()
 
 
-def _alloc_own(allocators: Mapping[str, Any], src: Mapping[str, torch.Tensor], what: str,
-               tier: str) -> tuple[dict, dict] | None:
-    """Whole pages for every pool of ``src`` from the controller's own allocators, all or
-    nothing: ``(slots, (pages, generations))`` per pool, or ``None`` when one is short.
-
-    Raises:
-        ValueError: slots that are not whole pages of the destination's page size
-            (nothing is taken then).
-    """
-    dst, stamps = {}, {}
-    for name, slots in src.items():
-        alloc = allocators[name]
-        count, rest = divmod(slots.numel(), alloc.page_size)
-        got = None if rest else alloc.alloc_pages(count)
-        if got is None:
-            for taken, (pages, _) in stamps.items():
-                allocators[taken].free_pages(pages)
-            if rest:
-                raise ValueError(f"{_label(what, name)}: {slots.numel()} slots are not whole {tier} pages "
-                                 f"of {alloc.page_size}")
-            return None
-        stamps[name] = got
-        dst[name] = torch.from_numpy(alloc.page_slots(got[0]))
-    return dst, stamps
-
-
-def _label(what: str, pool: str) -> str:
-    return f"{what} (pool {pool!r})"
-
-
 def _make_backend(config: HiCacheConfig) -> CopyBackend:
     if config.io_backend == "triton":
         return TritonBackend(max_programs=config.max_copy_programs)
     return get_backend(config.io_backend, fresh=True)
-
-
-class _on_stream:
-    """``torch.cuda.stream(s)`` that first orders ``s`` after the current stream (kept as
-    ``outer``); a no-op on CPU."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream, self.ctx, self.outer = stream, None, None
-
-    def __enter__(self) -> "_on_stream":
-        if self.stream is not None:
-            self.outer = torch.cuda.current_stream(self.stream.device)
-            self.stream.wait_stream(self.outer)
-            self.ctx = torch.cuda.stream(self.stream)
-            self.ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.ctx is not None:
-            self.ctx.__exit__(*exc)

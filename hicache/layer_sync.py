@@ -13,6 +13,8 @@ In CPU mode copies are synchronous: every method is a no-op apart from the bookk
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -74,3 +76,23 @@ class LayerDoneCounter:
         if self._cuda:
             k = self.consumer if index is None else index
             torch.cuda.current_stream(self.device).wait_event(self._events[k][layer])
+
+
+class OnStream:
+    """``torch.cuda.stream(s)`` that first orders ``s`` after the current stream (kept as
+    ``outer``); a no-op on CPU."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.ctx, self.outer = stream, None, None
+
+    def __enter__(self) -> "OnStream":
+        if self.stream is not None:
+            self.outer = torch.cuda.current_stream(self.stream.device)
+            self.stream.wait_stream(self.outer)
+            self.ctx = torch.cuda.stream(self.stream)
+            self.ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)
