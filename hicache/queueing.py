@@ -8,7 +8,7 @@ is checked like a caller's slots). A queued op waits for ``start_writing`` /
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -45,24 +45,30 @@ class QueueingMixin:
                 own-indexed pool of the stack. Nothing changes.
             RuntimeError: the controller is closed.
         """
-        self._check_open()
-        if trusted:
-            src = self._trusted_slots(device_indices, extra, "device_indices")
-        else:
-            src = edge_slots(self.stack, device_indices, extra, "device_indices")
-            self._check_device_slots(src)
+        src = self._sources(device_indices, extra, trusted, "device_indices", self._check_device_slots)
         got = _alloc_own(self._host_allocs, src, "device_indices", "host")
         if got is None:
             return None
         return self._enqueue(Op(-1, "d2h", src, *got))
 
-    def _check_device_slots(self, src: dict[str, torch.Tensor]) -> None:
+    def _sources(self, anchor: Any, extra: Mapping[str, Any] | None, trusted: bool, what: str,
+                 check: Callable[[str, torch.Tensor], None]) -> dict[str, torch.Tensor]:
+        """A call's source slots keyed by pool: trusted as given, else coerced and each
+        pool's slots checked by ``check(name, slots)``."""
+        self._check_open()
+        if trusted:
+            return self._trusted_slots(anchor, extra, what)
+        src = edge_slots(self.stack, anchor, extra, what)
         for name, slots in src.items():
-            pool = self.device_pools[name]
-            if name in self._server_alloc:  # the server's own slots: shape and range only
-                check_pages(slots, pool.allocator.page_size, pool.num_tokens, _label("device_indices", name))
-            else:  # aligned, in range, not repeated, and allocated
-                check_owned(pool.allocator, slots, _label("device_indices", name))
+            check(name, slots)
+        return src
+
+    def _check_device_slots(self, name: str, slots: torch.Tensor) -> None:
+        pool = self.device_pools[name]
+        if name in self._server_alloc:  # the server's own slots: shape and range only
+            check_pages(slots, pool.allocator.page_size, pool.num_tokens, _label("device_indices", name))
+        else:  # aligned, in range, not repeated, and allocated
+            check_owned(pool.allocator, slots, _label("device_indices", name))
 
     def _trusted_slots(self, anchor: torch.Tensor, extra: dict[str, torch.Tensor] | None,
                        what: str) -> dict[str, torch.Tensor]:
@@ -96,13 +102,7 @@ class QueueingMixin:
                 Also when a server allocator hands out bad slots (they are given back).
             RuntimeError: the controller is closed.
         """
-        self._check_open()
-        if trusted:
-            src = self._trusted_slots(host_indices, extra, "host_indices")
-        else:
-            src = edge_slots(self.stack, host_indices, extra, "host_indices")
-            for name, slots in src.items():
-                self._check_loadable(name, slots)
+        src = self._sources(host_indices, extra, trusted, "host_indices", self._check_loadable)
         if not self._server_alloc:  # the device pools' own allocators: pages straight from them
             got = _alloc_own(self._device_allocs, src, "host_indices", "device")
             return None if got is None else self._enqueue(Op(-1, "h2d", src, got[0]))
