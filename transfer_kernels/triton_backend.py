@@ -19,7 +19,7 @@ import itertools
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -212,58 +212,92 @@ def _pair_arrays(groups: LaunchGroups) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return pairs[:, 0], pairs[:, 1], np.repeat(np.arange(len(groups), dtype=np.int64), sizes)
 
 
-# Segment layouts by (pairs, groups, grid cap, tile, device, and each job's tables and row
-# count): everything of a launch set but the row indices, which are the only part that
-# changes between batches of the same shape (a scheduler's steady state). LRU-bounded;
-# tables are keyed by weak reference, so the cache keeps no pool alive and a dead table's
-# entry never matches a new one.
-_LAYOUTS: OrderedDict = OrderedDict()
-_LAYOUTS_MAX = 256
-_LAYOUTS_LOCK = threading.Lock()
+class _Lru:
+    """A small thread-safe LRU map (the layout caches below)."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
+
+    def get(self, key: tuple) -> Any:
+        with self.lock:
+            value = self.items.get(key)
+            if value is not None:
+                self.items.move_to_end(key)
+            return value
+
+    def put(self, key: tuple, value: Any) -> None:
+        with self.lock:
+            self.items[key] = value
+            if len(self.items) > self.size:
+                self.items.popitem(last=False)
+
+
+# Launch layouts cached at two levels; tables are keyed by weak reference, so no cache keeps
+# a pool alive and a dead table's entry never matches a new one.
+#   shape:  everything but the row indices, for a batch of the same tables, pairs and row
+#           counts (a scheduler's steady state): a hit only stages the rows;
+#   static: what does not depend on row counts (descriptors, sizes, order, tiling), for the
+#           same tables and pairs: a hit computes the row-count fields of the segments.
+_SHAPES = _Lru(256)
+_STATICS = _Lru(256)
 
 
 def _build(plan: CopyPlan, pairs: Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray]],
            pairs_key: tuple | None, num_groups: int, max_programs: int, tile_bytes: int) -> LaunchSet:
     """The launches of ``num_groups`` groups whose flat (job, layer, group) arrays ``pairs()``
-    returns; the layout is reused when ``pairs_key`` and the jobs' shapes were seen before."""
-    key = layout = None
-    if pairs_key is not None:
-        shapes = tuple((weakref.ref(j.src), weakref.ref(j.dst), j.num_rows) for j in plan.jobs)
-        key = (pairs_key, num_groups, max_programs, tile_bytes, plan.device, shapes)
-        with _LAYOUTS_LOCK:
-            layout = _LAYOUTS.get(key)
-            if layout is not None:
-                _LAYOUTS.move_to_end(key)
+    returns; layouts are reused when ``pairs_key`` and the jobs' tables were seen before."""
+    jobs = plan.jobs
+    tables = None if pairs_key is None else \
+        (pairs_key, num_groups, tile_bytes, plan.device,
+         tuple((weakref.ref(j.src), weakref.ref(j.dst)) for j in jobs))
+    rows = tuple(j.num_rows for j in jobs)
+    shape_key = None if tables is None else (tables, rows, max_programs)
+    layout = None if shape_key is None else _SHAPES.get(shape_key)
     if layout is None:
-        layout = _layout(plan, pairs(), num_groups, max_programs, tile_bytes)
-        if key is not None:
-            with _LAYOUTS_LOCK:
-                _LAYOUTS[key] = layout
-                if len(_LAYOUTS) > _LAYOUTS_MAX:
-                    _LAYOUTS.popitem(last=False)
+        block, warps = launch_config(plan, tile_bytes)
+        static_key = None if tables is None else (tables, tuple(r > 0 for r in rows), block)
+        static = None if static_key is None else _STATICS.get(static_key)
+        if static is None:
+            static = _static_layout(plan, pairs(), num_groups, block, warps)
+            if static_key is not None:
+                _STATICS.put(static_key, static)
+        layout = _sized_layout(static, np.asarray(rows, dtype=np.int64), max_programs)
+        if shape_key is not None:
+            _SHAPES.put(shape_key, layout)
     seg, used, bounds, grids, block, warps = layout
     if seg is None:
         return LaunchSet(torch.empty(0, dtype=torch.int64), bounds, grids, block, warps)
-    jobs = plan.jobs
     idx_parts = [t for j in used for t in (jobs[j].src_rows, jobs[j].dst_rows)]
     meta = _to_device([seg] + idx_parts, plan.device)  # seg is never written: a cached copy
     return LaunchSet(meta, bounds, grids, block, warps)
 
 
-def _layout(plan: CopyPlan, pairs: tuple[np.ndarray, np.ndarray, np.ndarray], num_groups: int,
-            max_programs: int, tile_bytes: int) -> tuple:
-    """``(segment table (flat int64 tensor, never written), used jobs, bounds, grids, block, warps)`` of the
-    launch set: every segment of every group computed at once (numpy over all segments,
-    O(jobs) Python). Depends on the jobs' tables and row counts, never on row values."""
-    block, warps = launch_config(plan, tile_bytes)
+class _Static(NamedTuple):
+    """The row-count-free part of a launch set's layout (see `_static_layout`)."""
+
+    seg: np.ndarray | None  # [segments, SEG_FIELDS]: fields 0-3, 7, 8 filled
+    seg_job: np.ndarray  # each segment's job
+    used: np.ndarray  # jobs with segments, ascending
+    per_item: np.ndarray  # rows per work item of each segment (block // span)
+    bounds: np.ndarray  # num_groups + 1 segment offsets
+    block: int
+    warps: int
+
+
+def _static_layout(plan: CopyPlan, pairs: tuple[np.ndarray, np.ndarray, np.ndarray], num_groups: int,
+                   block: int, warps: int) -> _Static:
+    """Every segment of every group at once (numpy over all segments, O(jobs) Python):
+    descriptors, row bytes, alignment and tiling. Depends on the jobs' tables, which jobs
+    have rows and the tile, never on row counts or row values."""
     jobs = plan.jobs
-    rows = np.fromiter((j.num_rows for j in jobs), np.int64, len(jobs))
+    has_rows = np.fromiter((j.num_rows > 0 for j in jobs), np.bool_, len(jobs))
     job, layer, group = pairs
-    keep = rows[job] > 0
+    keep = has_rows[job]
     if not keep.all():
         job, layer, group = job[keep], layer[keep], group[keep]
     if not job.size:
-        return None, (), (0,) * (num_groups + 1), (1,) * num_groups, block, warps
+        empty = np.empty(0, dtype=np.int64)
+        return _Static(None, empty, empty, empty, np.zeros(num_groups + 1, dtype=np.int64), block, warps)
     used = np.flatnonzero(np.bincount(job, minlength=len(jobs)))  # jobs with segments
     src = np.concatenate([_side(jobs[j].src, plan.device) for j in used])
     dst = np.concatenate([_side(jobs[j].dst, plan.device) for j in used])
@@ -276,27 +310,37 @@ def _layout(plan: CopyPlan, pairs: tuple[np.ndarray, np.ndarray, np.ndarray], nu
     total = int(per_pair.sum())
     pair_first = np.cumsum(per_pair) - per_pair  # each pair's first segment
     order = np.repeat(base[job] + layer * per_pair - pair_first, per_pair) + np.arange(total)
-    seg_job = np.repeat(job, per_pair)
     src, dst = src[order], dst[order]
-    idx_at = np.zeros(len(jobs), dtype=np.int64)  # each used job's rows in meta
-    idx_at[used] = total * SEG_FIELDS + np.cumsum(2 * rows[used]) - 2 * rows[used]
-    n, nbytes = rows[seg_job], src[:, 1]
+    nbytes = src[:, 1]
     span = np.minimum(block, 1 << np.ceil(np.log2(nbytes)).astype(np.int64))
-    chunks = -(-nbytes // span)
     seg = np.empty((total, SEG_FIELDS), dtype=np.int64)
     seg[:, 0], seg[:, 1], seg[:, 2] = src[:, 0], dst[:, 0], nbytes
     seg[:, 3] = np.gcd(src[:, 2], dst[:, 2])
+    seg[:, 7] = np.log2(span).astype(np.int64)
+    seg[:, 8] = -(-nbytes // span)  # chunks of a row
+    bounds = np.zeros(num_groups + 1, dtype=np.int64)
+    bounds[1:] = np.cumsum(np.bincount(group, weights=per_pair, minlength=num_groups).astype(np.int64))
+    return _Static(seg, np.repeat(job, per_pair), used, block // span, bounds, block, warps)
+
+
+def _sized_layout(static: _Static, rows: np.ndarray, max_programs: int) -> tuple:
+    """``(segment table (flat int64 tensor, never written), used jobs, bounds, grids, block,
+    warps)``: the static layout completed with the row counts (where each job's rows sit
+    in the meta buffer, rows per segment, work items and each launch's grid)."""
+    num_groups = static.bounds.size - 1
+    if static.seg is None:
+        return None, (), (0,) * (num_groups + 1), (1,) * num_groups, static.block, static.warps
+    seg, used, seg_job = static.seg.copy(), static.used, static.seg_job
+    idx_at = np.zeros(rows.size, dtype=np.int64)  # each used job's rows in meta
+    idx_at[used] = seg.shape[0] * SEG_FIELDS + np.cumsum(2 * rows[used]) - 2 * rows[used]
+    n = rows[seg_job]
     seg[:, 4] = idx_at[seg_job]
     seg[:, 5] = seg[:, 4] + n
     seg[:, 6] = n
-    seg[:, 7] = np.log2(span).astype(np.int64)
-    seg[:, 8] = chunks
-    seg[:, 9] = -(-n // (block // span)) * chunks  # item count; _deal_items makes it 'first'
-    bounds = np.zeros(num_groups + 1, dtype=np.int64)
-    bounds[1:] = np.cumsum(np.bincount(group, weights=per_pair, minlength=num_groups).astype(np.int64))
-    grids = _deal_items(seg, bounds, max_programs)
-    return (torch.from_numpy(seg.reshape(-1)), tuple(used.tolist()), tuple(bounds.tolist()),
-            tuple(grids.tolist()), block, warps)
+    seg[:, 9] = -(-n // static.per_item) * seg[:, 8]  # item count; _deal_items makes it 'first'
+    grids = _deal_items(seg, static.bounds, max_programs)
+    return (torch.from_numpy(seg.reshape(-1)), tuple(used.tolist()), tuple(static.bounds.tolist()),
+            tuple(grids.tolist()), static.block, static.warps)
 
 
 def _deal_items(seg: np.ndarray, bounds: np.ndarray, max_programs: int) -> np.ndarray:

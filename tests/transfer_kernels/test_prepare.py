@@ -99,16 +99,16 @@ def test_triton_reuses_a_layout_only_for_the_same_shape(gen):
         for j, job in enumerate(jobs):
             assert_copied(job.src, job.dst, *befores[j], job.src_rows, job.dst_rows, layers=[0, 1])
 
-    before = len(tb._LAYOUTS)
+    shapes, statics = len(tb._SHAPES.items), len(tb._STATICS.items)
     run(4)
-    assert len(tb._LAYOUTS) == before + 1
-    run(4)  # same shape, other rows: cached layout, exact bytes
-    assert len(tb._LAYOUTS) == before + 1
-    run(3)  # other row counts: a layout of its own
-    assert len(tb._LAYOUTS) == before + 2
-    refs = [k for k in tb._LAYOUTS if k[0] == ("groups", groups)]
-    assert all(r() is not None for k in refs for shape in k[5] for r in shape[:2])
+    assert (len(tb._SHAPES.items), len(tb._STATICS.items)) == (shapes + 1, statics + 1)
+    run(4)  # same shape, other rows: the whole layout reused, exact bytes
+    assert (len(tb._SHAPES.items), len(tb._STATICS.items)) == (shapes + 1, statics + 1)
+    run(3)  # other row counts: its own sizes, on the same static layout (unless the tile changed)
+    assert len(tb._SHAPES.items) == shapes + 2 and len(tb._STATICS.items) <= statics + 2
+    keys = [k for k in [*tb._SHAPES.items, *[(k,) for k in tb._STATICS.items]] if k[0][0] == ("groups", groups)]
+    assert keys and all(r() is not None for k in keys for pair in k[0][4] for r in pair)
     pools.clear()  # the tables die: their entries stay unmatched (weak references)
     import gc
     gc.collect()
-    assert all(r() is None for k in refs for shape in k[5] for r in shape[:2])
+    assert all(r() is None for k in keys for pair in k[0][4] for r in pair)
