@@ -24,6 +24,7 @@ import torch
 from host_pools.spec import Stack
 from transfer_kernels import CopyBackend, CopyJob, CopyPlan
 from transfer_kernels.plan import LaunchGroups
+from transfer_kernels.rows import first_duplicate
 
 
 @dataclass(slots=True)
@@ -88,10 +89,9 @@ def plan_jobs(stack: Stack, ops: list[Op], tables: Callable[[str], tuple[Any, An
 
 
 def _check_distinct(slots: torch.Tensor, page_size: int, root: str) -> None:
-    pages = np.sort(slots.numpy()[::page_size])
-    twice = pages[1:][pages[1:] == pages[:-1]]
-    if twice.size:
-        raise ValueError(f"destination slots of pool {root!r}: page {int(twice[0])} belongs to two "
+    twice = first_duplicate(slots[::page_size])
+    if twice is not None:
+        raise ValueError(f"destination slots of pool {root!r}: page {twice} belongs to two "
                          f"ops of one batch (freed and allocated again while queued)")
 
 
@@ -119,15 +119,11 @@ def launch_load(plan: CopyPlan, groups: LaunchGroups, backend: CopyBackend,
     indices in one copy); each layer's launch is a slice of it, O(1) Python per layer.
     ``groups`` come from :func:`load_groups` for the plan's job order.
     """
-    prepared = backend.prepare(plan, groups)
-    launch = prepared.launch
-    if on_layer is None:
-        for layer in range(len(groups)):
-            launch(layer)
-        return
+    launch = backend.prepare(plan, groups).launch
     for layer in range(len(groups)):
         launch(layer)
-        on_layer(layer)
+        if on_layer is not None:
+            on_layer(layer)
 
 
 @functools.lru_cache(maxsize=64)

@@ -58,7 +58,8 @@ def _fresh_pages(slots: np.ndarray, start: int, free_from: int, page_size: int,
     if pages[0] < 0 or pages[-1] >= owned.size or np.count_nonzero(pages[1:] <= pages[:-1]) \
             or np.count_nonzero(owned[pages]) != pages.size:
         return None
-    if held is not None and np.count_nonzero(held[pages[:max(0, -(-(free_from - start) // page_size))]]):  # pages starting before it
+    before = max(0, -(-(free_from - start) // page_size))  # pages starting before free_from
+    if held is not None and np.count_nonzero(held[pages[:before]]):
         return None
     return pages
 

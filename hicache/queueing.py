@@ -188,7 +188,7 @@ def _alloc_own(allocators: Mapping[str, Any], src: Mapping[str, torch.Tensor], w
                                  f"of {alloc.page_size}")
             return None
         stamps[name] = got
-        dst[name] = torch.from_numpy(alloc.page_slots(got[0]))
+        dst[name] = torch.from_numpy(alloc.page_slots(got[0], ascending=True))
     return dst, stamps
 
 

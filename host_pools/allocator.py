@@ -104,9 +104,11 @@ class PageAllocator:
             self._generation[pages] += 1
             return pages, self._generation[pages]
 
-    def page_slots(self, pages: np.ndarray) -> np.ndarray:
-        """The slots of the pages an `alloc_pages` call returned (strictly ascending), in order."""
-        return self._pages_to_slots(pages, ascending=True)
+    def page_slots(self, pages: np.ndarray, ascending: bool = False) -> np.ndarray:
+        """The slots of ``pages`` (page numbers, e.g. from `alloc_pages` or `pages_of`), in
+        order; ``ascending``: they strictly ascend (an `alloc_pages` result), so one run of
+        pages becomes one range of slots."""
+        return self._pages_to_slots(pages, ascending)
 
     def free(self, slots: torch.Tensor) -> int:
         """Return slots to the free list.

@@ -108,10 +108,6 @@ class CopyPlan:
         return self.subset(dataclasses.replace(self.jobs[j], layers=tuple(ls))
                            for j, ls in layers.items())
 
-    def group_plans(self, groups: LaunchGroups) -> list[CopyPlan]:
-        """One plan per launch group (see :meth:`group_plan`)."""
-        return [self.group_plan(group) for group in groups]
-
 
 def make_plan(jobs: Sequence[CopyJob | tuple], layers: LayersLike = None,
               single: bool = False) -> CopyPlan:

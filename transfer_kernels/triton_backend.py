@@ -14,7 +14,6 @@ buffer) segment fields are cached on the tables; flattened launch groups per gro
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import threading
 import weakref
@@ -194,16 +193,14 @@ def _build_groups(plan: CopyPlan, groups: LaunchGroups, max_programs: int,
     ``(job, layer)`` pairs are listed, buffers innermost. Each job's row indices are
     stored once and shared by all its segments.
     """
-    try:  # hashable groups (the controller's are cached tuples): flattened and laid out once
+    try:  # hashable groups (the controller's are cached tuples): laid out once
         hash(groups)
+        key = ("groups", groups)
     except TypeError:
-        return _build(plan, lambda: _pair_arrays.__wrapped__(groups), None, len(groups),
-                      max_programs, tile_bytes)
-    return _build(plan, lambda: _pair_arrays(groups), ("groups", groups), len(groups),
-                  max_programs, tile_bytes)
+        key = None
+    return _build(plan, lambda: _pair_arrays(groups), key, len(groups), max_programs, tile_bytes)
 
 
-@functools.lru_cache(maxsize=64)
 def _pair_arrays(groups: LaunchGroups) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every (job, layer) pair of ``groups`` flattened: job, layer and group per pair."""
     flat = [pair for group in groups for pair in group]

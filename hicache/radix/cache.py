@@ -101,7 +101,6 @@ class HiRadixCache(MatchMixin, InsertMixin, EvictionMixin, SnapshotMixin, Transf
         # for a rolled-back load not yet acked); insert's "already held?" is one lookup.
         self._held = np.zeros(self.device_pool.allocator.num_pages, np.int32)
         self._page_bytes = self.page_size * 8  # a child's dict key: its first page as int64 bytes
-        self._page_offsets = np.arange(self.page_size, dtype=np.int64)
         # Bumped by every split and deletion and whenever a node's copy on a tier is dropped
         # or published: a match's walk kept for the next insert is stale then.
         self._epoch = 0

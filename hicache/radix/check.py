@@ -1,8 +1,8 @@
 """`check_tree`: every invariant of a `HiRadixCache`, checked from scratch.
 
     structure   each child is filed under its first page; lengths are whole pages; ``end``
-                adds up; slots are contiguous int64 CPU tensors; lock counts never exceed the parent's; no dead node is reachable;
-                cached page hashes are one per page
+                adds up; slots are contiguous int64 CPU tensors; lock counts never exceed
+                the parent's; no dead node is reachable; cached page hashes are one per page
     tiers       each node has history on some tier; device history implies the parent's;
                 a snapshot on a tier implies the history there; under write-through
                 policies host history implies the parent's (backed-up nodes are a prefix)

@@ -227,7 +227,7 @@ class InsertMixin:
             return slots[:0]
         cand = np.concatenate(cand) if len(cand) > 1 else cand[0]
         held = self._held_pages(cand)
-        return self._page_slots(cand if held is None else cand[~held])  # only provable duplicates go back
+        return self.device_pool.allocator.page_slots(cand if held is None else cand[~held])  # only provable duplicates go back
 
     def _refuse_held(self, pages: np.ndarray) -> None:
         """Raise if a page the caller gives for a revive or new segment is already held."""
@@ -260,10 +260,6 @@ class InsertMixin:
         held = counts > 0
         return held if held.any() else None
 
-    def _page_slots(self, pages: np.ndarray) -> np.ndarray:
-        ps = self.page_size
-        return pages if ps == 1 else (pages[:, None] * ps + self._page_offsets).reshape(-1)
-
     # ---- apply ---------------------------------------------------------------------
     def _apply_insert(self, plan: _Plan, partial, kb: bytes, slots: np.ndarray
                       ) -> tuple[list[TreeNode], bool]:
@@ -290,5 +286,5 @@ class InsertMixin:
 
     def _take(self, slots: np.ndarray) -> torch.Tensor:
         """A node's own copy of caller slots, counted as held."""
-        fastpath.hold(slots, self.page_size, self._held, 1)
+        self._hold(slots, 1)
         return torch.from_numpy(slots.copy())

@@ -65,10 +65,14 @@ class MatchMixin:
         partly with its matched tokens. ``kb`` is the whole key's bytes from the root."""
         node = self.root if node is None else node
         path, child = fastpath.walk(node, kb, self._page_bytes)
+        return path, self._partly(kb, path[-1] if path else node, child)
+
+    def _partly(self, kb: bytes, above: TreeNode, child: TreeNode | None) -> tuple[TreeNode, int] | None:
+        """``child`` (below ``above``, matching ``kb`` only in part) with its matched tokens."""
         if child is None:
-            return path, None
-        off = (path[-1].end if path else node.end) << 3
-        return path, (child, common_pages(child.key, kb[off:off + len(child.key)], self.page_size))
+            return None
+        off = above.end << 3
+        return child, common_pages(child.key, kb[off:off + len(child.key)], self.page_size)
 
     def _walk_from_match(self, kb: bytes) -> tuple[list[TreeNode], tuple[TreeNode, int] | None,
                                                    torch.Tensor | None]:
@@ -77,14 +81,13 @@ class MatchMixin:
         (``_epoch``: no split, no deletion, no copy dropped or published); else a new walk
         and ``None``."""
         last = self._last_walk
-        if last is not None and last[2] == self._epoch and kb.startswith(last[0]):
-            path = last[1]
-            more, child = fastpath.walk(path[-1] if path else self.root, kb, self._page_bytes)
-            if child is None:  # the common case: no node matched in part
-                return path + more if more else path, None, last[3]
-            more, partial = self._walk_bytes(kb, path[-1] if path else None)
-            return path + more, partial, last[3]
-        return (*self._walk_bytes(kb), None)
+        if last is None or last[2] != self._epoch or not kb.startswith(last[0]):
+            return (*self._walk_bytes(kb), None)
+        path = last[1]
+        start = path[-1] if path else self.root
+        more, child = fastpath.walk(start, kb, self._page_bytes)
+        path = path + more if more else path
+        return path, self._partly(kb, path[-1] if path else start, child), last[3]
 
     def _touch(self, nodes) -> None:
         self._clock += 1
