@@ -255,7 +255,7 @@ def _pct(xs: list[float]) -> dict:
     return {f"p{q}_us": round(float(np.percentile(xs, q)), 1) for q in (20, 50, 80)}
 
 
-def run(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--layers", type=int, default=None, help="cut DeepSeek-V4 Pro to N layers")
@@ -277,6 +277,38 @@ def run(argv: list[str] | None = None) -> int:
         ap.error(f"--sglang-python: {args.sglang_python!r} is not an executable file")
     if args.rounds < 1:
         ap.error(f"--rounds: must be >= 1, got {args.rounds}")
+    return args
+
+
+def _controller_rows(cache, args: argparse.Namespace, layers: int) -> list[dict]:
+    """Every (pages, ops) case, checked edge and trusted, printed as they come."""
+    rows = []
+    print(f"{'pages':>6}{'ops':>5}{'mode':>9}{'write p50 us':>14}{'load p50 us':>13}"
+          f"{'(queue + start)':>18}{'us/layer':>10}")
+    for pages, num_ops in CASES:
+        for trusted in (False, True):
+            row = _case(cache, pages, num_ops, trusted, args.reps, layers)
+            rows.append(row)
+            split = f"{row['load_queue']['p50_us']:.0f} + {row['start_loading']['p50_us']:.0f}"
+            print(f"{pages:>6}{num_ops:>5}{row['mode']:>9}{row['write']['p50_us']:>14.0f}"
+                  f"{row['load']['p50_us']:>13.0f}{split:>18}{row['load_us_per_layer_launch']:>10.1f}")
+    return rows
+
+
+def _tree_steps(args: argparse.Namespace) -> list[dict]:
+    """The radix tree's per-step write + start_writing + poll, checked edge and trusted."""
+    tree = [_tree_step(_backend(args.backend, args.device), args.device, 20 * args.reps, trusted)
+            for trusted in (False, True)]
+    print("tree step (1-layer tiny MHA, 512 tokens, page 64), p50 us:")
+    for t in tree:
+        print(f"  {t['mode']:>8}: write {t['write']['p50_us']:.1f}  start_writing "
+              f"{t['start_writing']['p50_us']:.1f}  poll {t['poll']['p50_us']:.1f}  "
+              f"start_writing+poll {t['start_writing_plus_poll']['p50_us']:.1f}")
+    return tree
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
     torch.set_num_threads(1)
     stack = preset("deepseek-v4-pro", args.layers)
     budget = HostBudget(1 << 40, None, 0, 1, 1 << 40)
@@ -285,30 +317,15 @@ def run(argv: list[str] | None = None) -> int:
     dev = torch.device(args.device)
     print(f"controller bench on {harness.device_name(dev)}, backend {args.backend}"
           f"{' (kernel call stubbed on CPU)' if args.backend == 'triton' and args.device == 'cpu' else ''}")
-    rows = []
-    print(f"{'pages':>6}{'ops':>5}{'mode':>9}{'write p50 us':>14}{'load p50 us':>13}"
-          f"{'(queue + start)':>18}{'us/layer':>10}")
-    for pages, num_ops in CASES:
-        for trusted in (False, True):
-            row = _case(cache, pages, num_ops, trusted, args.reps, stack.num_model_layers)
-            rows.append(row)
-            split = f"{row['load_queue']['p50_us']:.0f} + {row['start_loading']['p50_us']:.0f}"
-            print(f"{pages:>6}{num_ops:>5}{row['mode']:>9}{row['write']['p50_us']:>14.0f}"
-                  f"{row['load']['p50_us']:>13.0f}{split:>18}{row['load_us_per_layer_launch']:>10.1f}")
-    tree = [_tree_step(_backend(args.backend, args.device), args.device, 20 * args.reps, trusted)
-            for trusted in (False, True)]
-    print("tree step (1-layer tiny MHA, 512 tokens, page 64), p50 us:")
-    for t in tree:
-        print(f"  {t['mode']:>8}: write {t['write']['p50_us']:.1f}  start_writing "
-              f"{t['start_writing']['p50_us']:.1f}  poll {t['poll']['p50_us']:.1f}  "
-              f"start_writing+poll {t['start_writing_plus_poll']['p50_us']:.1f}")
+    rows = _controller_rows(cache, args, stack.num_model_layers)
     out = {"bench": "controller", "device": f"{harness.device_name(dev)} ({os.cpu_count()} cores)",
            "backend": args.backend, "kernel_call_stubbed": args.backend == "triton" and args.device == "cpu",
            "model": stack.model, "layers": stack.num_model_layers,
            "pools": len(stack.pools), "versions": {"python": platform.python_version(),
                                                    "torch": torch.__version__},
            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "torch_threads": 1,
-           "malloc_env": {k: os.environ.get(k) for k in _MALLOC_ENV}, "rows": rows, "tree_step": tree}
+           "malloc_env": {k: os.environ.get(k) for k in _MALLOC_ENV}, "rows": rows,
+           "tree_step": _tree_steps(args)}
     if args.sglang_python:
         mha_cache = _sglang_geometry(stack.num_model_layers, _backend(args.backend, args.device),
                                      args.device)

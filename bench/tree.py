@@ -175,19 +175,12 @@ def _median(rows: list[dict], key: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=3, help="rounds per side, alternating (default 3)")
-    p.add_argument("--anchor-python", default=os.environ.get("SGLANG_PYTHON"),
-                   help="interpreter with SGLang 0.5.23 (default $SGLANG_PYTHON; none: hicache only)")
-    p.add_argument("--anchor", default=str(DEFAULT_ANCHOR), help="path of sglang_cpu_anchor.py")
-    p.add_argument("--pages", type=int, nargs="+", default=[64, 1], choices=(64, 1))
-    p.add_argument("--out", default=str(harness.RESULTS_DIR / "tree_cpu.json"))
-    args = p.parse_args(argv)
-    if args.anchor_python and not Path(args.anchor).is_file():
-        p.error(f"--anchor: {args.anchor} is not a file")
-    torch.set_num_threads(1)
-    cases = [c for c in CASES if c[1] in args.pages]
+KEYS = ("mtokens_per_s", "mtokens_per_s_same_work", "match_us", "insert_us", "poll_step_us", "evict_us",
+        "load_back_us_per_token")
+
+
+def run_rounds(args: argparse.Namespace, cases: list) -> tuple[dict, dict, str | None]:
+    """``args.rounds`` rounds: every case of ours, then (with an anchor interpreter) SGLang's."""
     convs = conversations()
     ours: dict = {c: [] for c in cases}
     theirs: dict = {c: [] for c in cases}
@@ -201,25 +194,29 @@ def main(argv: list[str] | None = None) -> int:
             for case in cases:
                 theirs[case].append(got[case])
         print(f"round {r + 1}/{args.rounds} done", flush=True)
-    keys = ("mtokens_per_s", "mtokens_per_s_same_work", "match_us", "insert_us", "poll_step_us", "evict_us",
-            "load_back_us_per_token")
-    rows = []
-    for case in cases:
-        row = {"host_tier": case[0] == "host", "page_size": case[1]}
-        for key in keys:
-            row[key] = _median(ours[case], key)
-            if theirs[case]:
-                row[f"sglang_{key}"] = _median(theirs[case], key)
-        if theirs[case]:
-            row["sglang_device_indices_us"] = _median(theirs[case], "device_indices_us")
-            row["speedup_tokens_per_s"] = row["mtokens_per_s"] / row["sglang_mtokens_per_s"]
-            row["speedup_same_work"] = row["mtokens_per_s_same_work"] / row["sglang_mtokens_per_s_same_work"]
-            paired = [a["mtokens_per_s"] / b["mtokens_per_s"] for a, b in zip(ours[case], theirs[case])]
-            row["speedup_per_round"] = paired  # each of our passes over SGLang's next to it
-            row["speedup_per_round_min_median_max"] = [min(paired), statistics.median(paired), max(paired)]
-        row["rounds"] = ours[case]
-        row["sglang_rounds"] = theirs[case]
-        rows.append(row)
+    return ours, theirs, version
+
+
+def summary_row(case: tuple, ours: list[dict], theirs: list[dict]) -> dict:
+    """Medians of one case's rounds, SGLang's beside them, and the ratios."""
+    row = {"host_tier": case[0] == "host", "page_size": case[1]}
+    for key in KEYS:
+        row[key] = _median(ours, key)
+        if theirs:
+            row[f"sglang_{key}"] = _median(theirs, key)
+    if theirs:
+        row["sglang_device_indices_us"] = _median(theirs, "device_indices_us")
+        row["speedup_tokens_per_s"] = row["mtokens_per_s"] / row["sglang_mtokens_per_s"]
+        row["speedup_same_work"] = row["mtokens_per_s_same_work"] / row["sglang_mtokens_per_s_same_work"]
+        paired = [a["mtokens_per_s"] / b["mtokens_per_s"] for a, b in zip(ours, theirs)]
+        row["speedup_per_round"] = paired  # each of our passes over SGLang's next to it
+        row["speedup_per_round_min_median_max"] = [min(paired), statistics.median(paired), max(paired)]
+    row["rounds"], row["sglang_rounds"] = ours, theirs
+    return row
+
+
+def report(rows: list[dict], args: argparse.Namespace, version: str | None) -> None:
+    """JSON under bench/results and the table (with SGLang's columns and per-round ratios)."""
     config = {"workload": f"{CONVERSATIONS} conv x {TURNS} turns x {TURN_TOKENS} new tokens, interleaved",
               "device_slots": DEVICE_SLOTS, "hicache_ratio": 2.0, "write_policy": "write_through",
               "backend": "null (moves nothing)", "stack": "mha 1 layer, 1 head, head_dim 4, uint8",
@@ -233,14 +230,30 @@ def main(argv: list[str] | None = None) -> int:
         cols += ["sglang_mtokens_per_s", "sglang_mtokens_per_s_same_work", "sglang_poll_step_us",
                  "sglang_load_back_us_per_token", "speedup_tokens_per_s", "speedup_same_work"]
     print(harness.format_table(rows, cols))
-    if version:
-        for row in rows:
-            lo, mid, hi = row["speedup_per_round_min_median_max"]
-            print(f"host tier {row['host_tier']!s:5} page {row['page_size']:2}: tokens/s ratio per round "
-                  f"(ours / SGLang's next to it) min {lo:.2f} median {mid:.2f} max {hi:.2f}")
+    for row in rows if version else ():
+        lo, mid, hi = row["speedup_per_round_min_median_max"]
+        print(f"host tier {row['host_tier']!s:5} page {row['page_size']:2}: tokens/s ratio per round "
+              f"(ours / SGLang's next to it) min {lo:.2f} median {mid:.2f} max {hi:.2f}")
     print(f"CPU, bookkeeping only, tokens counted once per turn, medians of {args.rounds} round(s)"
           f"{f', alternating with SGLang {version}' if version else ' (no SGLang side: --anchor-python)'}"
           f" -> {args.out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3, help="rounds per side, alternating (default 3)")
+    p.add_argument("--anchor-python", default=os.environ.get("SGLANG_PYTHON"),
+                   help="interpreter with SGLang 0.5.23 (default $SGLANG_PYTHON; none: hicache only)")
+    p.add_argument("--anchor", default=str(DEFAULT_ANCHOR), help="path of sglang_cpu_anchor.py")
+    p.add_argument("--pages", type=int, nargs="+", default=[64, 1], choices=(64, 1))
+    p.add_argument("--out", default=str(harness.RESULTS_DIR / "tree_cpu.json"))
+    args = p.parse_args(argv)
+    if args.anchor_python and not Path(args.anchor).is_file():
+        p.error(f"--anchor: {args.anchor} is not a file")
+    torch.set_num_threads(1)
+    cases = [c for c in CASES if c[1] in args.pages]
+    ours, theirs, version = run_rounds(args, cases)
+    report([summary_row(c, ours[c], theirs[c]) for c in cases], args, version)
     return 0
 
 
