@@ -18,11 +18,9 @@ import torch
 from host_pools.spec import Stack
 from hicache.config import HiCacheConfig
 from hicache.models import PRESETS, preset
-from hicache.sizing import CachePlan, device_tokens_for_bytes
+from hicache.sizing import MAX_DEVICE_TOKENS, CachePlan, device_tokens_for_bytes
 
 GIB = 1 << 30
-# ~1.1e12 tokens: hundreds of times any device's KV capacity; above it a number is a typo
-MAX_DEVICE_TOKENS = 1 << 40
 
 
 def stack_from_flags(model: str, layers: int | None) -> Stack:

@@ -2,13 +2,30 @@
 
 Flags are named as the ecosystem already names them (``--enable-hierarchical-cache``,
 ``--hicache-ratio`` ...). A bad value is a ``ValueError`` naming the flag, raised when
-the config is built from parsed arguments.
+the config is built from parsed arguments; a value of the wrong type (a config built in
+code: ``"no"`` for a bool, ``"2"`` for a number) is a ``TypeError`` naming the field and
+its flag. Every field is type-checked from its annotation (`field_types`), so a field
+added later is checked without a new line here.
+
+    field kind    accepted                          stored as
+    bool          True / False only (not "no", 0)   bool
+    int           int, numpy integer (not bool)     int
+    float         int or float (not bool), finite   float
+    str           str                               str
+    X | None      None, or what X accepts           None or X
+
+Sizes that are multiplied with other sizes have ceilings far past any machine (`MAX_HOST_GB`,
+`MAX_HICACHE_RATIO`), so every product stays a finite float and a 64-bit integer.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+import numbers
+import operator
 from dataclasses import dataclass
+from typing import Any
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 IO_BACKENDS = ("auto", "triton", "copy_engine", "torch")
@@ -16,6 +33,11 @@ MEM_LAYOUTS = ("page_first", "layer_first")
 STORAGE_BACKENDS = ("none", "file", "mooncake")
 STORAGE_PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 STORAGE_WRITE_POLICIES = ("write_through", "write_back")
+
+# 1e9 GB (an exabyte) of host memory per rank; x 1e9 or x 2^30 stays below 2^63 bytes
+MAX_HOST_GB = 1e9
+# host tokens per device token; x any device token count (< 2^40) stays below 2^63
+MAX_HICACHE_RATIO = 1e6
 
 # field -> flag, so every error names what the user typed
 FLAGS = {
@@ -40,8 +62,65 @@ FLAGS = {
 }
 
 
-def _bad(field: str, msg: str) -> ValueError:
-    return ValueError(f"{field} ({FLAGS[field]}): {msg}")
+def _named(field: str) -> str:
+    """``field (--flag)``, or the bare field name for a field with no flag."""
+    return f"{field} ({FLAGS[field]})" if field in FLAGS else field
+
+
+def flag_error(field: str, msg: str) -> ValueError:
+    """The ``ValueError`` of a bad value of ``field``: ``"field (--flag): msg"``."""
+    return ValueError(f"{_named(field)}: {msg}")
+
+
+_bad = flag_error
+
+
+# annotation name -> (what the error says, check, conversion)
+_KINDS: dict[str, tuple[str, Any, Any]] = {
+    "bool": ("a bool (True or False)", lambda v: type(v) is bool, bool),
+    "int": ("an int", lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool), operator.index),
+    "float": ("a number (int or float)", lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool),
+              float),
+    "str": ("a str", lambda v: isinstance(v, str), str),
+}
+
+
+def _parse_annotation(annotation: Any) -> tuple[str, bool] | None:
+    """``"float | None"`` -> ("float", True); ``None`` for a type `_KINDS` does not know."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", repr(annotation))
+    parts = [p.strip() for p in text.split("|")]
+    optional = "None" in parts
+    rest = [p for p in parts if p != "None"]
+    if len(rest) != 1 or rest[0] not in _KINDS:
+        return None
+    return rest[0], optional
+
+
+def field_types(cls: type) -> dict[str, tuple[str, bool] | None]:
+    """Every field of the dataclass ``cls`` -> (kind, optional), or ``None`` if not checkable."""
+    return {f.name: _parse_annotation(f.type) for f in dataclasses.fields(cls)}
+
+
+def checked_value(field: str, kind: str, optional: bool, value: Any) -> Any:
+    """``value`` checked against its field's kind and converted (numpy scalars to Python ones).
+
+    Raises:
+        TypeError: the wrong type, naming the field, its flag and the expected type.
+        ValueError: a float that is not finite (nan, inf, or an int too large for a float).
+    """
+    if value is None and optional:
+        return None
+    what, ok, convert = _KINDS[kind]
+    if not ok(value):
+        expected = what + (" or None" if optional else "")
+        raise TypeError(f"{_named(field)}: must be {expected}, got {type(value).__name__} {value!r}")
+    try:
+        out = convert(value)
+    except OverflowError:
+        out = math.inf
+    if kind == "float" and not math.isfinite(out):
+        raise _bad(field, f"must be a finite number, got {value}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -91,14 +170,17 @@ class HiCacheConfig:
     storage_optional: bool = False
 
     def __post_init__(self) -> None:
-        for field in ("hicache_ratio", "hicache_size_gb", "swa_full_tokens_ratio", "host_headroom_gb"):
-            value = getattr(self, field)
-            if value is not None and not math.isfinite(value):
-                raise _bad(field, f"must be a finite number, got {value}")
+        for field, kind in _FIELD_TYPES.items():
+            if kind is not None:
+                object.__setattr__(self, field, checked_value(field, *kind, getattr(self, field)))
         if not self.hicache_ratio > 0:
             raise _bad("hicache_ratio", f"must be > 0, got {self.hicache_ratio}")
         if self.hicache_size_gb < 0:
             raise _bad("hicache_size_gb", f"must be >= 0 (0 = use --hicache-ratio), got {self.hicache_size_gb}")
+        for field, ceiling, unit in (("hicache_ratio", MAX_HICACHE_RATIO, " host tokens per device token"),
+                                     ("hicache_size_gb", MAX_HOST_GB, " GB"), ("host_headroom_gb", MAX_HOST_GB, " GiB")):
+            if (getattr(self, field) or 0) > ceiling:
+                raise _bad(field, f"must be at most {ceiling:g}{unit} (past any machine), got {getattr(self, field):g}")
         for field, allowed in (("write_policy", WRITE_POLICIES), ("io_backend", IO_BACKENDS),
                                ("mem_layout", MEM_LAYOUTS)):
             if getattr(self, field) not in allowed:
@@ -139,7 +221,31 @@ class HiCacheConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "HiCacheConfig":
         """Build from ``add_hicache_args`` flags. Raises ``ValueError`` naming the flag."""
-        return cls(**{f: getattr(args, f) for f in FLAGS})
+        config = cls(**{f: getattr(args, f) for f in FLAGS})  # a bad value is named first
+        check_storage_flags(args)
+        return config
+
+
+_FIELD_TYPES = field_types(HiCacheConfig)
+
+
+def check_storage_flags(args: argparse.Namespace) -> None:
+    """Refuse a storage flag given without a storage backend (it would be ignored silently).
+
+    A flag counts as given when its value differs from the default; every ``storage_*``
+    field with a flag is covered, also those added later.
+
+    Raises:
+        ValueError: one line naming the flag and ``--hicache-storage-backend``.
+    """
+    if getattr(args, "storage_backend", "none") != "none":
+        return
+    defaults = HiCacheConfig()
+    for field, flag in FLAGS.items():
+        if field.startswith("storage_") and field != "storage_backend" and hasattr(args, field) \
+                and getattr(args, field) != getattr(defaults, field):
+            raise ValueError(f"{flag}: has no effect without --hicache-storage-backend (which is 'none'); "
+                             f"add --hicache-storage-backend {'|'.join(STORAGE_BACKENDS[1:])} or drop {flag}")
 
 
 def parse_host_port(value: str) -> tuple[str, int]:

@@ -13,12 +13,17 @@ in the same proportion the ratio would.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from host_pools.memory import HostBudget, host_budget
 from host_pools.spec import PoolKind, PoolSpec, Stack
 from hicache.config import HiCacheConfig
+
+# ~1.1e12 tokens: hundreds of times any device's KV capacity; above it a number is a typo
+# (and x MAX_HICACHE_RATIO it stays a 64-bit integer)
+MAX_DEVICE_TOKENS = 1 << 40
 
 
 class PoolPlan(NamedTuple):
@@ -84,11 +89,27 @@ def _root_unit(stack: Stack, root: PoolSpec) -> int:
 
 
 def device_root_tokens(stack: Stack, device_tokens: int, config: HiCacheConfig) -> dict[str, int]:
-    """Device token slots of every own-indexed pool."""
+    """Device token slots of every own-indexed pool.
+
+    Raises:
+        TypeError: ``device_tokens`` is not an int.
+        ValueError: ``device_tokens`` outside [one page, `MAX_DEVICE_TOKENS`], or an SWA
+            root with less than one row (naming ``--swa-full-tokens-ratio``).
+    """
+    if not isinstance(device_tokens, numbers.Integral) or isinstance(device_tokens, bool):
+        raise TypeError(f"device_tokens: must be an int, got {type(device_tokens).__name__} {device_tokens!r}")
     if device_tokens < stack.page_size:
         raise ValueError(f"device_tokens: need at least one page ({stack.page_size}), got {device_tokens}")
-    return {r.name: _round(device_tokens * _root_scale(stack, r, config), _root_unit(stack, r))
-            for r in stack.own_indexed}
+    if device_tokens > MAX_DEVICE_TOKENS:
+        raise ValueError(f"device_tokens: at most {MAX_DEVICE_TOKENS:,} (past any device), got {device_tokens:,}")
+    tokens = {r.name: _round(device_tokens * _root_scale(stack, r, config), _root_unit(stack, r))
+              for r in stack.own_indexed}
+    for r in stack.own_indexed:
+        if tokens[r.name] == 0:  # only a scaled root (SWA) can round down to nothing
+            raise ValueError(f"--swa-full-tokens-ratio: {config.swa_full_tokens_ratio:g} x {device_tokens:,} device "
+                             f"tokens is less than one {r.name} row ({r.tokens_per_row} tokens); raise it or "
+                             "the device tokens")
+    return tokens
 
 
 def _bytes_per_root_token(stack: Stack) -> dict[str, float]:
@@ -112,7 +133,8 @@ def plan_sizes(stack: Stack, device_tokens: int, config: HiCacheConfig,
     """Rows and bytes per pool on device and host for ``device_tokens`` anchor tokens.
 
     Raises:
-        ValueError: ``device_tokens`` below one page.
+        TypeError: ``device_tokens`` is not an int.
+        ValueError: ``device_tokens`` outside [one page, `MAX_DEVICE_TOKENS`].
     """
     dev = device_root_tokens(stack, device_tokens, config)
     per_root = _bytes_per_root_token(stack)

@@ -101,10 +101,12 @@ def host_budget(headroom_bytes: int | None = None, ranks_per_host: int = 1,
         cgroup_root: where the cgroup filesystem is mounted (tests point it at a fake).
         available_bytes: override psutil's reading (tests).
     Raises:
-        ValueError: ``ranks_per_host`` < 1 or negative headroom.
+        ValueError: ``ranks_per_host`` < 1, or a negative or non-finite headroom.
     """
     if ranks_per_host < 1:
         raise ValueError(f"ranks_per_host: must be >= 1, got {ranks_per_host}")
+    if isinstance(headroom_bytes, float) and not math.isfinite(headroom_bytes):  # int(inf): OverflowError
+        raise ValueError(f"headroom_bytes: must be a finite number of bytes, got {headroom_bytes}")
     headroom = default_headroom_bytes() if headroom_bytes is None else int(headroom_bytes)
     if headroom < 0:
         raise ValueError(f"headroom_bytes: must be >= 0, got {headroom}")
