@@ -24,8 +24,9 @@ serve-vllm: vllm-setup
 bench-vllm: vllm-setup
 	$(PY) bench/vllm_multiturn.py
 
+# `hicache plan` exits 1 when the pools do not fit this machine (the table says so); the demo does not fail on it
 plan: setup
-	$(PY) -m hicache.cli plan --model deepseek-v4-pro --device-tokens 1048576 --hicache-ratio 2
+	$(PY) -m hicache.cli plan --model deepseek-v4-pro --device-tokens 1048576 --hicache-ratio 2 || [ $$? -eq 1 ]
 
 bench: setup
 	$(PY) bench/allocator.py

@@ -8,7 +8,7 @@ Method: for each pool, warm up, then time ``alloc(4096)`` followed by ``free(slo
 is half full during timing so the free list is neither empty nor pristine. CPU only:
 the allocator is host code, so no device timing applies.
 
-    python bench/allocator.py [--reps 200] [--warmup 20] [--out bench/results/allocator_cpu.json]
+    python bench/allocator.py [--reps 200] [--warmup 20] [--out bench/results/local/allocator_cpu.json]
 """
 from __future__ import annotations
 
@@ -26,12 +26,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from bench import harness  # noqa: E402
 from host_pools.allocator import PageAllocator  # noqa: E402
 
 ALLOC_SLOTS = 4096
 # (num_slots, page_size): row allocators of growing size, and a paged pool of exactly 64 pages
 CASES = ((10_000, 1), (1_000_000, 1), (10_000_000, 1), (4096, 64))
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "allocator_cpu.json"
+DEFAULT_OUT = harness.RESULTS_DIR / "allocator_cpu.json"
 
 
 def cpu_name() -> str:

@@ -67,7 +67,7 @@ from transfer_kernels.triton_backend import kernel_module  # noqa: E402
 
 CASES = [(1, 1), (16, 1), (16, 16), (256, 1), (256, 16)]  # (pages per batch, merged ops)
 SGLANG_CASES = ((1, 1), (16, 16), (16, 1))  # the cases bench/sglang_controller.py times
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+RESULTS = str(harness.RESULTS_DIR)
 SGLANG_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_controller.py")
 
 

@@ -8,7 +8,7 @@ the physical limit (one contiguous pinned copy of the same bytes) is that?
     python -m bench.h2d --quick               # CPU-sized run (default without CUDA)
     python -m bench.h2d --pools v4_swa,dsa --max-rows 256 --layers 2
 
-Writes ``bench/results/h2d_<device>.json`` and a PNG plot next to it.
+Writes ``bench/results/local/h2d_<device>.json`` (or ``--out``) and a PNG plot next to it.
 """
 from __future__ import annotations
 

@@ -3,6 +3,10 @@
 Timing uses CUDA events on the current stream when the work runs on a GPU and
 ``time.perf_counter`` on the CPU. Every JSON file carries the device name, the torch,
 triton and Python versions, the run's config and a UTC timestamp.
+
+Where results go: ``bench/results/local/`` (`RESULTS_DIR`, git-ignored) unless a
+script's ``--out`` says otherwise. The tracked files in ``bench/results/`` (`PUBLISHED_DIR`)
+are the runs the README quotes; a run replaces one only when its path is given to ``--out``.
 """
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 import torch
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+PUBLISHED_DIR = Path(__file__).resolve().parent / "results"  # tracked: the README's numbers
+RESULTS_DIR = PUBLISHED_DIR / "local"  # git-ignored: where every run writes by default
 
 
 class Timing(NamedTuple):

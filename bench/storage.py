@@ -11,7 +11,7 @@ Mooncake: ``batch_put_from`` / ``batch_get_into`` of one blob per object)?
 
 Files are written without fsync and read back from the page cache (the tier's default
 path); every batch uses fresh keys, so each set really writes. Writes
-``bench/results/storage_<device>.json``.
+``bench/results/local/storage_<device>.json`` (or ``--out``).
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ interpreter that has SGLang 0.5.23 installed, see the anchor's docstring); media
 rounds and their ratios are reported. Both sides run with the anchor's fixed malloc
 thresholds (this script re-executes itself with them, as the anchor does).
 
-    python bench/tree.py --anchor-python /path/to/sglang-venv/bin/python   # writes bench/results/tree_cpu.json
+    python bench/tree.py --anchor-python /path/to/sglang-venv/bin/python   # writes bench/results/local/tree_cpu.json
     python bench/tree.py --rounds 1                                          # hicache only
 
 Targets: with the host tier >= 2x SGLang's tokens/s and poll per step <= 50 us; without

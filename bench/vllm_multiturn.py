@@ -17,7 +17,7 @@ Reported per run: TTFT p50/p90 of first and of returning turns (and returning p5
 first p50, which cancels the speed drift of a shared machine between runs), output tokens/s, host
 hit tokens, load/store GB/s (vLLM's transfer counters, timed by the worker) and the load
 rate as a fraction of a contiguous copy of the same bytes on this machine, measured in
-the same run. Writes ``bench/results/vllm_multiturn_cpu.json`` and ``.png`` (server logs:
+the same run. Writes ``bench/results/local/vllm_multiturn_cpu.json`` and ``.png`` (server logs:
 the temp folder). Needs
 ``scripts/setup_vllm.sh`` (``make bench-vllm`` runs it).
 """

@@ -1,10 +1,45 @@
-"""hicache: hierarchical KV cache — device pools mirrored by pinned host pools."""
+"""hicache: hierarchical KV cache — device pools mirrored by pinned host pools.
+
+The names below load on first access (PEP 562), so ``import hicache`` (and the
+``hicache`` command's ``--help``) does not import torch. ``build`` and ``HiCache`` are
+imported at once: ``hicache.build`` must be the function, never the submodule of the same
+name (``hicache/build.py`` imports torch only when it runs).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from hicache.build import HiCache, build
 from hicache.config import HiCacheConfig, add_hicache_args
-from hicache.controller import Ack, HybridCacheController
-from hicache.device_pool import DevicePool
-from hicache.layer_sync import LayerDoneCounter
-from hicache.radix import HiRadixCache
+
+# public name -> the module that defines it
+_LAZY = {
+    "Ack": "hicache.controller",
+    "HybridCacheController": "hicache.controller",
+    "DevicePool": "hicache.device_pool",
+    "LayerDoneCounter": "hicache.layer_sync",
+    "HiRadixCache": "hicache.radix",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__"):  # a submodule not imported yet: `hicache.controller` after `import hicache`
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "Ack", "DevicePool", "HiCache", "HiCacheConfig", "HiRadixCache", "HybridCacheController",

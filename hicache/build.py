@@ -1,18 +1,25 @@
-"""`hicache.build`: device pools, host group and controller in one call (server start-up)."""
+"""`hicache.build`: device pools, host group and controller in one call (server start-up).
+
+This module is imported with the ``hicache`` package (``hicache.build`` is the function),
+so it imports torch and the pools only when `build` runs: ``import hicache`` and the
+``hicache`` command's ``--help`` stay free of torch.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from hicache.config import HiCacheConfig, flag_error
 
-from host_pools.group import HostPoolGroup
-from host_pools.memory import HostBudget
-from host_pools.spec import Stack
-from hicache.config import HiCacheConfig
-from hicache.controller import HybridCacheController
-from hicache.device_pool import DevicePool
-from hicache.sizing import CachePlan, plan_sizes
+if TYPE_CHECKING:
+    import torch
+
+    from host_pools.group import HostPoolGroup
+    from host_pools.memory import HostBudget
+    from host_pools.spec import Stack
+    from hicache.controller import HybridCacheController
+    from hicache.device_pool import DevicePool
+    from hicache.sizing import CachePlan
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,7 @@ class HiCache:
 
 def build_device_pools(stack: Stack, device_rows: dict[str, int], device: torch.device) -> dict[str, DevicePool]:
     """Fresh device pools for every pool of ``stack`` (the anchor allocates whole pages)."""
+    from hicache.device_pool import DevicePool
     pools = {}
     for p in stack:
         page = stack.page_size if p is stack.anchor else None
@@ -60,9 +68,17 @@ def build(stack: Stack, device_tokens: int, config: HiCacheConfig | None = None,
         `HiCache` with device pools and host pools keyed by pool name.
     Raises:
         HostMemoryError: host pools do not fit the budget (nothing stays allocated).
-        ValueError: bad sizes.
+        ValueError: bad sizes, or an io backend that cannot run here (naming
+            ``--hicache-io-backend``; checked before anything is allocated).
     """
+    import torch
+
+    from host_pools.group import HostPoolGroup
+    from hicache.controller import HybridCacheController
+    from hicache.sizing import plan_sizes
+
     config = config or HiCacheConfig()
+    check_backend_usable(config.io_backend if backend is None else backend)
     dev = torch.device(device)
     plan = plan_sizes(stack, device_tokens, config, budget)
     host_group = HostPoolGroup.allocate(stack, plan.host_rows(), config.mem_layout, plan.budget,
@@ -70,3 +86,30 @@ def build(stack: Stack, device_tokens: int, config: HiCacheConfig | None = None,
     device_pools = build_device_pools(stack, plan.device_rows(), dev)
     controller = HybridCacheController(device_pools, host_group, config, backend=backend)
     return HiCache(stack, config, plan, device_pools, host_group, controller)
+
+
+def triton_problem() -> str | None:
+    """Why the ``"triton"`` backend cannot run in this process, or ``None`` when it can."""
+    from transfer_kernels.auto import triton_available
+    from transfer_kernels.triton_backend import kernel_module
+    if not triton_available():
+        return "the triton package is not installed"
+    try:
+        kernel_module()  # imports triton and builds the kernel's interpreted twin
+    except (ImportError, RuntimeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def check_backend_usable(backend: Any) -> None:
+    """Refuse, before anything is allocated, an io backend named by the config that cannot run.
+
+    Only names are checked (an instance is the caller's); ``"auto"`` falls back by itself
+    (copy engine without triton), so only ``"triton"`` can be unusable.
+
+    Raises:
+        ValueError: naming ``--hicache-io-backend``, why, and the backends that work.
+    """
+    if backend == "triton" and (problem := triton_problem()) is not None:
+        raise flag_error("io_backend", f"'triton' cannot run here ({problem}); install triton, "
+                                       "or use auto, copy_engine or torch")

@@ -1,12 +1,21 @@
-"""`hicache plan`: per-pool device and host sizes for a model, and whether they fit this host."""
+"""`hicache plan`: per-pool device and host sizes for a model, and whether they fit this host.
+
+Exit status: 0 when the host pools fit this host's budget, 1 when they do not (the table
+or the JSON says by how much), 2 for a bad flag. Only `run_plan` imports torch and the
+pool specs, so ``hicache plan --help`` is fast.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
-from hicache.cli_checks import GIB, check_device_tokens, stack_from_flags, tokens_from_gib
 from hicache.config import HiCacheConfig, add_hicache_args
-from hicache.sizing import CachePlan, plan_sizes
+
+if TYPE_CHECKING:
+    from hicache.sizing import CachePlan
+
+GIB = 1 << 30
 
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
@@ -16,6 +25,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     cap.add_argument("--device-tokens", type=int, default=None, help="device anchor tokens")
     cap.add_argument("--device-gib", type=float, default=None, help="device GiB for the KV pools")
     p.add_argument("--json", action="store_true", help="print only the JSON plan")
+    p.epilog = "exit status: 0 the host pools fit, 1 they do not, 2 a bad flag"
     add_hicache_args(p)
 
 
@@ -36,7 +46,14 @@ def format_plan(plan: CachePlan) -> str:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    """The ``plan`` subcommand. ValueError (a bad flag, named) goes to the CLI."""
+    """The ``plan`` subcommand: 0 when the host pools fit, 1 when they do not.
+
+    Raises:
+        ValueError: a bad flag (named), which the CLI prints as one line.
+    """
+    from hicache.cli_checks import check_device_tokens, stack_from_flags, tokens_from_gib
+    from hicache.sizing import plan_sizes
+
     config = HiCacheConfig.from_args(args)
     stack = stack_from_flags(args.model, args.layers)
     if args.device_gib is not None:
@@ -45,4 +62,4 @@ def run_plan(args: argparse.Namespace) -> int:
         tokens = check_device_tokens(args.device_tokens if args.device_tokens is not None else 1 << 20, stack)
     plan = plan_sizes(stack, tokens, config)
     print(json.dumps(plan.to_json()) if args.json else format_plan(plan))
-    return 0
+    return 0 if plan.fits else 1

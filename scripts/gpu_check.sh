@@ -15,6 +15,6 @@ if [ "${FULL_SUITE:-0}" = 1 ]; then
   echo "suite rc=$?"; tail -3 "$OUT/suite.log"
 fi
 timeout 120 python3 bench/controller.py --reps 20 > "$OUT/controller.log" 2>&1
-echo "controller rc=$?"; tail -7 "$OUT/controller.log"; cp bench/results/controller_*.json "$OUT/" 2>/dev/null
+echo "controller rc=$?"; tail -7 "$OUT/controller.log"; cp bench/results/local/controller_*.json "$OUT/" 2>/dev/null
 timeout "${H2D_TIMEOUT:-300}" python3 bench/h2d.py --out "$OUT/h2d.json" --no-plot "$@" > "$OUT/h2d.log" 2>&1
 echo "h2d rc=$?"

@@ -1,12 +1,34 @@
-"""`hicache replay`: request traces through the hierarchical cache, hit rates and transfers, bytes checked."""
-from hicache.replay.cli import add_replay_args, replay_one, run_replay
-from hicache.replay.content import ContentModel, ReplayMismatch, prefix_hashes, state_seed
-from hicache.replay.report import JSON_KEYS, format_table, json_row
-from hicache.replay.run import Replayer, RunStats
-from hicache.replay.workload import Request, chat_workload, load_trace, parse_line
+"""`hicache replay`: request traces through the hierarchical cache, hit rates and transfers, bytes checked.
 
-__all__ = [
-    "JSON_KEYS", "ContentModel", "ReplayMismatch", "Replayer", "Request", "RunStats", "add_replay_args",
-    "chat_workload", "format_table", "json_row", "load_trace", "parse_line", "prefix_hashes", "replay_one",
-    "run_replay", "state_seed",
-]
+The names below load on first access (PEP 562): importing ``hicache.replay.args`` for the
+command's ``--help`` must not import torch through this package.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# public name -> the module of this package that defines it
+_LAZY = {
+    "add_replay_args": "args", "default_storage_dir": "args",
+    "replay_one": "cli", "run_replay": "cli",
+    "ContentModel": "content", "ReplayMismatch": "content", "prefix_hashes": "content", "state_seed": "content",
+    "JSON_KEYS": "report", "format_table": "report", "json_row": "report",
+    "Replayer": "run", "RunStats": "run",
+    "Request": "workload", "chat_workload": "workload", "load_trace": "workload", "parse_line": "workload",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
+__all__ = sorted(_LAZY)

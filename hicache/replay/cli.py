@@ -12,68 +12,36 @@ storage GB/s join the table and the JSON, and a second replay starts warm.
 
 Every page brought back from the host or storage (and every device hit) is checked byte for byte
 against what its prefix must hold (`hicache.replay.content`); the first mismatch stops
-the run with exit status 1. Every flag is checked before the first run (errors name the
-flag, exit status 2); Ctrl-C prints the runs finished so far and exits with 130.
+the run with exit status 1. A run whose every transfer failed (a backend that cannot
+copy) prints its rows, one line saying so, and exits 1; some failed transfers are a
+warning. Every flag is checked before the first run (errors name the flag, exit status 2;
+a storage flag without ``--hicache-storage-backend`` is refused, an unwritable ``--plot``
+path too); Ctrl-C prints the runs finished so far and exits with 130. The flags live in
+`hicache.replay.args`.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import sys
 from pathlib import Path
 
 import torch
 
-from hicache.build import build
+from hicache.build import build, check_backend_usable
 from hicache.cli_checks import check_device_tokens, check_fits_device, parse_device, stack_from_flags
-from hicache.config import IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES, HiCacheConfig, add_storage_args
+from hicache.config import HiCacheConfig, check_storage_flags
+from hicache.replay.args import add_replay_args
 from hicache.replay.content import ReplayMismatch
 from hicache.replay.report import format_table, json_row, plot
 from hicache.replay.run import Replayer, RunStats
-from hicache.replay.storage import (default_storage_dir, fill_storage_defaults, open_run_store, probe_storage,
-                                    storage_config)
+from hicache.replay.storage import fill_storage_defaults, open_run_store, probe_storage, storage_config
 from hicache.replay.workload import Request, chat_workload, load_trace
 from hicache.sizing import plan_sizes
 
+__all__ = ["add_replay_args", "replay_one", "run_replay"]
 
-
-def _ratios(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"need numbers like 1,2,4, got {text!r}") from None
-    if not values or not all(math.isfinite(v) and v > 0 for v in values):
-        raise argparse.ArgumentTypeError(f"every ratio must be a finite number > 0, got {text!r}")
-    return values
-
-
-def add_replay_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", default=None, help="Mooncake JSONL trace (default: built-in chat workload)")
-    p.add_argument("--model", default="deepseek-v3", help="preset name (default %(default)s)")
-    p.add_argument("--layers", type=int, default=None,
-                   help="use only the first N layers (default 4 for deepseek-v4-* presets, which covers "
-                        "every pool family, else 2)")
-    p.add_argument("--device-tokens", type=int, default=None,
-                   help="device anchor tokens (default 32768; 1048576 with --trace)")
-    p.add_argument("--hicache-ratio", type=_ratios, default=[1.0, 2.0, 4.0],
-                   help="host/device ratio, or a list to sweep (default 1,2,4)")
-    p.add_argument("--hicache-write-policy", dest="write_policy", default="write_through", help=", ".join(WRITE_POLICIES))
-    p.add_argument("--hicache-io-backend", dest="io_backend", default="auto", help=", ".join(IO_BACKENDS))
-    p.add_argument("--hicache-mem-layout", dest="mem_layout", default="page_first", help=", ".join(MEM_LAYOUTS))
-    p.add_argument("--swa-full-tokens-ratio", type=float, default=0.1, help="DeepSeek-V4 device SWA share")
-    p.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
-    p.add_argument("--seed", type=int, default=0, help="seed of the built-in workload")
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1: on a shared 2-core machine more threads stall)")
-    p.add_argument("--plot", default=None, metavar="FILE",
-                   help="also write a PNG of hit rate vs ratio to FILE (needs matplotlib; default: no plot)")
-    p.add_argument("--json", action="store_true", help="print only the JSON results")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    add_storage_args(p.add_argument_group("storage tier (every run with a host tier; the file store "
-                                          f"defaults to {default_storage_dir()})"))
+MAX_THREADS = 1024  # torch takes a C int; more threads than any machine's cores is a typo
 
 
 def _workload(args: argparse.Namespace) -> list[Request]:
@@ -148,24 +116,46 @@ def _check_sizes(args: argparse.Namespace, stack, device_tokens: int, device: to
 
 
 def _plot_path(text: str | None) -> Path | None:
-    """``--plot`` as an absolute path whose folder can be written, or None (no plot)."""
+    """``--plot`` as an absolute path that can be written, or None (no plot); checked now by
+    creating it (and its folders) the way the plot will, then removing what the check made."""
     if not text:
         return None
     path = Path(text).expanduser().resolve()
     if path.is_dir():
         raise ValueError(f"--plot: {path} is a folder; give a file name such as hit_rate.png")
+    try:
+        _probe_writable(path)
+    except OSError as exc:
+        raise ValueError(f"--plot: cannot write {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def _probe_writable(path: Path) -> None:
+    """Create ``path``'s missing folders and open it for appending; undo what this created."""
+    missing = []
     folder = path.parent
     while not folder.exists():
+        missing.append(folder)
         folder = folder.parent
-    if not os.access(folder, os.W_OK):
-        raise ValueError(f"--plot: cannot write under {folder}")
-    return path
+    created = []
+    try:
+        for f in reversed(missing):
+            f.mkdir()
+            created.append(f)
+        existed = path.exists()
+        with open(path, "ab"):
+            pass
+        if not existed:
+            path.unlink()
+    finally:
+        for f in reversed(created):
+            f.rmdir()
 
 
 def run_replay(args: argparse.Namespace) -> int:
     """The ``replay`` subcommand. ValueError (bad flags, bad trace lines) goes to the CLI."""
-    if args.threads < 1:
-        raise ValueError(f"--threads: must be >= 1, got {args.threads}")
+    if not 1 <= args.threads <= MAX_THREADS:
+        raise ValueError(f"--threads: must be in [1, {MAX_THREADS}], got {args.threads}")
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
@@ -184,6 +174,8 @@ def _run(args: argparse.Namespace) -> int:
     requests = _workload(args)  # every trace line is checked before anything replays
     fill_storage_defaults(args)
     _check_sizes(args, stack, device_tokens, device)  # bad flag values fail before the first run
+    check_storage_flags(args)  # after the values' own checks, which name a bad value first
+    check_backend_usable(args.io_backend)  # a backend that cannot run here, before any run (build checks too)
     storage = probe_storage(args, stack, _config(args, 0.0))
     runs: list[RunStats] = []
     ratios = [0.0, *args.hicache_ratio]
@@ -202,10 +194,29 @@ def _run(args: argparse.Namespace) -> int:
               f"{'the rows above are the finished runs' if runs else 'no run finished'}", file=sys.stderr)
         return 130
     _print_runs(args, stack, runs, device, storage)
-    if plot_path is None:
-        return 0
-    return _write_plot(runs, plot_path, f"{stack.model}, {len(requests)} requests, {args.write_policy} "
-                                        f"({device.type} replay)", args.json)
+    status = _transfer_status(runs)
+    if plot_path is not None:
+        status = max(status, _write_plot(runs, plot_path, f"{stack.model}, {len(requests)} requests, "
+                                                          f"{args.write_policy} ({device.type} replay)", args.json))
+    return status
+
+
+def _transfer_status(runs: list[RunStats]) -> int:
+    """1 when a run's every transfer failed (said on stderr), else 0; some failures are a warning."""
+    status = 0
+    for st in runs:
+        if not st.transfers_failed:
+            continue
+        label = "device only" if st.hicache_ratio == 0 else f"ratio {st.hicache_ratio:g}"
+        total = st.transfers_ok + st.transfers_failed
+        if st.transfers_ok == 0:
+            print(f"hicache replay: error: {label}: every transfer failed ({total} backups and loads rolled "
+                  f"back, the host tier never served): {st.transfer_error}", file=sys.stderr)
+            status = 1
+        else:
+            print(f"hicache replay: warning: {label}: {st.transfers_failed} of {total} transfers failed "
+                  f"(rolled back): {st.transfer_error}", file=sys.stderr)
+    return status
 
 
 def _print_runs(args: argparse.Namespace, stack, runs: list[RunStats], device: torch.device,

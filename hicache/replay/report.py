@@ -9,7 +9,7 @@ from hicache.replay.run import RunStats
 
 JSON_KEYS = ("hicache_ratio", "hit_rate", "device_hit_rate", "host_hit_rate", "storage_hit_rate", "tokens_total",
              "tokens_recomputed", "bytes_h2d", "bytes_d2h", "bytes_storage_read", "bytes_storage_written",
-             "storage_read_gbps", "storage_write_gbps", "mismatches")
+             "storage_read_gbps", "storage_write_gbps", "transfers_failed", "mismatches")
 
 
 def _gbps(nbytes: int, seconds: float) -> float:
@@ -28,7 +28,7 @@ def json_row(st: RunStats) -> dict:
             "bytes_storage_read": st.bytes_storage_read, "bytes_storage_written": st.bytes_storage_written,
             "storage_read_gbps": _gbps(st.bytes_storage_read, st.seconds_storage_read),
             "storage_write_gbps": _gbps(st.bytes_storage_written, st.seconds_storage_write),
-            "mismatches": st.mismatches}
+            "transfers_failed": st.transfers_failed, "mismatches": st.mismatches}
 
 
 def format_table(stack, runs: list[RunStats], device: torch.device | str = "cpu", storage: str = "") -> str:

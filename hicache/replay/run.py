@@ -60,6 +60,9 @@ class RunStats:
     bytes_storage_written: int = 0
     seconds_storage_read: float = 0.0  # I/O threads busy reading (a read in flight)
     seconds_storage_write: float = 0.0  # I/O threads busy writing
+    transfers_ok: int = 0  # backups and loads acked as done
+    transfers_failed: int = 0  # acked as failed (rolled back)
+    transfer_error: str = ""  # the first failed ack's error
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -102,6 +105,14 @@ class Replayer:
             return run
         self.ctrl.start_writing = timed(self.ctrl.start_writing, "seconds_d2h")
         self.ctrl.start_loading = timed(self.ctrl.start_loading, "seconds_h2d")
+        poll = self.ctrl.poll
+
+        def watched_poll():  # the first failed ack's error, for the report (counts: _collect_transfers)
+            acks = poll()
+            if not self.stats.transfer_error:
+                self.stats.transfer_error = next((a.error or "failed" for a in acks if not a.success), "")
+            return acks
+        self.ctrl.poll = watched_poll
 
     def run(self, requests: list[Request], progress=None, check_every: int = 250) -> RunStats:
         """Serve every request in order; raises `ReplayMismatch` on the first bad byte."""
@@ -259,6 +270,8 @@ class Replayer:
             st.storage = True
             st.bytes_storage_read, st.bytes_storage_written = store["bytes_read"], store["bytes_written"]
             st.seconds_storage_read, st.seconds_storage_write = store["read_busy_s"], store["write_busy_s"]
+        st.transfers_ok = ctrl["d2h"]["ops"] + ctrl["h2d"]["ops"]
+        st.transfers_failed = ctrl["d2h"]["failed_ops"] + ctrl["h2d"]["failed_ops"]
         st.bytes_d2h = sum(ctrl["d2h"]["bytes"].values())
         st.bytes_h2d = sum(ctrl["h2d"]["bytes"].values())
         st.pages_d2h = ctrl["d2h"]["tokens"].get(self.anchor, 0) // self.page

@@ -16,20 +16,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from hicache.config import HiCacheConfig
 from hicache.radix.store import TierStore, open_store
+from hicache.replay.args import default_storage_dir
 from hicache.storage import StorageNamespace, StorageUnavailableError, make_storage
-
-
-def default_storage_dir() -> Path:
-    """Where the file store lives when ``--hicache-storage-dir`` is not given."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "hicache" / "storage"
 
 
 def fill_storage_defaults(args: argparse.Namespace) -> None:

@@ -1,7 +1,10 @@
 """The `hicache` command: every user mistake is one line naming the flag (no traceback), the
-plot is optional and never lands in the current folder unasked, Ctrl-C keeps finished rows."""
+plot is optional and never lands in the current folder unasked, Ctrl-C keeps finished rows,
+``--help`` imports no torch, odd numbers in float flags never crash."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -11,9 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hicache.replay.cli as replay_mod
-from hicache.cli import main
+from hicache.cli import SUBCOMMANDS, build_parser, chosen_command, load, main
 from hicache.replay.run import RunStats
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,16 +147,110 @@ def test_the_command_itself_exits_without_a_traceback():
     assert err.strip() == "hicache replay: error: --device: must be cpu, cuda or cuda:N, got 'banana'"
 
 
+# The child replays the baseline for real, then blocks inside the second run's second
+# request until SIGINT arrives (a line on stderr says it is there): the signal can never
+# come too late, however loaded the machine. SIGINT's handler is set explicitly, since a
+# child started from a background job inherits it ignored.
+SIGINT_CHILD = """
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from hicache.cli import main
+from hicache.replay.run import Replayer
+serve = Replayer.serve
+
+def serve_until_sigint(self, i, req):
+    if self.stats.hicache_ratio > 0 and i == 1:
+        print("test: blocked in the second run", file=sys.stderr, flush=True)
+        while True:
+            time.sleep(0.01)
+    return serve(self, i, req)
+
+Replayer.serve = serve_until_sigint
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def test_sigint_during_a_replay_ends_it_with_the_finished_rows():
-    # the baseline run's progress line (written when it finishes) is the cue: the next run
-    # is under way when SIGINT arrives, a real Ctrl-C at the terminal
-    proc = _cli("replay", "--layers", "1", "--device-tokens", "8192", "--hicache-ratio", "4")
-    assert any(line.startswith("device only") for line in iter(proc.stderr.readline, ""))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", SIGINT_CHILD, "replay", "--layers", "1", "--device-tokens",
+                             "8192", "--hicache-ratio", "4", "--max-requests", "20"], cwd=ROOT, env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen = []
+    for line in iter(proc.stderr.readline, ""):
+        seen.append(line)
+        if line.startswith("test: blocked"):
+            break
+    assert seen and seen[-1].startswith("test: blocked"), "".join(seen)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted (Ctrl-C) after 1 of 2 runs" in err
     assert out.splitlines()[3].split()[0] == "0"  # title, head, rule, the baseline row
+
+
+# ---------------------------------------------------------------- start-up: no torch for --help
+
+HEAVY = ("torch", "numpy", "triton", "hicache.integrations.vllm.serve", "hicache.replay.cli", "hicache.cli_checks")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["plan", "--help"], ["replay", "--help"], ["bench", "--help"],
+                                  ["no-such-command"]])
+def test_help_imports_no_torch(argv):
+    code = ("import sys\nfrom hicache.cli import main\ncode = main(sys.argv[1:])\n"
+            f"print('LOADED', [m for m in {HEAVY!r} if m in sys.modules], code)")
+    run = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=120)
+    loaded = run.stdout.strip().splitlines()[-1]
+    assert loaded == f"LOADED [] {2 if argv == ['no-such-command'] else 0}", run.stdout + run.stderr
+
+
+def test_top_level_help_lists_every_subcommand_and_each_subcommand_parses(capsys):
+    assert main(["--help"]) == 0
+    listed = capsys.readouterr().out
+    assert all(f"    {name}" in listed for name in SUBCOMMANDS)
+    parser = build_parser(every=True)  # every flags module imports and adds its flags
+    assert parser.parse_args(["plan", "--model", "llama-3.1-8b"]).model == "llama-3.1-8b"
+    assert all(callable(load(spec.run)) and callable(load(spec.add_args)) for spec in SUBCOMMANDS.values())
+
+
+def test_chosen_command_is_the_first_word():
+    assert chosen_command(["--help"]) is None and chosen_command(["replay", "--trace", "plan"]) == "replay"
+    assert chosen_command(["gpt"]) is None
+
+
+# ---------------------------------------------------------------- float flags: never a traceback
+
+
+@pytest.mark.parametrize("flag", ["--hicache-host-headroom", "--hicache-size", "--hicache-ratio"])
+def test_plan_with_an_absurd_size_is_one_line_naming_the_flag(capsys, flag):
+    # was: OverflowError traceback (headroom) / "cannot convert float NaN to integer" (size)
+    assert_one_line_error(capsys, main(["plan", flag, "1e300"]), flag)
+
+
+PLAN_FLOATS = ["--hicache-ratio", "--hicache-size", "--hicache-host-headroom", "--swa-full-tokens-ratio",
+               "--device-gib"]
+ODD_NUMBERS = st.one_of(st.sampled_from(["nan", "inf", "-inf", "-0", "0", "5e-324", "1e-300", "1e300", "1e308",
+                                         "1.8e308", "1e9", "-1", "1e6"]),
+                        st.floats(allow_nan=False).map(repr))
+
+
+@settings(derandomize=True, deadline=None, max_examples=120)
+@given(flag=st.sampled_from(PLAN_FLOATS), value=ODD_NUMBERS)
+def test_plan_float_flags_never_show_a_traceback(flag, value):
+    code, out, err = _run_main(["plan", "--model", "deepseek-v4-flash", "--layers", "4", f"{flag}={value}"])
+    if code == 2:
+        lines = err.strip().splitlines()
+        assert out == "" and len(lines) == 1 and flag in lines[0], err
+    else:  # taken: a table whose verdict the exit status repeats
+        assert code == (0 if out.splitlines()[-1] == "host pools fit" else 1) and err == "", err
+
+
+def _run_main(argv: list[str]) -> tuple[int, str, str]:
+    """``main(argv)`` with stdout and stderr captured (hypothesis examples cannot use capsys)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.mark.gpu

@@ -23,8 +23,10 @@ def _budget(n: int = 1 << 50) -> HostBudget:
 
 
 def _json_plan(capsys, argv: list[str]) -> dict:
-    assert main([*argv, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
+    code = main([*argv, "--json"])
+    plan = json.loads(capsys.readouterr().out)
+    assert code == (0 if plan["fits"] else 1)  # whether it fits depends on this machine's memory
+    return plan
 
 
 def _root_unit_bytes(stack) -> int:
@@ -41,8 +43,9 @@ def _root_unit_bytes(stack) -> int:
 
 
 def test_plan_table_host_gib_add_up_to_the_total(capsys):
-    assert main([*PRO, "--hicache-ratio", "2"]) == 0
+    code = main([*PRO, "--hicache-ratio", "2"])
     out = capsys.readouterr().out.splitlines()
+    assert code == (0 if out[-1] == "host pools fit" else 1)
     # the pool rows sit between the two dashed rules, the total right after the second
     rules = [i for i, line in enumerate(out) if line and set(line) == {"-"}]
     assert len(rules) == 2
@@ -145,6 +148,22 @@ def test_plan_fits_against_the_given_budget():
     plan = plan_sizes(stack, 4096, HiCacheConfig(), _budget(1))
     assert not plan.fits
     assert plan_sizes(stack, 4096, HiCacheConfig(), _budget(plan.host_bytes_total)).fits
+
+
+# ---------------------------------------------------------------- exit status
+
+
+def test_plan_that_does_not_fit_exits_1_and_one_that_fits_exits_0(capsys):
+    # 1 PB of host pools fits no machine; a 1-layer model with 4096 device tokens fits any
+    assert main(["plan", "--model", "llama-3.1-8b", "--device-tokens", "4096", "--hicache-size", "1000000"]) == 1
+    out = capsys.readouterr()
+    assert out.out.splitlines()[-1].startswith("host pools do NOT fit") and out.err == ""
+    assert main(["plan", "--model", "llama-3.1-8b", "--device-tokens", "4096", "--hicache-size", "1000000",
+                 "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["fits"] is False
+    assert main(["plan", "--model", "llama-3.1-8b", "--layers", "1", "--device-tokens", "4096",
+                 "--hicache-ratio", "1"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "host pools fit"
 
 
 # ---------------------------------------------------------------- bad input

@@ -1,0 +1,61 @@
+"""The flags of `hicache replay`, and where its file store lives by default.
+
+Kept free of torch and the cache (only `hicache.config`), so ``hicache replay --help`` is
+fast; `hicache.replay.cli` runs the replay.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+
+from hicache.config import IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES, add_storage_args
+
+
+def default_storage_dir() -> Path:
+    """Where the file store lives when ``--hicache-storage-dir`` is not given."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "hicache" / "storage"
+
+
+def ratios(text: str) -> list[float]:
+    """``--hicache-ratio``: ``"1,2,4"`` -> [1.0, 2.0, 4.0], every one finite and > 0."""
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"need numbers like 1,2,4, got {text!r}") from None
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"every ratio must be a finite number > 0, got {text!r}")
+    return values
+
+
+def add_replay_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", default=None, help="Mooncake JSONL trace (default: built-in chat workload)")
+    p.add_argument("--model", default="deepseek-v3", help="preset name (default %(default)s)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="use only the first N layers (default 4 for deepseek-v4-* presets, which covers "
+                        "every pool family, else 2)")
+    p.add_argument("--device-tokens", type=int, default=None,
+                   help="device anchor tokens (default 32768; 1048576 with --trace)")
+    p.add_argument("--hicache-ratio", type=ratios, default=[1.0, 2.0, 4.0],
+                   help="host/device ratio, or a list to sweep (default 1,2,4)")
+    p.add_argument("--hicache-write-policy", dest="write_policy", default="write_through", help=", ".join(WRITE_POLICIES))
+    p.add_argument("--hicache-io-backend", dest="io_backend", default="auto", help=", ".join(IO_BACKENDS))
+    p.add_argument("--hicache-mem-layout", dest="mem_layout", default="page_first", help=", ".join(MEM_LAYOUTS))
+    p.add_argument("--swa-full-tokens-ratio", type=float, default=0.1, help="DeepSeek-V4 device SWA share")
+    p.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
+    p.add_argument("--seed", type=int, default=0, help="seed of the built-in workload")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: on a shared 2-core machine more threads stall)")
+    p.add_argument("--plot", default=None, metavar="FILE",
+                   help="also write a PNG of hit rate vs ratio to FILE (needs matplotlib; default: no plot); "
+                        "checked writable before the first run")
+    p.add_argument("--json", action="store_true", help="print only the JSON results")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.epilog = ("exit status: 0 done, 1 a byte mismatch or a run whose every transfer failed, "
+                "2 a bad flag or input, 130 Ctrl-C")
+    add_storage_args(p.add_argument_group(
+        "storage tier (every run with a host tier; needs --hicache-storage-backend, the other storage "
+        f"flags are refused without it; the file store defaults to {default_storage_dir()})"))

@@ -1,0 +1,46 @@
+"""Benchmarks and the README's commands write where the user says, or to a git-ignored
+folder: never over the tracked results in bench/results/, never into the current folder."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench import harness
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(not (ROOT / ".git").exists() or shutil.which("git") is None,
+                                reason="needs a git checkout")
+
+
+def ignored(path: Path) -> bool:
+    return subprocess.run(["git", "check-ignore", "-q", str(path)], cwd=ROOT).returncode == 0
+
+
+def test_default_results_folder_is_git_ignored():
+    assert harness.RESULTS_DIR != harness.PUBLISHED_DIR and ignored(harness.RESULTS_DIR / "h2d_cpu.json")
+    assert not ignored(harness.PUBLISHED_DIR / "h2d_cpu.json")  # the README's numbers stay tracked
+
+
+def test_scripts_take_their_default_paths_from_the_harness():
+    # only the harness names bench/results; every script's default goes through RESULTS_DIR
+    named = [p.name for p in (ROOT / "bench").glob("*.py")
+             if p.name != "harness.py" and re.search(r"""["']results["']""", p.read_text())
+]
+    assert named == []
+    from bench import allocator, controller, replay
+    assert allocator.DEFAULT_OUT.parent == harness.RESULTS_DIR
+    assert Path(controller.RESULTS) == harness.RESULTS_DIR
+    assert replay.PLOT.parent == harness.RESULTS_DIR and ignored(replay.PLOT)
+
+
+def test_readme_commands_write_nothing_tracked_or_into_the_checkout_root():
+    readme = (ROOT / "README.md").read_text()
+    targets = re.findall(r"--(?:plot|out)[ =](\S+)", readme)
+    assert targets, "the README names no output path"
+    for target in targets:
+        path = (ROOT / target).resolve()
+        assert path.parent != ROOT and (not path.is_relative_to(ROOT) or ignored(path)), target
