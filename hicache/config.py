@@ -4,15 +4,9 @@ Flags are named as the ecosystem already names them (``--enable-hierarchical-cac
 ``--hicache-ratio`` ...). A bad value is a ``ValueError`` naming the flag, raised when
 the config is built from parsed arguments; a value of the wrong type (a config built in
 code: ``"no"`` for a bool, ``"2"`` for a number) is a ``TypeError`` naming the field and
-its flag. Every field is type-checked from its annotation (`field_types`), so a field
-added later is checked without a new line here.
-
-    field kind    accepted                          stored as
-    bool          True / False only (not "no", 0)   bool
-    int           int, numpy integer (not bool)     int
-    float         int or float (not bool), finite   float
-    str           str                               str
-    X | None      None, or what X accepts           None or X
+its flag. Every field is type-checked from its annotation (`hicache.fields`: bools are
+only True/False, ints never bools, floats take ints and must be finite), so a field added
+later is checked without a new line here.
 
 Sizes that are multiplied with other sizes have ceilings far past any machine (`MAX_HOST_GB`,
 `MAX_HICACHE_RATIO`), so every product stays a finite float and a 64-bit integer.
@@ -20,12 +14,10 @@ Sizes that are multiplied with other sizes have ceilings far past any machine (`
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
-import numbers
-import operator
 from dataclasses import dataclass
-from typing import Any
+
+from hicache.fields import checked_value, field_kinds
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 IO_BACKENDS = ("auto", "triton", "copy_engine", "torch")
@@ -75,54 +67,6 @@ def flag_error(field: str, msg: str) -> ValueError:
 _bad = flag_error
 
 
-# annotation name -> (what the error says, check, conversion)
-_KINDS: dict[str, tuple[str, Any, Any]] = {
-    "bool": ("a bool (True or False)", lambda v: type(v) is bool, bool),
-    "int": ("an int", lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool), operator.index),
-    "float": ("a number (int or float)", lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool),
-              float),
-    "str": ("a str", lambda v: isinstance(v, str), str),
-}
-
-
-def _parse_annotation(annotation: Any) -> tuple[str, bool] | None:
-    """``"float | None"`` -> ("float", True); ``None`` for a type `_KINDS` does not know."""
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", repr(annotation))
-    parts = [p.strip() for p in text.split("|")]
-    optional = "None" in parts
-    rest = [p for p in parts if p != "None"]
-    if len(rest) != 1 or rest[0] not in _KINDS:
-        return None
-    return rest[0], optional
-
-
-def field_types(cls: type) -> dict[str, tuple[str, bool] | None]:
-    """Every field of the dataclass ``cls`` -> (kind, optional), or ``None`` if not checkable."""
-    return {f.name: _parse_annotation(f.type) for f in dataclasses.fields(cls)}
-
-
-def checked_value(field: str, kind: str, optional: bool, value: Any) -> Any:
-    """``value`` checked against its field's kind and converted (numpy scalars to Python ones).
-
-    Raises:
-        TypeError: the wrong type, naming the field, its flag and the expected type.
-        ValueError: a float that is not finite (nan, inf, or an int too large for a float).
-    """
-    if value is None and optional:
-        return None
-    what, ok, convert = _KINDS[kind]
-    if not ok(value):
-        expected = what + (" or None" if optional else "")
-        raise TypeError(f"{_named(field)}: must be {expected}, got {type(value).__name__} {value!r}")
-    try:
-        out = convert(value)
-    except OverflowError:
-        out = math.inf
-    if kind == "float" and not math.isfinite(out):
-        raise _bad(field, f"must be a finite number, got {value}")
-    return out
-
-
 @dataclass(frozen=True)
 class HiCacheConfig:
     """Everything the hierarchical cache is configured with.
@@ -170,9 +114,9 @@ class HiCacheConfig:
     storage_optional: bool = False
 
     def __post_init__(self) -> None:
-        for field, kind in _FIELD_TYPES.items():
-            if kind is not None:
-                object.__setattr__(self, field, checked_value(field, *kind, getattr(self, field)))
+        for field, kind in _FIELD_KINDS.items():
+            if kind is not None:  # frozen: the checked value (a float for an int) is set once, here
+                object.__setattr__(self, field, checked_value(_named(field), kind, getattr(self, field)))
         if not self.hicache_ratio > 0:
             raise _bad("hicache_ratio", f"must be > 0, got {self.hicache_ratio}")
         if self.hicache_size_gb < 0:
@@ -226,7 +170,7 @@ class HiCacheConfig:
         return config
 
 
-_FIELD_TYPES = field_types(HiCacheConfig)
+_FIELD_KINDS = field_kinds(HiCacheConfig)
 
 
 def check_storage_flags(args: argparse.Namespace) -> None:

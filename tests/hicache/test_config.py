@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hicache.config import FLAGS, MAX_HICACHE_RATIO, MAX_HOST_GB, HiCacheConfig, add_hicache_args, field_types
+from hicache.config import FLAGS, MAX_HICACHE_RATIO, MAX_HOST_GB, HiCacheConfig, add_hicache_args
+from hicache.fields import FieldKind, field_kinds, parse_annotation
 from hicache.models import preset
 from hicache.sizing import plan_sizes
 from host_pools.memory import HostBudget
@@ -164,7 +165,13 @@ def test_an_int_too_large_for_a_float_is_refused_naming_the_flag():
 
 def test_every_field_has_a_checked_type():
     # a field added later with an annotation the checker does not know would go unchecked
-    assert all(kind is not None for kind in field_types(HiCacheConfig).values()), field_types(HiCacheConfig)
+    assert all(kind is not None for kind in field_kinds(HiCacheConfig).values()), field_kinds(HiCacheConfig)
+
+
+def test_annotations_the_checker_reads():
+    assert parse_annotation("float | None") == FieldKind("float", True)
+    assert parse_annotation("None | int") == FieldKind("int", True) and parse_annotation(bool) == FieldKind("bool", False)
+    assert parse_annotation("tuple[int, ...]") is None and parse_annotation("int | str") is None
 
 
 def test_wrong_type_in_parsed_arguments_names_the_flag():

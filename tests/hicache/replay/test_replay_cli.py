@@ -165,3 +165,10 @@ def test_replay_float_flags_are_taken_or_refused_naming_the_flag(flag, value, mo
 def test_absurd_thread_count_names_the_flag(capsys):
     # was: "Overflow when unpacking long" (torch's message, no flag)
     one_line_error(capsys, main(["replay", *TINY, "--threads", "99999999999"]), "--threads")
+
+
+def test_swa_share_below_one_row_names_the_flag(capsys):
+    # was: a RuntimeError traceback from a reshape of the 0-row SWA pool
+    line = one_line_error(capsys, main(["replay", *TINY, "--model", "deepseek-v4-flash", "--swa-full-tokens-ratio",
+                                        "0.001"]), "--swa-full-tokens-ratio")
+    assert "less than one swa row (128 tokens)" in line
