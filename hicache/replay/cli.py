@@ -28,11 +28,11 @@ import torch
 
 from hicache.build import build
 from hicache.cli_checks import check_device_tokens, check_fits_device, parse_device, stack_from_flags
-from hicache.config import IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES, HiCacheConfig, add_storage_args
+from hicache.config import IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES, HiCacheConfig
 from hicache.replay.content import ReplayMismatch
 from hicache.replay.report import format_table, json_row, plot
 from hicache.replay.run import Replayer, RunStats
-from hicache.replay.storage import (default_storage_dir, fill_storage_defaults, open_run_store, probe_storage,
+from hicache.replay.storage import (add_replay_storage_args, fill_storage_defaults, open_run_store, probe_storage,
                                     storage_config)
 from hicache.replay.workload import Request, chat_workload, load_trace
 from hicache.sizing import plan_sizes
@@ -72,8 +72,7 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
                    help="also write a PNG of hit rate vs ratio to FILE (needs matplotlib; default: no plot)")
     p.add_argument("--json", action="store_true", help="print only the JSON results")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    add_storage_args(p.add_argument_group("storage tier (every run with a host tier; the file store "
-                                          f"defaults to {default_storage_dir()})"))
+    add_replay_storage_args(p)
 
 
 def _workload(args: argparse.Namespace) -> list[Request]:
@@ -182,7 +181,7 @@ def _run(args: argparse.Namespace) -> int:
                                         else (1 << 20 if args.trace else 32768), stack)
     plot_path = _plot_path(args.plot)
     requests = _workload(args)  # every trace line is checked before anything replays
-    fill_storage_defaults(args)
+    fill_storage_defaults(args, stack)
     _check_sizes(args, stack, device_tokens, device)  # bad flag values fail before the first run
     storage = probe_storage(args, stack, _config(args, 0.0))
     runs: list[RunStats] = []
