@@ -39,6 +39,7 @@ from host_pools.pools import HostPool  # noqa: E402
 STACKS = {"dsv4": lambda: preset("deepseek-v4-flash"), "llama": lambda: preset("llama-3.1-8b")}
 DEFAULT_POOLS = ("dsv4:swa,dsv4:c4_kv,dsv4:c4_indexer,dsv4:c128_kv,dsv4:c4_state,"
                  "dsv4:c4_indexer_state,llama:kv")
+BENCH_MODEL_ID = "hicache-bench/storage"  # the identity of the bench's random pages (no server model)
 COLUMNS = ("backend", "pool", "KB", "op", "p50_ms", "p99_ms", "GBps", "raw_GBps", "frac_raw")
 
 
@@ -83,7 +84,7 @@ class Case:
     def __init__(self, stack_name: str, pool: str, batch: int, budget_mb: int, layout: str) -> None:
         stack = STACKS[stack_name]()
         self.name = f"{stack_name}:{pool}"
-        self.ns = StorageNamespace.for_pool(stack, pool, extra=f"bench {time.time()}")
+        self.ns = StorageNamespace.for_pool(stack, pool, model=BENCH_MODEL_ID, extra=f"bench {time.time()}")
         nbytes = self.ns.object_bytes
         self.batch = batch
         self.reps = max(10, min(50, budget_mb * 2 ** 20 // (batch * nbytes)))

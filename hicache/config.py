@@ -51,7 +51,12 @@ FLAGS = {
     "storage_prefetch_timeout_s": "--hicache-storage-prefetch-timeout",
     "storage_write_policy": "--hicache-storage-write-policy",
     "storage_optional": "--hicache-storage-optional",
+    "storage_model_id": "--hicache-storage-model-id",
+    "tp_rank": "--hicache-tp-rank",
+    "tp_size": "--hicache-tp-size",
 }
+# the largest --hicache-storage-capacity: 2^63 bytes (a byte count is an int64 everywhere)
+MAX_STORAGE_CAPACITY_GB = (1 << 63) / 1e9
 
 
 def _named(field: str) -> str:
@@ -92,6 +97,12 @@ class HiCacheConfig:
         storage_prefetch_timeout_s: seconds a ``timeout`` prefetch may take (> 0).
         storage_write_policy: host -> storage: ``write_through`` | ``write_back`` (on host eviction).
         storage_optional: start without the tier (warning) when the store is unreachable.
+        storage_model_id: the served model's identity (weights path or revision) that every
+            storage namespace carries; required with a storage backend, so that two models
+            (two fine-tunes of one architecture) sharing a store never read each other's pages.
+        tp_rank: this process's tensor-parallel rank, 0 <= tp_rank < tp_size (in every
+            storage namespace: ranks hold different slices of each page).
+        tp_size: tensor-parallel size, >= 1.
     """
 
     enable_hierarchical_cache: bool = False
@@ -112,6 +123,9 @@ class HiCacheConfig:
     storage_prefetch_timeout_s: float = 2.0
     storage_write_policy: str = "write_through"
     storage_optional: bool = False
+    storage_model_id: str = ""
+    tp_rank: int = 0
+    tp_size: int = 1
 
     def __post_init__(self) -> None:
         for field, kind in _FIELD_KINDS.items():
@@ -145,18 +159,35 @@ class HiCacheConfig:
                                ("storage_write_policy", STORAGE_WRITE_POLICIES)):
             if getattr(self, field) not in allowed:
                 raise _bad(field, f"must be one of {allowed}, got {getattr(self, field)!r}")
-        if not (math.isfinite(self.storage_capacity_gb) and self.storage_capacity_gb >= 0):
-            raise _bad("storage_capacity_gb", f"must be a finite number >= 0, got {self.storage_capacity_gb}")
+        self._check_capacity()
         if not (math.isfinite(self.storage_prefetch_timeout_s) and self.storage_prefetch_timeout_s > 0):
             raise _bad("storage_prefetch_timeout_s", f"must be > 0 seconds, got {self.storage_prefetch_timeout_s}")
         if self.storage_backend == "file" and not self.storage_dir:
             raise _bad("storage_dir", "required with --hicache-storage-backend file")
         if self.storage_backend == "mooncake":
             parse_host_port(self.storage_master)
+        if self.storage_backend != "none" and not self.storage_model_id.strip():
+            raise _bad("storage_model_id", "required with a storage backend: the served model's weights path or "
+                       "revision (pages of models without one could be read by another model)")
+        if self.tp_size < 1:
+            raise _bad("tp_size", f"must be >= 1, got {self.tp_size}")
+        if not 0 <= self.tp_rank < self.tp_size:
+            raise _bad("tp_rank", f"must be in [0, {self.tp_size}) (--hicache-tp-size {self.tp_size}), "
+                       f"got {self.tp_rank}")
+
+    def _check_capacity(self) -> None:
+        gb = self.storage_capacity_gb
+        if not (math.isfinite(gb) and 0 <= gb <= MAX_STORAGE_CAPACITY_GB):
+            raise _bad("storage_capacity_gb", f"must be a number of GB in [0, {MAX_STORAGE_CAPACITY_GB:.4g}] "
+                       f"(0 = unlimited), got {gb}")
+        if gb > 0 and int(gb * 1e9) == 0:
+            raise _bad("storage_capacity_gb", f"{gb} GB is less than one byte; give 0 for unlimited or a "
+                       "capacity of at least one page object")
 
     @property
     def storage_capacity_bytes(self) -> int:
-        return int(self.storage_capacity_gb * 1e9)
+        """``storage_capacity_gb`` in bytes (checked to fit an int64 when the config was built)."""
+        return min(int(self.storage_capacity_gb * 1e9), (1 << 63) - 1)
 
     @property
     def host_headroom_bytes(self) -> int | None:
@@ -224,6 +255,10 @@ def add_hicache_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                    help="GiB of host memory left free (default min(10, 10%% of RAM))")
     g.add_argument("--hicache-max-copy-programs", dest="max_copy_programs", type=int,
                    default=d.max_copy_programs, help="Triton copy grid bound (SM budget)")
+    g.add_argument("--hicache-tp-rank", dest="tp_rank", type=int, default=d.tp_rank,
+                   help="this process's tensor-parallel rank (storage namespaces carry it)")
+    g.add_argument("--hicache-tp-size", dest="tp_size", type=int, default=d.tp_size,
+                   help="tensor-parallel size (default %(default)s)")
     add_storage_args(parser.add_argument_group("hierarchical cache: storage tier"))
     return parser
 
@@ -248,3 +283,6 @@ def add_storage_args(g: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
                    default=d.storage_write_policy, help=f"one of {', '.join(STORAGE_WRITE_POLICIES)}")
     g.add_argument("--hicache-storage-optional", dest="storage_optional", action="store_true",
                    help="run without the storage tier if the store is unreachable at start")
+    g.add_argument("--hicache-storage-model-id", dest="storage_model_id", default=d.storage_model_id,
+                   help="the served model's weights path or revision (required with a storage backend: "
+                        "every stored page carries it)")

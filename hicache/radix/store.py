@@ -29,7 +29,8 @@ import torch
 from hicache.config import HiCacheConfig
 from hicache.radix.jobs import LOOKUP, READ, WRITE, BusyClock, StoreJob
 from hicache.radix.pins import HostPins
-from hicache.storage import StorageBackend, StorageIO, StorageNamespace, make_storage, page_hashes, page_view
+from hicache.storage import (StorageBackend, StorageIO, StorageNamespace, config_namespace, make_storage, page_hashes,
+                             page_view)
 
 class TierStore:
     """The storage tier of one cache: a backend per data pool, I/O threads, pins (scheduler thread).
@@ -208,19 +209,27 @@ class TierStore:
             backend.close()
 
 
-def open_store(cache: Any, config: HiCacheConfig | None = None, *, model: str | None = None, tp_rank: int = 0,
-               tp_size: int = 1, extra: str = "", cache_salt: str | bytes | None = None) -> TierStore | None:
+def store_namespace(config: HiCacheConfig, stack: Any, pool: str, extra: str = "") -> StorageNamespace:
+    """The namespace of ``pool``'s objects: the serving identity ``config`` names (model id,
+    TP rank and size), one unit (page or snapshot) per object, ``extra`` folded in."""
+    return config_namespace(config, stack, pool, rows_per_object=TierStore.unit_rows(stack, pool), extra=extra)
+
+
+def open_store(cache: Any, config: HiCacheConfig | None = None, *, extra: str = "",
+               cache_salt: str | bytes | None = None) -> TierStore | None:
     """Open the storage tier ``config`` asks for (default ``cache.config``), or ``None``.
 
-    One backend per data pool, each under its pool's `StorageNamespace` (``model`` defaults
-    to the stack's model; ``extra`` is folded into every digest).
+    One backend per data pool, each under its pool's `StorageNamespace` (`store_namespace`:
+    ``--hicache-storage-model-id``, ``--hicache-tp-rank`` / ``--hicache-tp-size``; ``extra``
+    is folded into every digest).
 
     Returns:
         The store; ``None`` for ``--hicache-storage-backend none``, or when the store is
         unreachable and ``--hicache-storage-optional`` is set (a warning says so).
     Raises:
         StorageUnavailableError: unreachable without ``--hicache-storage-optional``.
-        ValueError: a stack whose snapshots the tier cannot store.
+        ValueError: a stack whose snapshots the tier cannot store, or a capacity below one
+            page of every pool (naming ``--hicache-storage-capacity``).
     """
     config = config or cache.config
     if config.storage_backend == "none":
@@ -228,9 +237,7 @@ def open_store(cache: Any, config: HiCacheConfig | None = None, *, model: str | 
     stack, backends = cache.stack, {}
     try:
         for spec in stack.data_pools():
-            ns = StorageNamespace.for_pool(stack, spec.name, model=model, tp_rank=tp_rank, tp_size=tp_size,
-                                           rows_per_object=TierStore.unit_rows(stack, spec.name), extra=extra)
-            backend = make_storage(config, ns)
+            backend = make_storage(config, store_namespace(config, stack, spec.name, extra))
             if backend is None:  # unreachable, --hicache-storage-optional: no tier at all
                 break
             backends[spec.name] = backend

@@ -13,6 +13,10 @@ from pathlib import Path
 from hicache.config import IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES, add_storage_args
 
 
+DEFAULT_CAPACITY_GB = 16.0  # the README's storage replay (2 ratios of DeepSeek-V4 Flash) writes ~10 GB
+FREE_DISK_FRACTION = 0.25  # of the free space where the default store lives, if that is less
+
+
 def default_storage_dir() -> Path:
     """Where the file store lives when ``--hicache-storage-dir`` is not given."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
@@ -56,6 +60,15 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.epilog = ("exit status: 0 done, 1 a byte mismatch or a run whose every transfer failed, "
                 "2 a bad flag or input, 130 Ctrl-C")
+    add_replay_storage_args(p)
+
+
+def add_replay_storage_args(p: argparse.ArgumentParser) -> None:
+    """The ``--hicache-storage-*`` flags, with the replay's defaults (capacity: unset, so
+    that the default store gets `default_capacity_gb` and an explicit 0 means unlimited)."""
     add_storage_args(p.add_argument_group(
         "storage tier (every run with a host tier; needs --hicache-storage-backend, the other storage "
-        f"flags are refused without it; the file store defaults to {default_storage_dir()})"))
+        f"flags are refused without it; the file store defaults to {default_storage_dir()}, capped at "
+        f"min({DEFAULT_CAPACITY_GB:g} GB, {FREE_DISK_FRACTION:.0%} of the free disk); the model id "
+        "defaults to one derived from --model and --layers)"))
+    p.set_defaults(storage_capacity_gb=None)

@@ -172,7 +172,7 @@ def _run(args: argparse.Namespace) -> int:
                                         else (1 << 20 if args.trace else 32768), stack)
     plot_path = _plot_path(args.plot)
     requests = _workload(args)  # every trace line is checked before anything replays
-    fill_storage_defaults(args)
+    fill_storage_defaults(args, stack)
     _check_sizes(args, stack, device_tokens, device)  # bad flag values fail before the first run
     check_storage_flags(args)  # after the values' own checks, which name a bad value first
     check_backend_usable(args.io_backend)  # a backend that cannot run here, before any run (build checks too)

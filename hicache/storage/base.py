@@ -27,6 +27,12 @@ class StorageUnavailableError(RuntimeError):
     """The store cannot be reached or opened at start-up (the message says which flag to change)."""
 
 
+def capacity_flag(nbytes: int) -> str:
+    """``--hicache-storage-capacity`` in GB that holds at least ``nbytes`` (rounded up past
+    float error, so the value printed in an error message is one that works)."""
+    return f"--hicache-storage-capacity {(nbytes // 1000 + 2) / 1e6}"
+
+
 @dataclass(slots=True)
 class StorageStats:
     """Counters of one backend since it was opened (a snapshot from `StorageBackend.stats`).

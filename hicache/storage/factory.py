@@ -1,9 +1,39 @@
-"""`make_storage`: the storage backend a `HiCacheConfig` asks for, for one pool namespace."""
+"""`make_storage`: the storage backend a `HiCacheConfig` asks for, for one pool namespace;
+`config_namespace`: that namespace, carrying the serving identity the config names."""
 from __future__ import annotations
 
-from hicache.config import HiCacheConfig
+from host_pools.spec import Stack
+from hicache.config import FLAGS, HiCacheConfig
 from hicache.storage.base import StorageBackend, StorageUnavailableError, log
 from hicache.storage.keys import StorageNamespace
+
+
+def config_namespace(config: HiCacheConfig, stack: Stack, pool: str, *, rows_per_object: int | None = None,
+                     extra: str = "") -> StorageNamespace:
+    """The namespace of ``pool`` for the server ``config`` describes: its model identity
+    (``--hicache-storage-model-id``), TP rank and size (``--hicache-tp-rank`` / ``--hicache-tp-size``).
+
+    Args:
+        config: a config with a storage backend (which requires the model identity).
+        stack, pool, rows_per_object, extra: as `StorageNamespace.for_pool`.
+
+    Raises:
+        ValueError: no model identity in ``config`` (naming the flag), or a bad pool.
+    """
+    if not config.storage_model_id.strip():
+        raise ValueError(f"storage_model_id ({FLAGS['storage_model_id']}): required to open storage")
+    return StorageNamespace.for_pool(stack, pool, model=config.storage_model_id, tp_rank=config.tp_rank,
+                                     tp_size=config.tp_size, rows_per_object=rows_per_object, extra=extra)
+
+
+def _check_identity(config: HiCacheConfig, namespace: StorageNamespace) -> None:
+    """A namespace opened through ``config`` carries the identity ``config`` names."""
+    want = (config.storage_model_id, config.tp_rank, config.tp_size)
+    got = (namespace.model, namespace.tp_rank, namespace.tp_size)
+    if got != want:
+        raise ValueError(f"namespace: model / tp_rank / tp_size {got} differ from the config's "
+                         f"{FLAGS['storage_model_id']} / {FLAGS['tp_rank']} / {FLAGS['tp_size']} {want}; "
+                         "build it with config_namespace")
 
 
 def make_storage(config: HiCacheConfig, namespace: StorageNamespace) -> StorageBackend | None:
@@ -11,7 +41,7 @@ def make_storage(config: HiCacheConfig, namespace: StorageNamespace) -> StorageB
 
     Args:
         config: ``--hicache-storage-*`` flags.
-        namespace: the pool's `StorageNamespace`.
+        namespace: the pool's `StorageNamespace`, from `config_namespace`.
 
     Returns:
         The backend; ``None`` when ``--hicache-storage-backend none``, or when the store is
@@ -19,7 +49,12 @@ def make_storage(config: HiCacheConfig, namespace: StorageNamespace) -> StorageB
 
     Raises:
         StorageUnavailableError: the store is unreachable (message names the flag to change).
+        ValueError: ``namespace`` lacks the config's identity, or a capacity below the
+            smallest useful one (naming ``--hicache-storage-capacity``).
     """
+    if config.storage_backend == "none":
+        return None
+    _check_identity(config, namespace)
     try:
         if config.storage_backend == "file":
             from hicache.storage.file_backend import FileBackend

@@ -1,33 +1,29 @@
 """`FileBackend`: the embedded store, one file per object under a namespace directory.
 
-    <root>/<first 32 hex of namespace digest>/namespace.json      what the digest covers
-    <root>/<ns>/<key[:2]>/<key>.page                              header + payload
-    <root>/<ns>/<key[:2]>/.<key>.<pid>.<thread>.tmp               a write in progress
-
-A write goes to a temporary name and is renamed into place, so a reader (or a restart
-after a crash) sees the whole object or none. Reads and writes move the payload straight
-between the file and the caller's host buffer (``preadv`` / ``writev``; strided
-layer_first views go through one staging copy). Objects survive restarts; an optional
-capacity evicts least-recently-read objects first (`FileIndex`). A refused object
-(header or checksum) is deleted so that the next backup rewrites it.
+The layout, its private modes and the no-follow rules are `file_layout`'s. A write goes to
+a new temporary name and is renamed into place, so a reader (or a restart after a crash)
+sees the whole object or none. Reads and writes move the payload straight between the
+file and the caller's host buffer (``preadv`` / ``writev``; strided layer_first views go
+through one staging copy). Objects survive restarts; an optional capacity evicts
+least-recently-read objects first (`FileIndex`). A refused object (header or checksum)
+is deleted so that the next backup rewrites it; so is anything else found at an object's
+name (a link, a FIFO, an empty directory), counted as corrupt and logged once.
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
-import threading
-from pathlib import Path
+import stat
 
 import torch
 
-from hicache.storage.base import StorageBackend, StorageUnavailableError
-from hicache.storage.file_index import OBJECT_SUFFIX, TMP_SUFFIX, close_index, open_index, unlink_quiet
+from hicache.storage.base import StorageBackend, StorageUnavailableError, log
+from hicache.storage.file_index import close_index, open_index
+from hicache.storage.file_layout import (NAMESPACE_FILE, OBJECT_SUFFIX, NotAFile, advance, clear_entry, describe_mode,
+                                         entry_mode, is_regular, open_regular, open_root, private_dir, publish,
+                                         read_marker)
 from hicache.storage.keys import StorageNamespace
-from hicache.storage.page import (HEADER_BYTES, PageCheck, ThreadStaging, check_header, check_payload,
-                                  encode_header)
-
-NAMESPACE_FILE = "namespace.json"
+from hicache.storage.page import HEADER_BYTES, PageCheck, ThreadStaging, check_header, check_payload, encode_header
 
 
 class FileBackend(StorageBackend):
@@ -35,15 +31,17 @@ class FileBackend(StorageBackend):
 
     Args:
         namespace: the pool namespace this backend reads and writes.
-        root: the storage directory (``--hicache-storage-dir``); created if missing.
+        root: the storage directory (``--hicache-storage-dir``); created private if missing.
         capacity_bytes: bytes of objects allowed under ``root`` (all namespaces); 0 = unlimited.
         fsync: ``fsync`` each object before its rename (power-loss durability; slower).
             Without it a crash can lose recent objects but never leaves a torn one readable:
             the checksum refuses it.
 
     Raises:
-        StorageUnavailableError: ``root`` cannot be created or written.
-        ValueError: negative capacity.
+        StorageUnavailableError: ``root`` cannot be created or written, or is not private
+            (not this user's, or writable by others).
+        ValueError: negative capacity, or one below one object of every namespace open on
+            ``root`` (naming ``--hicache-storage-capacity`` and the smallest useful capacity).
     """
 
     kind = "file"
@@ -53,26 +51,32 @@ class FileBackend(StorageBackend):
         if capacity_bytes < 0:
             raise ValueError(f"capacity_bytes: must be >= 0 (0 = unlimited), got {capacity_bytes}")
         super().__init__(namespace)
-        self.root = Path(root)
-        self.dir = self.root / namespace.digest_hex[:32]
+        self.root = open_root(root)
+        self.dir = str(self.root / namespace.digest_hex[:32])
         self.fsync = fsync
         self._made: set[str] = set()
-        self._open_dir()
-        self._index = open_index(self.root, capacity_bytes)
+        self._index = open_index(self.root, capacity_bytes, namespace.digest_hex, HEADER_BYTES + namespace.object_bytes)
+        try:
+            self._open_dir()
+            self._index.adopt(self.dir)
+        except BaseException:
+            close_index(self._index, namespace.digest_hex)
+            raise
         self._staging = ThreadStaging()
 
     def _open_dir(self) -> None:
-        desc = json.dumps(self.namespace.describe(), indent=1, sort_keys=True)
+        """The namespace directory and its marker; a damaged marker is rebuilt (one warning naming it)."""
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            meta = self.dir / NAMESPACE_FILE
-            if not meta.exists():
-                tmp = self.dir / f".{NAMESPACE_FILE}.{os.getpid()}.{threading.get_ident()}{TMP_SUFFIX}"
-                tmp.write_text(desc)
-                os.replace(tmp, meta)
-            elif json.loads(meta.read_text()) != self.namespace.describe():
-                raise StorageUnavailableError(f"{meta} describes another namespace; the directory "
-                                              "was tampered with (--hicache-storage-dir)")
+            private_dir(self.dir)
+            found = read_marker(self.dir)
+            if found == self.namespace.describe():
+                return
+            if found is not None:  # damaged (a dict can only differ if edited to another valid namespace)
+                why = found if isinstance(found, str) else f"{self.dir}/{NAMESPACE_FILE} describes another namespace"
+                log.warning("file storage: %s; rebuilt from this server's namespace (the pages are checked "
+                            "one by one when read)", why)
+                clear_entry(os.path.join(self.dir, NAMESPACE_FILE))
+            publish(self.dir, NAMESPACE_FILE, [json.dumps(self.namespace.describe(), indent=1, sort_keys=True).encode()])
         except OSError as e:
             raise StorageUnavailableError(f"file storage: cannot use --hicache-storage-dir {self.root}: "
                                           f"{e.strerror or e}") from e
@@ -84,7 +88,7 @@ class FileBackend(StorageBackend):
     # ---- exists -----------------------------------------------------------------------
     def _exists(self, keys: list[str]) -> int:
         for i, key in enumerate(keys):
-            if not os.path.exists(self.path(key)):
+            if not is_regular(self.path(key)):
                 return i
         return len(keys)
 
@@ -95,12 +99,15 @@ class FileBackend(StorageBackend):
     def _get_one(self, key: str, page: torch.Tensor) -> bool:
         path = self.path(key)
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            self.count(misses=1)
+            fd = open_regular(path)
+        except NotAFile as e:
+            self._damaged(path, e.strerror)
             return False
         except OSError as e:
             self._fault("get", e)
+            return False
+        if fd is None:
+            self.count(misses=1)
             return False
         try:
             verdict = self._read_verified(fd, key, page)
@@ -111,12 +118,24 @@ class FileBackend(StorageBackend):
             os.close(fd)
         if verdict is not PageCheck.OK:
             self.refuse(key, verdict)
-            self._index.forget(path)
-            unlink_quiet(path)
+            self._index.discard(path)
             return False
         self._index.touch(path, HEADER_BYTES + page.numel())
         self.count(hits=1, objects_read=1, bytes_read=page.numel())
         return True
+
+    def _damaged(self, path: str, what: str) -> bool:
+        """Something other than a page file at ``path``: counted, logged once, removed if it
+        can be without deleting anything not ours; whether the name is free now."""
+        self.count(corrupt=1)
+        self.log_once("damaged", f"{path} is {what}, not a page file; treated as a miss and removed")
+        self._index.forget(path)
+        try:
+            clear_entry(path)
+            return True
+        except OSError as e:
+            self._fault("clear", e)
+            return False
 
     def _read_verified(self, fd: int, key: str, page: torch.Tensor) -> PageCheck:
         n = self.namespace.object_bytes
@@ -141,16 +160,18 @@ class FileBackend(StorageBackend):
     def _set_one(self, key: str, page: torch.Tensor) -> bool:
         path = self.path(key)
         size = HEADER_BYTES + page.numel()
-        if os.path.exists(path):
+        mode = entry_mode(path)
+        if mode is not None and stat.S_ISREG(mode):
             self._index.touch(path, size)
             self.count(writes_skipped=1)
             return True
-        victims = self._index.admit(path, size)
-        if victims is None:
-            self._fault("set", OSError(errno.EFBIG, f"object of {size} B exceeds the capacity "
+        if mode is not None and not self._damaged(path, describe_mode(mode)):
+            return False
+        evicted = self._index.admit(path, size)
+        if evicted is None:
+            self._fault("set", OSError(f"object of {size} B exceeds the capacity "
                                        f"{self._index.capacity_bytes} B (--hicache-storage-capacity)"))
             return False
-        evicted = sum(unlink_quiet(v) for v in victims)
         if evicted:
             self.count(evictions=evicted)
         try:
@@ -159,37 +180,22 @@ class FileBackend(StorageBackend):
             self._index.forget(path)
             self._fault("set", e)
             return False
+        self._index.touch(path, size)  # (back in the index if a concurrent eviction took it meanwhile)
         self.count(objects_written=1, bytes_written=page.numel())
         return True
 
     def _write_atomic(self, key: str, path: str, page: torch.Tensor) -> None:
         sub = os.path.dirname(path)
         if sub not in self._made:
-            os.makedirs(sub, exist_ok=True)
+            private_dir(sub)
             self._made.add(sub)
         flat, staged = self._staging.flat(page)
         if staged:
             flat.view(page.shape).copy_(page)
-        header = encode_header(self.namespace, key, flat)
-        tmp = os.path.join(sub, f".{key}.{os.getpid()}.{threading.get_ident()}{TMP_SUFFIX}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            _writev_all(fd, [header, flat.numpy()])
-            if self.fsync:
-                os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            unlink_quiet(tmp)
-            raise
-        os.close(fd)
-        try:
-            os.replace(tmp, path)
-        except BaseException:
-            unlink_quiet(tmp)
-            raise
+        publish(sub, os.path.basename(path), [encode_header(self.namespace, key, flat), flat.numpy()], self.fsync)
 
     def _close(self) -> None:
-        close_index(self._index)
+        close_index(self._index, self.namespace.digest_hex)
         self._staging.release()
 
 
@@ -202,22 +208,5 @@ def _preadv_all(fd: int, parts: list) -> int:
         if got == 0:
             break
         done += got
-        views = _advance(views, got)
+        views = advance(views, got)
     return done
-
-
-def _writev_all(fd: int, parts: list) -> None:
-    """Write every byte of ``parts`` (short writes resumed)."""
-    views = [memoryview(p).cast("B") for p in parts]
-    while views:
-        views = _advance(views, os.writev(fd, views))
-
-
-def _advance(views: list[memoryview], nbytes: int) -> list[memoryview]:
-    """What is left of ``views`` after the first ``nbytes`` went through."""
-    while views and nbytes >= len(views[0]):
-        nbytes -= len(views[0])
-        views = views[1:]
-    if views and nbytes:
-        views = [views[0][nbytes:], *views[1:]]
-    return views

@@ -112,8 +112,7 @@ class StorageNamespace:
     @functools.cached_property
     def digest(self) -> bytes:
         """SHA-256 of the canonical JSON of every field (32 bytes)."""
-        doc = json.dumps(self.describe(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(doc.encode()).digest()
+        return describe_digest(self.describe())
 
     @property
     def digest_hex(self) -> str:
@@ -140,6 +139,12 @@ class StorageNamespace:
     def object_key(self, page_hash: str) -> str:
         """The store-wide name of one page's object in this namespace."""
         return f"{self.digest_hex[:32]}_{page_hash}"
+
+
+def describe_digest(doc: dict) -> bytes:
+    """SHA-256 of the canonical JSON of a `StorageNamespace.describe` document (what
+    ``digest`` is; a store checks a namespace directory's ``namespace.json`` with it)."""
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).digest()
 
 
 def _default_rows(spec: PoolSpec, page_size: int) -> int:

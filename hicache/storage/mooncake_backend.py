@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from hicache.storage.base import StorageBackend
+from hicache.storage.base import StorageBackend, capacity_flag
 from hicache.storage.keys import StorageNamespace
 from hicache.storage.mooncake_client import (ALREADY_EXISTS, NO_SPACE, NOT_FOUND, NOT_READY, TRANSFER_FAIL,
                                              acquire_client, release_client)
@@ -35,11 +35,18 @@ class MooncakeBackend(StorageBackend):
 
     Raises:
         StorageUnavailableError: Mooncake missing, master unreachable or set-up refused.
+        ValueError: a segment that is not 0 (none) but below one object (naming
+            ``--hicache-storage-capacity`` and the smallest useful size).
     """
 
     kind = "mooncake"
 
     def __init__(self, namespace: StorageNamespace, master: str, segment_bytes: int, **client_kwargs) -> None:
+        need = HEADER_BYTES + namespace.object_bytes
+        if 0 < segment_bytes < need:
+            raise ValueError(f"segment_bytes (--hicache-storage-capacity): {segment_bytes:,} B cannot hold one object "
+                             f"of pool {namespace.pool!r} ({need:,} B); the smallest useful one is {capacity_flag(need)} "
+                             "(GB), or 0 to contribute no memory")
         super().__init__(namespace)
         self.client = acquire_client(master, segment_bytes, **client_kwargs)
         self._registered: list[torch.Tensor] = []  # what this backend registered (undone at close)

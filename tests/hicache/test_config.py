@@ -29,7 +29,8 @@ def test_defaults():
         "swa_full_tokens_ratio": 0.1, "ranks_per_host": 1, "host_headroom_gb": None,
         "max_copy_programs": 32, "storage_backend": "none", "storage_dir": "",
         "storage_master": "127.0.0.1:50051", "storage_capacity_gb": 0.0, "storage_prefetch_policy": "timeout",
-        "storage_prefetch_timeout_s": 2.0, "storage_write_policy": "write_through", "storage_optional": False}
+        "storage_prefetch_timeout_s": 2.0, "storage_write_policy": "write_through", "storage_optional": False,
+        "storage_model_id": "", "tp_rank": 0, "tp_size": 1}
     assert c.host_headroom_bytes is None
     assert HiCacheConfig.from_args(_parse([])) == c
 
@@ -64,6 +65,11 @@ BAD = [
     ("host_headroom_gb", 1e300, "--hicache-host-headroom"),
     ("host_headroom_gb", float("inf"), "--hicache-host-headroom"),
     ("hicache_size_gb", float("nan"), "--hicache-size"),
+    ("storage_capacity_gb", 1e300, "--hicache-storage-capacity"),
+    ("storage_capacity_gb", 1e-12, "--hicache-storage-capacity"),
+    ("tp_size", 0, "--hicache-tp-size"),
+    ("tp_rank", -1, "--hicache-tp-rank"),
+    ("tp_rank", 1, "--hicache-tp-rank"),
 ]
 
 
@@ -96,7 +102,8 @@ def test_every_flag_round_trips():
             "--hicache-storage-backend", "mooncake", "--hicache-storage-dir", "/tmp/pages",
             "--hicache-storage-master", "10.0.0.2:50051", "--hicache-storage-capacity", "64",
             "--hicache-storage-prefetch-policy", "wait_complete", "--hicache-storage-prefetch-timeout", "0.5",
-            "--hicache-storage-write-policy", "write_back", "--hicache-storage-optional"]
+            "--hicache-storage-write-policy", "write_back", "--hicache-storage-optional",
+            "--hicache-storage-model-id", "org/model@rev", "--hicache-tp-rank", "1", "--hicache-tp-size", "2"]
     c = HiCacheConfig.from_args(_parse(argv))
     assert c == HiCacheConfig(enable_hierarchical_cache=True, hicache_ratio=3.5, hicache_size_gb=40.0,
                               write_policy="write_through_selective", io_backend="triton",
@@ -104,7 +111,8 @@ def test_every_flag_round_trips():
                               host_headroom_gb=6.0, max_copy_programs=16, storage_backend="mooncake",
                               storage_dir="/tmp/pages", storage_master="10.0.0.2:50051", storage_capacity_gb=64.0,
                               storage_prefetch_policy="wait_complete", storage_prefetch_timeout_s=0.5,
-                              storage_write_policy="write_back", storage_optional=True)
+                              storage_write_policy="write_back", storage_optional=True,
+                              storage_model_id="org/model@rev", tp_rank=1, tp_size=2)
     assert c.host_headroom_bytes == 6 << 30 and c.storage_capacity_bytes == 64 * 10 ** 9
     # every field has a flag, and every flag was given above
     assert set(FLAGS) == {f.name for f in dataclasses.fields(HiCacheConfig)}
@@ -195,7 +203,7 @@ def test_flag_of_the_wrong_type_is_refused_by_the_parser_naming_it(capsys, flag,
 STORAGE_ONLY = [("--hicache-storage-dir", "/tmp/pages"), ("--hicache-storage-master", "10.0.0.2:50051"),
                 ("--hicache-storage-capacity", "8"), ("--hicache-storage-prefetch-policy", "best_effort"),
                 ("--hicache-storage-prefetch-timeout", "5"), ("--hicache-storage-write-policy", "write_back"),
-                ("--hicache-storage-optional",)]
+                ("--hicache-storage-optional",), ("--hicache-storage-model-id", "org/model@rev")]
 
 
 @pytest.mark.parametrize("argv", STORAGE_ONLY, ids=[a[0] for a in STORAGE_ONLY])
@@ -204,7 +212,8 @@ def test_storage_flag_without_a_backend_is_refused_naming_both_flags(argv):
         HiCacheConfig.from_args(_parse(list(argv)))
     assert str(info.value).startswith(f"{argv[0]}: has no effect without --hicache-storage-backend")
     # with a backend the same flags are taken
-    HiCacheConfig.from_args(_parse([*argv, "--hicache-storage-backend", "file", "--hicache-storage-dir", "/tmp/p"]))
+    HiCacheConfig.from_args(_parse([*argv, "--hicache-storage-backend", "file", "--hicache-storage-dir", "/tmp/p",
+                                    "--hicache-storage-model-id", "org/model@rev"]))
 
 
 def test_every_storage_flag_is_covered_by_the_backend_rule():

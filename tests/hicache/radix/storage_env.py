@@ -9,11 +9,12 @@ import torch
 from hicache import HiCacheConfig, build
 from hicache.models import deepseek_v4, mha, mla
 from hicache.radix import HiRadixCache
-from hicache.radix.store import TierStore
+from hicache.radix.store import TierStore, store_namespace
 from hicache.replay.content import ContentModel, prefix_hashes, state_seed
-from hicache.storage import FileBackend, StorageNamespace
+from hicache.storage import FileBackend
 from tests.hicache.radix.test_cache import BIG, seq
 
+MODEL_ID = "test/weights@rev1"  # the served model's identity (--hicache-storage-model-id)
 STACKS = {
     "mha_int8": lambda: mha(2, 2, 16, kv_quant="int8", page_size=4),
     "mla": lambda: mla(2, kv_lora_rank=128, rope_dim=64, page_size=4),
@@ -23,7 +24,7 @@ STACKS = {
 
 def config(store_dir, **kw) -> HiCacheConfig:
     base = dict(hicache_ratio=2.0, io_backend="torch", swa_full_tokens_ratio=0.5, storage_backend="file",
-                storage_dir=str(store_dir), storage_prefetch_policy="wait_complete")
+                storage_dir=str(store_dir), storage_prefetch_policy="wait_complete", storage_model_id=MODEL_ID)
     return HiCacheConfig(**{**base, **kw})
 
 
@@ -33,9 +34,7 @@ def make(stack, store_dir, device_pages: int = 8, backend_cls=None, **kw):
     cache = build(stack, device_pages * stack.page_size, cfg, device="cpu", budget=BIG, backend="torch")
     if backend_cls is None:
         return cache, HiRadixCache(cache)  # opens the store the config names
-    backends = {p.name: backend_cls(StorageNamespace.for_pool(stack, p.name,
-                                                              rows_per_object=TierStore.unit_rows(stack, p.name)),
-                                    store_dir) for p in stack.data_pools()}
+    backends = {p.name: backend_cls(store_namespace(cfg, stack, p.name), store_dir) for p in stack.data_pools()}
     return cache, HiRadixCache(cache, storage=TierStore(cache, backends))
 
 

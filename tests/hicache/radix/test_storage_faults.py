@@ -79,8 +79,9 @@ def test_another_namespace_or_salt_never_hits(tmp_path, other):
     if other == "fp8":
         cache, tree = make(mha(1, 1, 8, page_size=4, kv_quant="fp8"), tmp_path)
     else:
-        cache = build(stack, 32, config(tmp_path), device="cpu", budget=BIG, backend="torch")
-        store = open_store(cache, tp_rank=1, tp_size=2) if other == "rank" else open_store(cache, cache_salt="t2")
+        rank = dict(tp_rank=1, tp_size=2) if other == "rank" else {}
+        cache = build(stack, 32, config(tmp_path, **rank), device="cpu", budget=BIG, backend="torch")
+        store = open_store(cache) if other == "rank" else open_store(cache, cache_salt="t2")
         tree = HiRadixCache(cache, storage=store)
     got = serve(cache, tree, ContentModel(cache), a)
     assert got.prefetch.outcome is PrefetchOutcome.NOT_FOUND and got.storage == 0

@@ -49,7 +49,7 @@ def no_runs(monkeypatch) -> list[float]:
 STORAGE_ONLY = [("--hicache-storage-dir", "/tmp/hicache-test-pages"), ("--hicache-storage-master", "10.0.0.2:1"),
                 ("--hicache-storage-capacity", "3"), ("--hicache-storage-prefetch-policy", "best_effort"),
                 ("--hicache-storage-prefetch-timeout", "9"), ("--hicache-storage-write-policy", "write_back"),
-                ("--hicache-storage-optional",)]
+                ("--hicache-storage-optional",), ("--hicache-storage-model-id", "org/model@rev")]
 
 
 @pytest.mark.parametrize("argv", STORAGE_ONLY, ids=[a[0] for a in STORAGE_ONLY])

@@ -5,13 +5,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import namedtuple
 from pathlib import Path
 
 import pytest
 
 from hicache.cli import main
 from hicache.replay import JSON_KEYS
+from hicache.replay import storage as replay_storage
+from hicache.replay.storage import DEFAULT_CAPACITY_GB
+from tests.hicache.storage.test_damaged_store import corrupt
 from tests.hicache.test_cli import assert_one_line_error
+
+Usage = namedtuple("Usage", "total used free")
 
 ROOT = Path(__file__).resolve().parents[3]
 SMALL = ["--max-requests", "60", "--device-tokens", "8192", "--hicache-ratio", "4", "--no-progress"]
@@ -84,3 +90,54 @@ def test_unusable_store_is_one_line_or_with_the_flag_a_replay_without_it(tmp_pat
     out = capsys.readouterr()
     runs = json.loads(out.out)["runs"]
     assert runs[1]["bytes_storage_written"] == 0 and "running without the storage tier" in out.err
+
+
+def test_replay_after_random_bytes_over_a_tenth_of_the_store(tmp_path, capsys, caplog):
+    store = ["--hicache-storage-backend", "file", "--hicache-storage-dir", str(tmp_path / "store")]
+    assert main(["replay", "--json", *SMALL, *store]) == 0
+    capsys.readouterr()
+    # a fixed-seed corruption of 10 % of the files, a namespace.json among them
+    damaged = corrupt(tmp_path / "store", 0.10, seed=19)
+    assert any(p.name == "namespace.json" for p in damaged)
+    # the next replay serves on: no mismatch, the damaged metadata named in a warning
+    assert main(["replay", "--json", *SMALL, *store]) == 0
+    run = json.loads(capsys.readouterr().out)["runs"][1]
+    assert run["mismatches"] == 0 and run["storage_hit_rate"] > 0
+    assert any("namespace.json" in r.getMessage() and "rebuilt" in r.getMessage() for r in caplog.records)
+
+
+def test_the_default_store_is_capped_and_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    free = {"bytes": 10 ** 12}
+    monkeypatch.setattr(replay_storage.shutil, "disk_usage", lambda path: Usage(0, 0, free["bytes"]))
+    argv = ["replay", *SMALL, "--max-requests", "5", "--hicache-storage-backend", "file"]
+    # 1. plenty of free disk: the default cap, printed before the first run and in the table
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert f"capacity {DEFAULT_CAPACITY_GB:g} GB (--hicache-storage-capacity)" in out.err
+    assert f"capacity {DEFAULT_CAPACITY_GB:g} GB" in out.out
+    # 2. little free disk: a quarter of it
+    free["bytes"] = 8 * 10 ** 9
+    assert main(argv) == 0
+    assert "capacity 2 GB" in capsys.readouterr().err
+    # 3. an explicit capacity wins, 0 included (unlimited); a folder of one's own has no default cap
+    assert main([*argv, "--hicache-storage-capacity", "0"]) == 0
+    assert "capacity unlimited" in capsys.readouterr().err
+    assert main([*argv, "--hicache-storage-dir", str(tmp_path / "mine")]) == 0
+    assert "capacity unlimited" in capsys.readouterr().err
+
+
+def test_the_replay_names_its_model_identity(tmp_path, capsys):
+    store = ["--hicache-storage-backend", "file", "--hicache-storage-dir", str(tmp_path)]
+    assert main(["replay", *SMALL, "--max-requests", "5", *store]) == 0
+    assert "model id 'hicache-replay/deepseek-v3/2-layers' (--hicache-storage-model-id)" in capsys.readouterr().err
+    assert main(["replay", *SMALL, "--max-requests", "5", *store, "--hicache-storage-model-id", "org/m@1"]) == 0
+    assert "model id 'org/m@1'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("capacity", ["1e300", "1e-12", "0.000001"])
+def test_a_capacity_out_of_range_is_one_line_naming_the_flag(tmp_path, capsys, capacity):
+    # 1e300: past any int64 byte count; 1e-12: under a byte; 1e-6 GB: under one page of every pool
+    code = main(["replay", *SMALL, "--max-requests", "2", "--hicache-storage-backend", "file",
+                 "--hicache-storage-dir", str(tmp_path), "--hicache-storage-capacity", capacity])
+    assert_one_line_error(capsys, code, "--hicache-storage-capacity")

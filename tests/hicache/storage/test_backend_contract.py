@@ -126,7 +126,9 @@ def test_concurrent_callers(open_backend, gen):
 
     def worker(t: int) -> None:
         try:
-            order = list(range(16))[t::2] + list(range(16))[1 - t % 2::2]  # overlapping writers
+            # every thread writes every key (overlapping writers, in two orders) before reading all:
+            # [t::2] left keys out for t >= 2, so a slow thread 0 made a reader miss key 0
+            order = list(range(16))[t % 2::2] + list(range(16))[1 - t % 2::2]
             for i in order:
                 assert backend.batch_set([keys[i]], [pages_of(src, ns, 1, i)[0]]) == [True]
             assert backend.batch_get(keys, pages_of(outs[t], ns, 16)) == [True] * 16

@@ -34,7 +34,7 @@ def _warnings(caplog) -> list[str]:
 def test_file_store_unusable_at_start(tmp_path, caplog):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a regular file where the directory should be")
-    config = HiCacheConfig(storage_backend="file", storage_dir=str(blocker / "store"))
+    config = HiCacheConfig(storage_backend="file", storage_dir=str(blocker / "store"), storage_model_id=NS.model)
     with pytest.raises(StorageUnavailableError, match="--hicache-storage-dir.*--hicache-storage-optional"):
         make_storage(config, NS)
     # with the flag the server starts without the tier and says so
@@ -46,7 +46,7 @@ def test_mooncake_master_unreachable_at_start(caplog):
     mooncake_or_skip()
     from hicache.storage.mooncake_master import free_port
     config = HiCacheConfig(storage_backend="mooncake", storage_master=f"127.0.0.1:{free_port()}",
-                           storage_capacity_gb=0.1)
+                           storage_capacity_gb=0.1, storage_model_id=NS.model)
     t0 = time.monotonic()
     with pytest.raises(StorageUnavailableError, match="no mooncake_master.*--hicache-storage-master"):
         make_storage(config, NS)
@@ -206,7 +206,8 @@ def test_mooncake_damaged_object_is_a_logged_miss(mooncake, gen, caplog, damage)
 
 # ---- configuration -----------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, flag", [
-    ({"storage_backend": "file"}, "--hicache-storage-dir"),
+    ({"storage_backend": "file", "storage_model_id": "m"}, "--hicache-storage-dir"),
+    ({"storage_backend": "file", "storage_dir": "/tmp/x"}, "--hicache-storage-model-id"),
     ({"storage_backend": "mooncake", "storage_master": "localhost"}, "--hicache-storage-master"),
     ({"storage_backend": "mooncake", "storage_master": "127.0.0.1:99999"}, "--hicache-storage-master"),
 ])
@@ -217,8 +218,9 @@ def test_storage_flags_that_need_each_other(kwargs, flag):
 
 def test_make_storage_opens_the_configured_backend(tmp_path, mooncake_master, mooncake_anchor):
     assert make_storage(HiCacheConfig(), NS) is None  # --hicache-storage-backend none
-    with make_storage(HiCacheConfig(storage_backend="file", storage_dir=str(tmp_path), storage_capacity_gb=1), NS) as f:
+    file = HiCacheConfig(storage_backend="file", storage_dir=str(tmp_path), storage_capacity_gb=1, storage_model_id=NS.model)
+    with make_storage(file, NS) as f:
         assert isinstance(f, FileBackend) and f._index.capacity_bytes == 10 ** 9
-    config = HiCacheConfig(storage_backend="mooncake", storage_master=mooncake_master.address)
+    config = HiCacheConfig(storage_backend="mooncake", storage_master=mooncake_master.address, storage_model_id=NS.model)
     with make_storage(config, NS) as m:
         assert m.kind == "mooncake" and m.client is mooncake_anchor.client

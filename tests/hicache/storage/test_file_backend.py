@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 from hicache.storage import FileBackend, StorageNamespace
@@ -46,12 +47,12 @@ def test_capacity_evicts_least_recently_read_first(tmp_path, gen):
         assert b.batch_set(keys[3:4], pages_of(src, ns, 1, first=3)) == [True]
         assert [b.batch_exists([k]) for k in keys[:4]] == [1, 0, 1, 1]
         assert b.stats().evictions == 1
-        # 4. an object larger than the whole capacity is refused, nothing is evicted for it
-        big_ns = StorageNamespace.for_pool(llama(4), "kv")
-        big = FileBackend(big_ns, tmp_path)
-        assert big.batch_set(keys[:1], pages_of(random_pool(llama(4), "kv", 1, gen), big_ns, 1)) == [False]
-        assert big.stats().errors == 1 and b.batch_exists(keys[2:4]) == 2
-        big.close()
+        # 4. a namespace whose object does not fit beside one of every other is refused at
+        #    open, naming the flag and the smallest useful capacity; nothing is evicted for it
+        with pytest.raises(ValueError, match=r"--hicache-storage-capacity.*smallest useful capacity is "
+                                             r"--hicache-storage-capacity 0\.0"):
+            FileBackend(StorageNamespace.for_pool(llama(4), "kv"), tmp_path)
+        assert b.batch_exists(keys[2:4]) == 2 and len(b._index) == 3
 
 
 def test_lru_order_survives_a_restart(tmp_path, gen):
@@ -92,13 +93,16 @@ def test_stale_temporary_files_are_removed_at_open(tmp_path, gen):
         pass
     sub = tmp_path / ns.digest_hex[:32] / "ab"
     sub.mkdir()
-    stale, fresh = sub / ".dead.1.2.tmp", sub / ".live.1.3.tmp"
-    stale.write_bytes(b"torn")
-    fresh.write_bytes(b"writing")
+    key = "ab" + "0" * 62
+    stale, fresh = sub / f".{key}.page.{'1' * 16}.tmp", sub / f".{key}.page.{'2' * 16}.tmp"
+    old_version = sub / f".{key}.123.456.tmp"  # an older version's temporary name
+    for path in (stale, fresh, old_version):
+        path.write_bytes(b"torn")
     old = os.path.getmtime(stale) - STALE_TMP_S - 1
-    os.utime(stale, (old, old))
+    for path in (stale, old_version):
+        os.utime(path, (old, old))
     with FileBackend(ns, tmp_path):
-        assert not stale.exists() and fresh.exists()
+        assert not stale.exists() and not old_version.exists() and fresh.exists()
 
 
 def test_fsync_option_writes_the_same_bytes(tmp_path, gen):

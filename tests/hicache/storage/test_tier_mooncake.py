@@ -11,7 +11,7 @@ from hicache.radix import HiRadixCache
 from hicache.radix.prefetch import PrefetchOutcome
 from hicache.radix.store import open_store
 from hicache.replay.content import ContentModel
-from tests.hicache.radix.storage_env import forget_all, serve
+from tests.hicache.radix.storage_env import MODEL_ID, forget_all, serve
 from tests.hicache.radix.test_cache import BIG, seq
 
 
@@ -19,7 +19,7 @@ def test_tree_round_trip_through_mooncake(request, mooncake_master, mooncake_anc
     stack = deepseek_v4([4, 128, 0, 4])
     config = HiCacheConfig(hicache_ratio=2.0, io_backend="torch", swa_full_tokens_ratio=0.5,
                            storage_backend="mooncake", storage_master=mooncake_master.address,
-                           storage_prefetch_policy="wait_complete")
+                           storage_prefetch_policy="wait_complete", storage_model_id=MODEL_ID)
     cache = build(stack, 8 * 256, config, device="cpu", budget=BIG, backend="torch")
     tree = HiRadixCache(cache, storage=open_store(cache, extra=request.node.nodeid))
     content = ContentModel(cache)
