@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 
 def as_slots(value: Any, what: str) -> torch.Tensor:
-    """``value`` as a 1-D int64 CPU tensor.
+    """``value`` as a 1-D int64 CPU tensor of its own (never the caller's tensor: a
+    caller that reuses its buffer after queueing cannot change what was checked).
 
     Args:
         value: a 1-D integer tensor on the CPU, a sequence of ints or an integer numpy array.
@@ -47,10 +48,12 @@ def as_slots(value: Any, what: str) -> torch.Tensor:
             arr = arr.astype(np.int64)
         if arr.dtype.kind not in "iu":
             raise ValueError(f"{what}: must hold integers, got dtype {arr.dtype}")
-        tensor = torch.from_numpy(arr.astype(np.int64, copy=False))
+        tensor = torch.from_numpy(arr.astype(np.int64, copy=arr is value))  # never the caller's array
     if tensor.dim() != 1:
         raise ValueError(f"{what}: must be 1-D, got shape {tuple(tensor.shape)}")
-    return tensor if tensor.dtype == torch.int64 else tensor.to(torch.int64)
+    if tensor is value:  # the caller's own tensor: a copy (int64, contiguous)
+        return value.to(torch.int64, copy=True, memory_format=torch.contiguous_format)
+    return tensor
 
 
 def check_pages(slots: torch.Tensor, unit: int, num_slots: int, what: str) -> None:
