@@ -99,9 +99,9 @@ def _copy_rows(meta_ptr, prog_at, NF: tl.constexpr, VPT: tl.constexpr, ALIGN: tl
             dp = tl.multiple_of(dst_base + d_off, [ALIGN, ALIGN]) + cols
             tl.store(dp, tl.load(sp, mask=live), mask=live)
             c0 += VPT
-            q = (c0 * magic) >> shift
-            r0 += q
-            c0 -= q * vpr
+            rows_done = (c0 * magic) >> shift
+            r0 += rows_done
+            c0 -= rows_done * vpr
             v0 += VPT
             it += 1
         s += 1
