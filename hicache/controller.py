@@ -70,6 +70,12 @@ class HybridCacheController(QueueingMixin):
             pool name; default to the device pools' allocators. Slots they hand out are
             checked (whole pages, in range); slots passed to ``write`` are checked to be
             allocated only for pools using the device pools' own allocators.
+
+    Attributes:
+        write_stream / load_stream: the copy streams (CUDA; highest priority), or ``None``.
+        layer_done: the load events the compute stream waits on per layer.
+        load_groups: how loads group consecutive layers into launches; its ``min_bytes``
+            (default ``tuning.LOAD_GROUP_MIN_BYTES``) may be changed between batches.
     Not thread-safe: call from the scheduler thread.
     """
 
@@ -110,7 +116,7 @@ class HybridCacheController(QueueingMixin):
                            "h2d": {n: self.device_pools[n].allocator.page_size for n in own}}
         first = next(iter(self._routes["d2h"].values()), None)
         self._plan_device = exec_device(*first) if first else torch.device("cpu")
-        # Loads launch groups of consecutive layers of >= load_group_bytes (0: per layer).
+        # Loads launch groups of consecutive layers moving >= load_groups.min_bytes (0: per layer).
         self.load_groups = LoadGrouper(self.stack, tuning.LOAD_GROUP_MIN_BYTES)
         self._volume = volume_table(self.stack)
         self._queues: dict[str, list[Op]] = {d: [] for d in DIRECTIONS}
