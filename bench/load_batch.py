@@ -109,10 +109,11 @@ def _summary(case: dict, batches: list, limit_gbps: float) -> dict:
     nbytes = sum(batches[0].bytes_by_pool.values())
     row = dict(case, MB=nbytes / 1e6, bytes=nbytes, bytes_by_pool=batches[0].bytes_by_pool,
                limit_GBps=limit_gbps)
-    for key in batches[0].times:
-        row.update({f"{key[:-3]}_{k}": v for k, v in
-                    harness.percentiles([b.times[key] for b in batches], "us").items()})
-        row[key] = statistics.median(b.times[key] for b in batches)
+    keys = dict.fromkeys(k for b in batches for k in b.times)
+    for key in keys:  # a gated sample whose gate was too short has no GPU times
+        values = [b.times[key] for b in batches if key in b.times]
+        row.update({f"{key[:-3]}_{k}": v for k, v in harness.percentiles(values, "us").items()})
+        row[key] = statistics.median(values)
     row["GBps"] = harness.gbps(nbytes, row["e2e_us"] / 1e3)
     row["frac"] = row["GBps"] / limit_gbps if limit_gbps else None
     if "gpu_us" in row:

@@ -97,23 +97,29 @@ def interference(args: argparse.Namespace, make_backends: Callable) -> list[dict
 
 
 def _interfere(bench: LoadBench, gemms: Callable, name: str, direction: str, model: str) -> dict:
+    """Rounds of back-to-back batches while ``n`` GEMMs run, until the GEMMs end."""
     count = max(2, min(STEADY_BATCHES, bench.capacity(16, 1)))
     bench.run_many(direction, count, 16, 1)  # warm
-    nbytes, load_alone_us = bench.run_many(direction, count, 16, 1)
+    nbytes, round_us = bench.run_many(direction, count, 16, 1)
+    gemms(2)
     s, e = gemms(3)
     torch.cuda.synchronize()
     per_gemm_ms = s.elapsed_time(e) / 3
-    n = max(10, math.ceil(3 * load_alone_us / 1e3 / per_gemm_ms))
+    n = max(10, math.ceil(max(20.0, 5 * round_us / 1e3) / per_gemm_ms))
     s, e = gemms(n)
     torch.cuda.synchronize()
     compute_alone_ms = s.elapsed_time(e)
     s, e = gemms(n)
-    _, load_together_us = bench.run_many(direction, count, 16, 1)
+    moved, spent, rounds = 0, 0.0, 0
+    while not e.query() or rounds == 0:  # loads for as long as the GEMMs run
+        got, us = bench.run_many(direction, count, 16, 1, idle_first=False)
+        moved, spent, rounds = moved + got, spent + us, rounds + 1
     torch.cuda.synchronize()
     compute_together_ms = s.elapsed_time(e)
+    alone_gbps, together_gbps = harness.gbps(nbytes, round_us / 1e3), harness.gbps(moved, spent / 1e3)
     return {"model": model, "dir": direction, "pages": 16, "ops": 1, "backend": name,
-            "batches": count, "MB": nbytes / 1e6, "gemms": n,
-            "load_alone_GBps": harness.gbps(nbytes, load_alone_us / 1e3),
-            "load_together_GBps": harness.gbps(nbytes, load_together_us / 1e3),
+            "batches_per_round": count, "rounds_together": rounds, "MB": nbytes / 1e6, "gemms": n,
+            "compute_alone_ms": compute_alone_ms, "compute_together_ms": compute_together_ms,
+            "load_alone_GBps": alone_gbps, "load_together_GBps": together_gbps,
             "compute_slowdown": compute_together_ms / compute_alone_ms - 1,
-            "load_slowdown": load_together_us / load_alone_us - 1}
+            "load_slowdown": alone_gbps / together_gbps - 1}

@@ -4,7 +4,8 @@
 # Steps (default: all, in this order; each fits one 10-minute device command on its own):
 #   tests       the GPU tests (pytest -m gpu)
 #   kernel      the compiled copy kernel's resources (shared memory, registers, spills)
-#   load_v4     bench/load_batch.py on DeepSeek-V4-Pro and -Flash (the targets of issue 16)
+#   load_pro    bench/load_batch.py on DeepSeek-V4-Pro (the targets of issue 16)
+#   load_flash  bench/load_batch.py on DeepSeek-V4-Flash
 #   load_dense  bench/load_batch.py on the MHA and MLA models
 #   null        bench/load_batch.py --null (host enqueue alone) on DeepSeek-V4-Pro
 #   controller  bench/controller.py (real launches' host cost)
@@ -15,7 +16,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?OUT_DIR}; shift
-STEPS=${*:-tests kernel load_v4 load_dense null controller h2d}
+STEPS=${*:-tests kernel load_pro load_flash load_dense null controller h2d}
 [ "${FULL_SUITE:-0}" = 1 ] && STEPS="$STEPS suite"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -30,9 +31,11 @@ for s in $STEPS; do
   case $s in
     tests) step gpu_tests 420 python3 -m pytest tests -m gpu -q -p no:cacheprovider ;;
     kernel) step kernel 120 python3 -m transfer_kernels.triton_inspect --tiles 8192,32768 ;;
-    load_v4) step load_v4 560 python3 bench/load_batch.py --models deepseek-v4-pro,deepseek-v4-flash \
-               --out "$OUT/load_batch_v4.json" ;;
-    load_dense) step load_dense 560 python3 bench/load_batch.py --models llama-3.1-8b,deepseek-v3 \
+    load_pro) step load_pro 580 python3 bench/load_batch.py --models deepseek-v4-pro \
+               --out "$OUT/load_batch_pro.json" ;;
+    load_flash) step load_flash 580 python3 bench/load_batch.py --models deepseek-v4-flash \
+               --out "$OUT/load_batch_flash.json" ;;
+    load_dense) step load_dense 580 python3 bench/load_batch.py --models llama-3.1-8b,deepseek-v3 \
                --out "$OUT/load_batch_dense.json" ;;
     null) step null 300 python3 bench/load_batch.py --null --models deepseek-v4-pro --layouts page_first \
                --out "$OUT/load_batch_null.json" ;;

@@ -129,9 +129,11 @@ def test_queued_load_ignores_later_changes_to_the_callers_tensors(gen, backend):
 def test_copy_streams_run_at_the_highest_priority():
     # A.6
     cache = make("dsv4", backend="triton", device="cuda")
-    best = min(torch.cuda.Stream.priority_range())
-    assert cache.controller.load_stream.priority == best
-    assert cache.controller.write_stream.priority == best
+    streams = (cache.controller.load_stream, cache.controller.write_stream)
+    if hasattr(torch.cuda.Stream, "priority_range"):
+        assert all(s.priority == min(torch.cuda.Stream.priority_range()) for s in streams)
+    else:  # torch mapped the out-of-range request to its highest priority
+        assert all(s.priority < 0 for s in streams)
 
 
 @pytest.mark.parametrize("backend", ["triton", "dma", "auto"])
