@@ -8,7 +8,11 @@ the physical limit (one contiguous pinned copy of the same bytes) is that?
     python -m bench.h2d --quick               # CPU-sized run (default without CUDA)
     python -m bench.h2d --pools v4_swa,dsa --max-rows 256 --layers 2
 
-Writes ``bench/results/local/h2d_<device>.json`` (or ``--out``) and a PNG plot next to it.
+On CUDA each sample is the GPU's time alone: a sleep holds the GPU while the host
+validates, prepares and enqueues the call (``--per-call`` times the call's wall time
+instead, which is host-bound below ~2 MB per call). A whole batch as a server issues it
+is ``bench/load_batch.py``. Writes ``bench/results/local/h2d_<device>.json`` (or ``--out``) and
+a PNG plot next to it.
 """
 from __future__ import annotations
 
@@ -50,6 +54,7 @@ POOLS: dict[str, PoolGeometry] = {
     "v4_c4_indexer_state": PoolGeometry((("state", 16384),), "DeepSeek-V4 indexer state"),
 }
 COLUMNS = ("pool", "layout", "dir", "rows", "backend", "MB", "p50_ms", "GBps", "frac_limit")
+GATE_CYCLES = 4_000_000  # ~2 ms of GPU sleep before each sample: longer than one call's host work
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -69,6 +74,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="grid cap of the triton backend (default: tuning.TRITON_MAX_PROGRAMS)")
     p.add_argument("--tile-bytes", type=int, default=None,
                    help="tile of the triton backend (default: tuning.TRITON_TILE_BYTES)")
+    p.add_argument("--triton-warps", type=int, default=None,
+                   help="warps per program of the triton backend (default: from the tile)")
+    p.add_argument("--per-call", action="store_true",
+                   help="CUDA: time each call's wall time, host preparation included (not gated)")
     p.add_argument("--out", type=Path, default=None, help="JSON path (PNG next to it)")
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
@@ -80,7 +89,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.max_rows = args.max_rows or (64 if args.quick else 1024)
     args.layers = args.layers or (2 if args.quick else 4)
     args.reps = args.reps or (5 if args.quick else 20)
-    default_backends = "torch,copy_engine,auto" + (",triton" if on_cuda else "")
+    default_backends = "torch,copy_engine,auto" + (",triton,dma" if on_cuda else "")
     args.backends = (args.backends or default_backends).split(",")
     args.layouts, args.directions = args.layouts.split(","), args.directions.split(",")
     args.batch_sizes = [n for n in (1, 4, 16, 64, 256, 1024) if n < args.max_rows]
@@ -110,22 +119,8 @@ def build_sides(geom: PoolGeometry, layout: str, num_rows: int, num_layers: int,
     return Sides(RowTable.from_views(host_views, "host"), RowTable.from_views(dev_views, "device"))
 
 
-class Memcpy:
-    """The physical limit: one contiguous (pinned on CUDA) copy of the same bytes."""
-
-    def __init__(self, max_bytes: int, device: torch.device) -> None:
-        self.host = torch.empty(max_bytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
-        self.dev = torch.empty(max_bytes, dtype=torch.uint8, device=device)
-
-    def fn(self, num_bytes: int, direction: str):
-        h, d = self.host[:num_bytes], self.dev[:num_bytes]
-        if direction == "h2d":
-            return lambda: d.copy_(h, non_blocking=True)
-        return lambda: h.copy_(d, non_blocking=True)
-
-
 def measure(args: argparse.Namespace, sides: Sides, name: str, layout: str, direction: str,
-            num_rows: int, memcpy: Memcpy, gen: torch.Generator) -> list[dict]:
+            num_rows: int, memcpy: harness.Memcpy, gen: torch.Generator) -> list[dict]:
     """All backends plus the memcpy limit for one (pool, layout, direction, batch)."""
     pool_rows = sides.host.num_rows
     src_rows = torch.randperm(pool_rows, generator=gen)[:num_rows]
@@ -134,13 +129,15 @@ def measure(args: argparse.Namespace, sides: Sides, name: str, layout: str, dire
     layers = [0] if direction == "h2d" else None  # loads per layer, backups all layers
     num_bytes = num_rows * sum(src.row_bytes) * (1 if layers else src.num_layers)
     base = dict(pool=name, layout=layout, dir=direction, rows=num_rows,
-                MB=num_bytes / 1e6, bytes=num_bytes)
+                MB=num_bytes / 1e6, bytes=num_bytes,
+                timing="per-call wall" if args.per_call or args.device.type != "cuda" else "gpu (gated)")
     limit = harness.time_fn(memcpy.fn(num_bytes, direction), args.device, reps=args.reps)
     rows = [dict(base, backend="memcpy", **limit._asdict())]
+    gate = 0 if args.per_call or args.device.type != "cuda" else GATE_CYCLES
     for backend in args.backends:
         impl = make_backend(backend, args)
         t = harness.time_fn(lambda: copy_rows(src, dst, src_rows, dst_rows, layers, impl),
-                            args.device, warmup=2, reps=args.reps)
+                            args.device, warmup=2, reps=args.reps, gate_cycles=gate)
         rows.append(dict(base, backend=backend, **t._asdict()))
     for r in rows:
         r["GBps"] = harness.gbps(num_bytes, r["p50_ms"])
@@ -150,9 +147,10 @@ def measure(args: argparse.Namespace, sides: Sides, name: str, layout: str, dire
 
 def make_backend(name: str, args: argparse.Namespace):
     """A fresh backend; the triton one (alone or inside auto) with the CLI's grid and tile."""
-    if args.triton_programs is None and args.tile_bytes is None:
+    if args.triton_programs is None and args.tile_bytes is None and args.triton_warps is None:
         return get_backend(name, fresh=True)
-    triton = TritonBackend(args.triton_programs, args.tile_bytes or tuning.TRITON_TILE_BYTES)
+    triton = TritonBackend(args.triton_programs, args.tile_bytes or tuning.TRITON_TILE_BYTES,
+                           args.triton_warps)
     if name == "triton":
         return triton
     return AutoBackend(triton=triton) if name == "auto" else get_backend(name, fresh=True)
@@ -164,7 +162,7 @@ def sweep(args: argparse.Namespace) -> list[dict]:
     pool_rows = 2 * args.max_rows  # scattered rows drawn from a pool twice the batch
     max_bytes = max(args.max_rows * sum(n for _, n in POOLS[p].buffers) * args.layers
                     for p in args.pools)
-    memcpy = Memcpy(max_bytes, args.device)
+    memcpy = harness.Memcpy(max_bytes, args.device)
     print(harness.format_table([], COLUMNS))
     results = []
     for name in args.pools:

@@ -34,7 +34,7 @@ class Timing(NamedTuple):
 
 
 def time_fn(fn: Callable[[], Any], device: torch.device, warmup: int = 3,
-            reps: int = 20) -> Timing:
+            reps: int = 20, gate_cycles: int = 0) -> Timing:
     """Time ``fn`` after ``warmup`` calls; ``reps`` samples of one call each.
 
     Args:
@@ -42,6 +42,9 @@ def time_fn(fn: Callable[[], Any], device: torch.device, warmup: int = 3,
         device: where the work runs (CUDA events there, perf_counter on CPU).
         warmup: untimed calls first (compilation, caches), >= 0.
         reps: timed calls, >= 1.
+        gate_cycles: CUDA only: a ``torch.cuda._sleep`` of this many GPU cycles before each
+            sample's start event holds the GPU while the host enqueues ``fn``, so the sample
+            is the GPU's time alone (0: each sample is max(host time, GPU time)).
 
     Returns:
         p20/p50/p80 of the per-call times.
@@ -53,16 +56,18 @@ def time_fn(fn: Callable[[], Any], device: torch.device, warmup: int = 3,
         raise ValueError(f"reps: must be >= 1 and warmup >= 0, got {reps=} {warmup=}")
     for _ in range(warmup):
         fn()
-    samples = _time_cuda(fn, reps) if device.type == "cuda" else _time_cpu(fn, reps)
+    samples = _time_cuda(fn, reps, gate_cycles) if device.type == "cuda" else _time_cpu(fn, reps)
     p20, p50, p80 = np.percentile(np.asarray(samples), [20, 50, 80])
     return Timing(float(p20), float(p50), float(p80))
 
 
-def _time_cuda(fn: Callable[[], Any], reps: int) -> list[float]:
+def _time_cuda(fn: Callable[[], Any], reps: int, gate_cycles: int = 0) -> list[float]:
     torch.cuda.synchronize()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(reps)]
     for start, end in events:
+        if gate_cycles:
+            torch.cuda._sleep(gate_cycles)
         start.record()
         fn()
         end.record()
@@ -77,6 +82,34 @@ def _time_cpu(fn: Callable[[], Any], reps: int) -> list[float]:
         fn()
         samples.append((time.perf_counter() - t0) * 1e3)
     return samples
+
+
+def percentiles(samples: Sequence[float], unit: str = "us") -> dict[str, float]:
+    """``{"p20_<unit>", "p50_<unit>", "p80_<unit>", "min_<unit>"}`` of ``samples``."""
+    arr = np.asarray(samples, dtype=np.float64)
+    p20, p50, p80 = np.percentile(arr, [20, 50, 80])
+    return {f"p20_{unit}": round(float(p20), 2), f"p50_{unit}": round(float(p50), 2),
+            f"p80_{unit}": round(float(p80), 2), f"min_{unit}": round(float(arr.min()), 2)}
+
+
+class Memcpy:
+    """The physical limit: one contiguous (pinned on CUDA) copy of the same bytes."""
+
+    def __init__(self, max_bytes: int, device: torch.device) -> None:
+        self.host = torch.empty(max_bytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+        self.dev = torch.empty(max_bytes, dtype=torch.uint8, device=device)
+        self.device = device
+
+    def fn(self, num_bytes: int, direction: str) -> Callable[[], Any]:
+        h, d = self.host[:num_bytes], self.dev[:num_bytes]
+        if direction == "h2d":
+            return lambda: d.copy_(h, non_blocking=True)
+        return lambda: h.copy_(d, non_blocking=True)
+
+    def gbps(self, num_bytes: int, direction: str, reps: int = 10) -> float:
+        """p50 GB/s of the contiguous copy of ``num_bytes`` (the limit of that size)."""
+        t = time_fn(self.fn(num_bytes, direction), self.device, warmup=2, reps=reps)
+        return gbps(num_bytes, t.p50_ms)
 
 
 def gbps(num_bytes: int, ms: float) -> float:

@@ -9,14 +9,15 @@ from its root's merged slots, and transfers are grouped by the key (pool, source
     jobs:     (c4_kv, kv) 4 rows  (c4_indexer, kv) 4  (c128_kv, kv) 4
               (swa, swa) 2 rows   (c4_state, swa) 2   (c4_indexer_state, swa) 2
 
-Backups (D2H) are one all-layer launch; loads (H2D) are one launch per model layer,
-each followed by that layer's done-event.
+Backups (D2H) are one all-layer launch; loads (H2D) are one launch per group of
+consecutive model layers (``LoadGrouper``: at least ~1 MB per launch), each followed by
+its layers' done-event.
 """
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 import torch
@@ -48,6 +49,9 @@ class Batch:
     consumer: int = -1
     event: Any = None  # CUDA event recorded after the last launch; None on CPU
     error: str | None = None
+    # rolled back: its destination slots are free again (on CUDA only once its event has
+    # completed: copies enqueued before the failure may still write them until then)
+    freed: bool = False
 
 
 def _merge(ops: list[Op], side: str) -> dict[str, torch.Tensor]:
@@ -111,23 +115,105 @@ def launch_backup(plan: CopyPlan, backend: CopyBackend) -> None:
         backend.execute(plan)
 
 
-def launch_load(plan: CopyPlan, groups: LaunchGroups, backend: CopyBackend,
-                on_layer: Callable[[int], None] | None) -> None:
-    """One launch per model layer covering every pool that has it, then ``on_layer(i)``.
+class LoadGroups(NamedTuple):
+    """A load's launch groups: consecutive model layers launched together.
 
-    The batch is prepared once (the triton backend stages every layer's descriptors and
-    indices in one copy); each layer's launch is a slice of it, O(1) Python per layer.
-    ``groups`` come from :func:`load_groups` for the plan's job order.
+    ``groups[g]`` lists the (job index, pool-local layer) pairs of model layers
+    ``layers[g] .. layers[g + 1] - 1``; the hash is computed once (the triton backend keys
+    its layout cache by the groups).
     """
-    launch = backend.prepare(plan, groups).launch
-    for layer in range(len(groups)):
-        launch(layer)
-        if on_layer is not None:
-            on_layer(layer)
+
+    groups: _HashedGroups
+    layers: tuple[int, ...]  # num_groups + 1 model-layer bounds
+
+
+class _HashedGroups(tuple):
+    """A tuple of launch groups whose hash is computed once."""
+
+    def __new__(cls, groups):
+        self = super().__new__(cls, groups)
+        self._hash = tuple.__hash__(self)
+        return self
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+def launch_load(plan: CopyPlan, groups: LoadGroups, backend: CopyBackend,
+                on_group: Callable[[int, int], None] | None) -> None:
+    """One launch per group of consecutive model layers, then ``on_group(first, end)``
+    for the group's model layers ``[first, end)``.
+
+    The batch is prepared once (the triton backend stages every group's layout and
+    indices in one copy); each launch reads its part of it, O(1) Python per group.
+    """
+    launch, bounds = backend.prepare(plan, groups.groups).launch, groups.layers
+    for g in range(len(bounds) - 1):
+        launch(g)
+        if on_group is not None:
+            on_group(bounds[g], bounds[g + 1])
+
+
+class LoadGrouper:
+    """Launch groups of a stack's loads: consecutive model layers until a group moves at
+    least ``min_bytes`` (0: one group per layer), cached by pools and row counts.
+
+    A consumer of model layer ``i`` waits for its whole group: at most the rest of the
+    group's layers, fewer than ``min_bytes`` plus one layer's bytes in all (a group closes
+    at the first layer that takes it to ``min_bytes``); never for a later group.
+    """
+
+    def __init__(self, stack: Stack, min_bytes: int, cache_size: int = 256) -> None:
+        self.stack, self.min_bytes, self.cache_size = stack, min_bytes, cache_size
+        self._bytes: dict[tuple[str, ...], np.ndarray] = {}
+        self._groups: dict[tuple, LoadGroups] = {}
+
+    def groups(self, pools: tuple[str, ...], rows: tuple[int, ...]) -> LoadGroups:
+        """The groups of a load moving ``rows[j]`` rows of pool ``pools[j]``, all layers."""
+        key = (pools, rows, self.min_bytes)
+        got = self._groups.get(key)
+        if got is None:
+            got = self._build(pools, rows)
+            if len(self._groups) >= self.cache_size:
+                self._groups.pop(next(iter(self._groups)))
+            self._groups[key] = got
+        return got
+
+    def _build(self, pools: tuple[str, ...], rows: tuple[int, ...]) -> LoadGroups:
+        """Greedy cut (a new shape of batch only; a seen one is a dict hit)."""
+        per_layer = self._per_layer_bytes(pools) @ np.asarray(rows, dtype=np.int64)
+        if self.min_bytes > 0 and per_layer.size:
+            # layer i closes its group when the group's bytes reach min_bytes
+            ends, acc = [], 0
+            for i, b in enumerate(per_layer.tolist()):
+                acc += b
+                if acc >= self.min_bytes:
+                    ends.append(i + 1)
+                    acc = 0
+            if not ends or ends[-1] != per_layer.size:
+                ends.append(per_layer.size)
+            bounds = (0, *ends)
+        else:
+            bounds = tuple(range(per_layer.size + 1))
+        plan = load_layer_pairs(self.stack, pools)
+        groups = _HashedGroups(tuple(pair for layer in range(a, b) for pair in plan[layer])
+                               for a, b in zip(bounds[:-1], bounds[1:]))
+        return LoadGroups(groups, tuple(bounds))
+
+    def _per_layer_bytes(self, pools: tuple[str, ...]) -> np.ndarray:
+        """``[model layers, pools]``: bytes of one row of each pool in each model layer."""
+        m = self._bytes.get(pools)
+        if m is None:
+            m = np.zeros((self.stack.num_model_layers, len(pools)), dtype=np.int64)
+            for j, name in enumerate(pools):
+                spec = self.stack.pool(name)
+                m[list(spec.layer_ids), j] = spec.row_bytes
+            self._bytes[pools] = m
+        return m
 
 
 @functools.lru_cache(maxsize=64)
-def load_groups(stack: Stack, pools: tuple[str, ...]) -> tuple[tuple[tuple[int, int], ...], ...]:
+def load_layer_pairs(stack: Stack, pools: tuple[str, ...]) -> tuple[tuple[tuple[int, int], ...], ...]:
     """For each model layer, the (job index, pool-local layer) pairs it loads; job ``j``
     is pool ``pools[j]``."""
     job_of = {name: j for j, name in enumerate(pools)}

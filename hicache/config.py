@@ -25,6 +25,9 @@ MEM_LAYOUTS = ("page_first", "layer_first")
 STORAGE_BACKENDS = ("none", "file", "mooncake")
 STORAGE_PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 STORAGE_WRITE_POLICIES = ("write_through", "write_back")
+# Upper bound of --hicache-max-copy-programs; equals transfer_kernels.tuning.MAX_COPY_PROGRAMS
+# (not imported: the config stays free of torch).
+MAX_COPY_PROGRAMS = 4096
 
 # 1e9 GB (an exabyte) of host memory per rank; x 1e9 or x 2^30 stays below 2^63 bytes
 MAX_HOST_GB = 1e9
@@ -87,7 +90,9 @@ class HiCacheConfig:
         swa_full_tokens_ratio: device SWA tokens per device full token (DeepSeek-V4), in (0, 1].
         ranks_per_host: ranks sharing this host's memory; the host budget is split among them.
         host_headroom_gb: host memory (GiB) left to the server; ``None`` = min(10 GiB, 10 % of RAM).
-        max_copy_programs: Triton copy grid bound (the SM budget the copies may take).
+        max_copy_programs: grid bound of every Triton copy launch (the SM budget copies may
+            take), in [1, MAX_COPY_PROGRAMS]; ``None`` = the tuned value
+            (``transfer_kernels.tuning.TRITON_MAX_PROGRAMS``). Honoured by ``triton`` and ``auto``.
         storage_backend: third tier, ``none`` | ``file`` | ``mooncake``.
         storage_dir: directory of the ``file`` backend (required with it).
         storage_master: ``host:port`` of the ``mooncake`` backend's master.
@@ -114,7 +119,7 @@ class HiCacheConfig:
     swa_full_tokens_ratio: float = 0.1
     ranks_per_host: int = 1
     host_headroom_gb: float | None = None
-    max_copy_programs: int = 32
+    max_copy_programs: int | None = None
     storage_backend: str = "none"
     storage_dir: str = ""
     storage_master: str = "127.0.0.1:50051"
@@ -149,9 +154,18 @@ class HiCacheConfig:
             raise _bad("ranks_per_host", f"must be >= 1, got {self.ranks_per_host}")
         if self.host_headroom_gb is not None and self.host_headroom_gb < 0:
             raise _bad("host_headroom_gb", f"must be >= 0, got {self.host_headroom_gb}")
-        if self.max_copy_programs < 1:
-            raise _bad("max_copy_programs", f"must be >= 1, got {self.max_copy_programs}")
+        self._check_max_copy_programs()
         self._check_storage()
+
+    def _check_max_copy_programs(self) -> None:
+        value = self.max_copy_programs
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _bad("max_copy_programs", f"must be an integer or None, got {value!r}")
+        if not 1 <= value <= MAX_COPY_PROGRAMS:
+            raise _bad("max_copy_programs", f"must be in [1, {MAX_COPY_PROGRAMS}] (copy programs "
+                                            f"of one launch; omit it for the tuned value), got {value}")
 
     def _check_storage(self) -> None:
         for field, allowed in (("storage_backend", STORAGE_BACKENDS),
@@ -254,7 +268,9 @@ def add_hicache_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     g.add_argument("--hicache-host-headroom", dest="host_headroom_gb", type=float, default=None,
                    help="GiB of host memory left free (default min(10, 10%% of RAM))")
     g.add_argument("--hicache-max-copy-programs", dest="max_copy_programs", type=int,
-                   default=d.max_copy_programs, help="Triton copy grid bound (SM budget)")
+                   default=d.max_copy_programs,
+                   help=f"grid bound of the Triton copies (the SM budget they may take), 1-{MAX_COPY_PROGRAMS}; "
+                        "default: the tuned value")
     g.add_argument("--hicache-tp-rank", dest="tp_rank", type=int, default=d.tp_rank,
                    help="this process's tensor-parallel rank (storage namespaces carry it)")
     g.add_argument("--hicache-tp-size", dest="tp_size", type=int, default=d.tp_size,

@@ -31,15 +31,15 @@ import numpy as np
 import torch
 
 from host_pools.group import HostPoolGroup
-from hicache.batch import Batch, Op, launch_backup, launch_load, load_groups, plan_jobs
+from hicache.batch import Batch, LoadGrouper, Op, launch_backup, launch_load, plan_jobs
 from hicache.config import HiCacheConfig
 from hicache.device_pool import DevicePool
 from hicache.layer_sync import LayerDoneCounter, OnStream
 from hicache.queueing import QueueingMixin
 from hicache.slots import free_all
 from hicache.stats import TransferStats, volume_table
-from transfer_kernels import CopyBackend, RowTable, TritonBackend, get_backend
-from transfer_kernels.plan import LaunchGroups, exec_device, trusted_plan
+from transfer_kernels import AutoBackend, CopyBackend, RowTable, TritonBackend, get_backend, tuning
+from transfer_kernels.plan import exec_device, trusted_plan
 
 AllocFn = Callable[[int], "torch.Tensor | None"]
 FreeFn = Callable[[torch.Tensor], Any]
@@ -70,6 +70,12 @@ class HybridCacheController(QueueingMixin):
             pool name; default to the device pools' allocators. Slots they hand out are
             checked (whole pages, in range); slots passed to ``write`` are checked to be
             allocated only for pools using the device pools' own allocators.
+
+    Attributes:
+        write_stream / load_stream: the copy streams (CUDA; highest priority), or ``None``.
+        layer_done: the load events the compute stream waits on per layer.
+        load_groups: how loads group consecutive layers into launches; its ``min_bytes``
+            (default ``tuning.LOAD_GROUP_MIN_BYTES``) may be changed between batches.
     Not thread-safe: call from the scheduler thread.
     """
 
@@ -96,8 +102,10 @@ class HybridCacheController(QueueingMixin):
                             for n in own}
         self.device = next(iter(self.device_pools.values())).device
         self._cuda = self.device.type == "cuda"
-        self.write_stream = torch.cuda.Stream(self.device) if self._cuda else None
-        self.load_stream = torch.cuda.Stream(self.device) if self._cuda else None
+        # High priority: a copy's blocks are scheduled ahead of the forward pass's, so a
+        # layer's event is not held back by a busy GPU (the forward then waits on it).
+        self.write_stream = _copy_stream(self.device) if self._cuda else None
+        self.load_stream = _copy_stream(self.device) if self._cuda else None
         self.layer_done = LayerDoneCounter(self.stack.num_model_layers, self.device)
         self._tables: dict[tuple[str, str], RowTable] = {}
         self._anchor = self.stack.anchor.name
@@ -108,7 +116,8 @@ class HybridCacheController(QueueingMixin):
                            "h2d": {n: self.device_pools[n].allocator.page_size for n in own}}
         first = next(iter(self._routes["d2h"].values()), None)
         self._plan_device = exec_device(*first) if first else torch.device("cpu")
-        self._load_groups: dict[tuple[str, ...], LaunchGroups] = {}
+        # Loads launch groups of consecutive layers moving >= load_groups.min_bytes (0: per layer).
+        self.load_groups = LoadGrouper(self.stack, tuning.LOAD_GROUP_MIN_BYTES)
         self._volume = volume_table(self.stack)
         self._queues: dict[str, list[Op]] = {d: [] for d in DIRECTIONS}
         self._inflight: dict[str, deque[Batch]] = {d: deque() for d in DIRECTIONS}
@@ -116,8 +125,6 @@ class HybridCacheController(QueueingMixin):
         self.counters = TransferStats()
         self.last_op_id = -1
         self.closed = False
-        if self._cuda:
-            self._stage_descriptors()
 
     def _route_tables(self, direction: str) -> dict[str, tuple[RowTable, RowTable]]:
         routes = {}
@@ -125,12 +132,6 @@ class HybridCacheController(QueueingMixin):
             dev, host = self.device_pools[p.name].row_table(), self._host_table(p.name)
             routes[p.name] = (dev, host) if direction == "d2h" else (host, dev)
         return routes
-
-    def _stage_descriptors(self) -> None:
-        """Upload every table's descriptor now, not on the first transfer's hot path."""
-        for p in self.stack.data_pools():
-            self.device_pools[p.name].row_table().device_desc(self.device)
-            self._host_table(p.name).device_desc(self.device)
 
     def _check_open(self) -> None:
         if self.closed:
@@ -201,13 +202,11 @@ class HybridCacheController(QueueingMixin):
         if direction == "d2h":
             launch_backup(plan, self.backend)
         else:
-            pools = tuple(name for name, _ in jobs)
-            groups = self._load_groups.get(pools)
-            if groups is None:
-                groups = self._load_groups[pools] = load_groups(self.stack, pools)
-            consumer, record = batch.consumer, self.layer_done.record
+            groups = self.load_groups.groups(tuple(name for name, _ in jobs),
+                                             tuple(job.num_rows for job in plan.jobs))
+            consumer, record = batch.consumer, self.layer_done.record_span
             launch_load(plan, groups, self.backend,
-                        (lambda i: record(i, consumer)) if self._cuda else None)
+                        (lambda first, end: record(first, end, consumer)) if self._cuda else None)
         self._record_event(batch)
 
     def _record_event(self, batch: Batch) -> None:
@@ -216,24 +215,35 @@ class HybridCacheController(QueueingMixin):
             batch.event.record()
 
     def _rollback(self, batch: Batch, exc: BaseException, outer: Any = None) -> None:
-        """Free the batch's destination slots; on CUDA it runs on the batch's stream and
-        ``outer`` is the caller's (compute) stream."""
+        """Fail the batch; on CUDA it runs on the batch's stream and ``outer`` is the
+        caller's (compute) stream.
+
+        Its destination slots are freed now when nothing of it can still be copying (CPU,
+        or never launched); else when its event has completed (``poll``): a launch
+        enqueued before the failing one may still write them, and a CPU writer (the
+        storage tier filling host pages) handed a freed slot would be overwritten.
+        """
         batch.error = f"{type(exc).__name__}: {exc}"
         if batch.direction == "h2d":
             # Every layer event fires after what was enqueued: no waiter hangs or reads early.
             self.layer_done.record_all(batch.consumer)
         if outer is not None:
-            # Launches before the failing one may still be copying into the slots freed
-            # below: whatever reuses them on the compute stream must run after those.
+            # Whatever the compute stream runs next (with these slots) runs after that too.
             outer.wait_stream(torch.cuda.current_stream(self.device))
         self._record_event(batch)
+        if outer is None:
+            self._free_destinations(batch)
+        self.counters.rollback(batch.direction)
+
+    def _free_destinations(self, batch: Batch) -> None:
+        """Give back a rolled-back batch's destination slots (errors join its message)."""
         host = self.host_group.pools
         free = ((lambda n, s: host[n].free(s)) if batch.direction == "d2h"
                 else (lambda n, s: self._free[n](s)))
         errors = [e for op in batch.ops for e in free_all(op.dst, free)]
         if errors:
             batch.error += "; rollback: " + "; ".join(errors)
-        self.counters.rollback(batch.direction)
+        batch.freed = True
 
     # ---- completion -----------------------------------------------------------------
     def poll(self) -> list[Ack]:
@@ -248,6 +258,8 @@ class HybridCacheController(QueueingMixin):
         return acks
 
     def _finish(self, batch: Batch) -> list[Ack]:
+        if batch.error is not None and not batch.freed:  # its copies have all ended now
+            self._free_destinations(batch)
         ok, direction, error = batch.error is None, batch.direction, batch.error
         volume, acks, totals = self._volume.volume, [], {}
         for op in batch.ops:
@@ -264,10 +276,12 @@ class HybridCacheController(QueueingMixin):
         return acks
 
     def rolled_back_ops(self) -> set[int]:
-        """Ids of ops whose batch was rolled back (their destination slots are free again)
-        but whose failed acks ``poll`` has not returned yet."""
+        """Ids of ops whose batch was rolled back and whose destination slots are free
+        again, but whose failed acks ``poll`` has not returned yet (on CUDA a launched
+        batch's slots are freed only by the ``poll`` that returns its acks: its ops stay
+        out of this set and keep their slots until then)."""
         return {op.op_id for queue in self._inflight.values() for batch in queue
-                if batch.error is not None for op in batch.ops}
+                if batch.freed for op in batch.ops}
 
     def pending(self) -> int:
         """Operations queued or in flight (not yet acked)."""
@@ -308,6 +322,17 @@ class HybridCacheController(QueueingMixin):
 
 
 def _make_backend(config: HiCacheConfig) -> CopyBackend:
+    """The configured backend; every triton kernel (alone or in ``auto``) bounded by
+    ``max_copy_programs`` (``None``: the tuned value)."""
     if config.io_backend == "triton":
         return TritonBackend(max_programs=config.max_copy_programs)
+    if config.io_backend == "auto":
+        return AutoBackend(triton=TritonBackend(max_programs=config.max_copy_programs))
     return get_backend(config.io_backend, fresh=True)
+
+
+def _copy_stream(device: torch.device) -> torch.cuda.Stream:
+    """A side stream at the device's highest priority (numerically lowest; torch maps a
+    value beyond the range to the nearest end)."""
+    ends = torch.cuda.Stream.priority_range() if hasattr(torch.cuda.Stream, "priority_range") else (-64,)
+    return torch.cuda.Stream(device, priority=min(ends))

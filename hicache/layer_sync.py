@@ -1,11 +1,12 @@
 """`LayerDoneCounter`: per-layer completion events of a batch being loaded.
 
-The load stream records one event per model layer as that layer's rows land; the model's
+The load stream records one event per launch group of consecutive model layers as their
+rows land (``record_span``; one event serves every layer of the group); the model's
 compute stream waits for layer ``i`` right before it reads layer ``i``, so attention on
 early layers overlaps the copies of later ones. A small ring of event sets lets the next
 batch start loading while the previous one is still being consumed. The CPU never blocks.
 
-    producer (load stream):  begin() -> k   record(0, k) record(1, k) ... record(L-1, k)
+    producer (load stream):  begin() -> k   record_span(0, 2, k) record_span(2, 3, k) ...
     consumer (compute):      wait_until(0, k) ... wait_until(L-1, k)
     ring:  k = 0, 1, ..., ring-1, 0, ...   (a slot is reused ring batches later)
 
@@ -38,6 +39,8 @@ class LayerDoneCounter:
         self._cuda = self.device.type == "cuda"
         self._events = ([[torch.cuda.Event() for _ in range(num_layers)] for _ in range(ring)]
                         if self._cuda else None)
+        # per slot, the event each layer waits on (a group's layers share its first's)
+        self._waits = [list(events) for events in self._events] if self._cuda else None
         self._next = 0
         self.consumer = 0
 
@@ -49,15 +52,27 @@ class LayerDoneCounter:
 
     def record(self, layer: int, index: int) -> None:
         """Mark ``layer`` of batch ``index`` done on the current (load) stream."""
-        if self._cuda:
-            self._events[index][layer].record()
+        self.record_span(layer, layer + 1, index)
+
+    def record_span(self, first: int, end: int, index: int) -> None:
+        """Mark layers ``[first, end)`` of batch ``index`` done on the current (load)
+        stream: one event record for all of them."""
+        if self._cuda and end > first:
+            event = self._events[index][first]
+            event.record()
+            self._waits[index][first:end] = (event,) * (end - first)
 
     def record_all(self, index: int) -> None:
         """Mark every layer of batch ``index`` done now (a rolled-back batch: waiters
         must not hang, nor pass before what was already enqueued has finished)."""
-        if self._cuda:
-            for event in self._events[index]:
-                event.record()
+        self.record_span(0, self.num_layers, index)
+
+    def event(self, layer: int, index: int | None = None) -> Any:
+        """The CUDA event ``wait_until(layer, index)`` waits on (``None`` on CPU): for
+        benchmarks and tests that time or synchronize on a layer."""
+        if not self._cuda:
+            return None
+        return self._waits[self.consumer if index is None else index][layer]
 
     def set_consumer(self, index: int) -> None:
         """Select the batch the compute stream waits on by default."""
@@ -75,7 +90,7 @@ class LayerDoneCounter:
             raise ValueError(f"layer: must be in [0, {self.num_layers}), got {layer}")
         if self._cuda:
             k = self.consumer if index is None else index
-            torch.cuda.current_stream(self.device).wait_event(self._events[k][layer])
+            torch.cuda.current_stream(self.device).wait_event(self._waits[k][layer])
 
 
 class OnStream:

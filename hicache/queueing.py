@@ -38,7 +38,10 @@ class QueueingMixin:
                 behaviour (wrong rows copied, or an error at launch).
         Returns:
             Host slots keyed by pool name, or ``None`` if any host pool is short (nothing
-            is allocated or queued then). The op's id is ``last_op_id`` afterwards.
+            is allocated or queued then). The op's id is ``last_op_id`` afterwards. The
+            tensors are the queued op's own: read-only until its ack (the batch derives
+            its rows from them at ``start_writing``). The caller's own tensors are copied
+            here (unless ``trusted``): reusing them afterwards changes nothing queued.
         Raises:
             ValueError: slots that are unaligned, out of range, repeated, on a CUDA device
                 or not allocated on the device; ``extra`` naming a pool that is not an
@@ -95,7 +98,8 @@ class QueueingMixin:
                 ``write`` (or declared by ``mark_host_written``) and not freed since.
                 A server-supplied ``device_alloc``'s slots are still checked.
         Returns:
-            Device slots keyed by pool name, or ``None`` if any device pool is short.
+            Device slots keyed by pool name, or ``None`` if any device pool is short;
+            read-only until the op's ack, as for ``write``.
         Raises:
             ValueError: bad slots or pool names, or host slots that were never written
                 (backup not acked), were freed, or were freed and allocated again since.

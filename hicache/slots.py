@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 
 def as_slots(value: Any, what: str) -> torch.Tensor:
-    """``value`` as a 1-D int64 CPU tensor.
+    """``value`` as a 1-D int64 CPU tensor of its own (never the caller's tensor: a
+    caller that reuses its buffer after queueing cannot change what was checked).
 
     Args:
         value: a 1-D integer tensor on the CPU, a sequence of ints or an integer numpy array.
@@ -47,10 +48,13 @@ def as_slots(value: Any, what: str) -> torch.Tensor:
             arr = arr.astype(np.int64)
         if arr.dtype.kind not in "iu":
             raise ValueError(f"{what}: must hold integers, got dtype {arr.dtype}")
-        tensor = torch.from_numpy(arr.astype(np.int64, copy=False))
+        tensor = torch.from_numpy(arr.astype(np.int64, copy=arr is value))  # never the caller's array
     if tensor.dim() != 1:
         raise ValueError(f"{what}: must be 1-D, got shape {tuple(tensor.shape)}")
-    return tensor if tensor.dtype == torch.int64 else tensor.to(torch.int64)
+    if tensor is value:  # the caller's own tensor: a copy (int64, contiguous)
+        return value.clone(memory_format=torch.contiguous_format) if value.dtype == torch.int64 \
+            else value.to(torch.int64)
+    return tensor
 
 
 def check_pages(slots: torch.Tensor, unit: int, num_slots: int, what: str) -> None:
@@ -78,12 +82,39 @@ def check_owned(alloc: PageAllocator, slots: torch.Tensor, what: str,
         pages = fastpath.fresh_pages(arr, 0, 0, alloc.page_size, alloc.owned_mask(), None)
         if pages is not None:
             return pages
+    pages = _scattered_pages(arr, alloc)  # whole pages in any order (a prefix's host pages)
+    if pages is not None:
+        return pages
     try:  # anything else: the allocator's full check names what is wrong
         pages = alloc.pages_of(slots)
     except ValueError as exc:
         raise ValueError(f"{what}: {exc}") from None
     if not alloc.owns_pages(pages):
         raise ValueError(f"{what}: slots that are not allocated ({why})")
+    return pages
+
+
+_OFFSETS: dict[int, np.ndarray] = {}
+
+
+def _scattered_pages(arr: np.ndarray, alloc: PageAllocator) -> np.ndarray | None:
+    """The pages of ``arr`` when it is whole aligned pages, in range, distinct and all
+    allocated, in any order; ``None`` otherwise (the slow path then names what is wrong)."""
+    ps = alloc.page_size
+    if not arr.size or arr.size % ps:
+        return None
+    pages = arr[::ps] // ps
+    if ps > 1:
+        offsets = _OFFSETS.get(ps)
+        if offsets is None:
+            offsets = _OFFSETS[ps] = np.arange(ps, dtype=np.int64)
+        if arr.tobytes() != (pages[:, None] * ps + offsets).tobytes():
+            return None
+    few = pages.tolist()  # a few pages: Python beats numpy's per-call cost
+    if min(few) < 0 or max(few) >= alloc.num_pages or len(set(few)) != len(few):
+        return None
+    if np.count_nonzero(alloc.owned_mask()[pages]) != pages.size:
+        return None
     return pages
 
 

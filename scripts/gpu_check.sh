@@ -1,20 +1,49 @@
 #!/usr/bin/env bash
-# One device session's checks (GPU machine: no network, python3 has torch and triton):
-# the GPU tests, the whole suite on the GPU machine, the controller and H2D benchmarks.
-# Usage: scripts/gpu_check.sh OUT_DIR [h2d args...]
+# One device session's checks (GPU machine: no network, python3 has torch and triton).
+# Usage: scripts/gpu_check.sh OUT_DIR [STEP...]
+# Steps (default: all, in this order; each fits one 10-minute device command on its own):
+#   tests       the GPU tests (pytest -m gpu)
+#   kernel      the compiled copy kernel's resources (shared memory, registers, spills)
+#   load_pro    bench/load_batch.py on DeepSeek-V4-Pro (the targets of issue 16)
+#   load_flash  bench/load_batch.py on DeepSeek-V4-Flash
+#   load_dense  bench/load_batch.py on the MHA and MLA models
+#   null        bench/load_batch.py --null (host enqueue alone) on DeepSeek-V4-Pro
+#   controller  bench/controller.py (real launches' host cost)
+#   h2d         bench/h2d.py (per-pool curves, GPU-gated)
+#   grid        bench/triton_grid.py (grid x tile x warps sweep)
+#   suite       the whole CPU suite on the GPU machine (FULL_SUITE=1 adds it to the default)
+# Results go to OUT_DIR (copy the JSON to bench/results/ to commit them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?OUT_DIR}; shift
+STEPS=${*:-tests kernel load_pro load_flash load_dense null controller h2d}
+[ "${FULL_SUITE:-0}" = 1 ] && STEPS="$STEPS suite"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv > "$OUT/env.txt"
 python3 -c "import torch,triton,numpy;print(torch.__version__,triton.__version__,numpy.__version__)" >> "$OUT/env.txt"
-timeout 240 python3 -m pytest tests -m gpu -q -p no:cacheprovider -x > "$OUT/gpu_tests.log" 2>&1
-echo "gpu tests rc=$?"; tail -3 "$OUT/gpu_tests.log"
-if [ "${FULL_SUITE:-0}" = 1 ]; then
-  timeout 300 python3 -m pytest tests -q -p no:cacheprovider -n 8 -m "not gpu" > "$OUT/suite.log" 2>&1
-  echo "suite rc=$?"; tail -3 "$OUT/suite.log"
-fi
-timeout 120 python3 bench/controller.py --reps 20 > "$OUT/controller.log" 2>&1
-echo "controller rc=$?"; tail -7 "$OUT/controller.log"; cp bench/results/local/controller_*.json "$OUT/" 2>/dev/null
-timeout "${H2D_TIMEOUT:-300}" python3 bench/h2d.py --out "$OUT/h2d.json" --no-plot "$@" > "$OUT/h2d.log" 2>&1
-echo "h2d rc=$?"
+step() {  # step NAME TIMEOUT_S COMMAND...: run, keep the log, print rc and the tail
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "$name rc=$?"; tail -"${TAIL:-6}" "$OUT/$name.log"
+}
+for s in $STEPS; do
+  case $s in
+    tests) step gpu_tests 420 python3 -m pytest tests -m gpu -q -p no:cacheprovider ;;
+    kernel) step kernel 120 python3 -m transfer_kernels.triton_inspect --tiles 8192,32768 ;;
+    load_pro) step load_pro 580 python3 bench/load_batch.py --models deepseek-v4-pro \
+               --out "$OUT/load_batch_pro.json" ;;
+    load_flash) step load_flash 580 python3 bench/load_batch.py --models deepseek-v4-flash \
+               --out "$OUT/load_batch_flash.json" ;;
+    load_dense) step load_dense 580 python3 bench/load_batch.py --models llama-3.1-8b,deepseek-v3 \
+               --out "$OUT/load_batch_dense.json" ;;
+    null) step null 300 python3 bench/load_batch.py --null --models deepseek-v4-pro --layouts page_first \
+               --out "$OUT/load_batch_null.json" ;;
+    controller) step controller 240 python3 bench/controller.py --reps 20
+                cp bench/results/local/controller_*.json "$OUT/" 2>/dev/null ;;
+    h2d) step h2d "${H2D_TIMEOUT:-500}" python3 bench/h2d.py --out "$OUT/h2d.json" --no-plot ;;
+    grid) step grid 560 python3 bench/triton_grid.py --out "$OUT/triton_grid.json" ;;
+    suite) step suite 560 python3 -m pytest tests -q -p no:cacheprovider -n 8 -m "not gpu" ;;
+    *) echo "unknown step $s"; exit 2 ;;
+  esac
+done

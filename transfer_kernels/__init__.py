@@ -7,6 +7,7 @@ from transfer_kernels.base import CopyBackend
 from transfer_kernels.copy_engine import CopyEngineBackend
 from transfer_kernels.fault import FaultyBackend, NullBackend
 from transfer_kernels.plan import CopyJob, CopyPlan, PlannedJob, make_plan
+from transfer_kernels.staged import StagedBackend
 from transfer_kernels.table import RowTable, as_row_bytes
 from transfer_kernels.torch_ref import TorchBackend, copy_rows_ref
 from transfer_kernels.triton_backend import TritonBackend
@@ -22,6 +23,7 @@ __all__ = [
     "NullBackend",
     "PlannedJob",
     "RowTable",
+    "StagedBackend",
     "TorchBackend",
     "TritonBackend",
     "as_row_bytes",

@@ -8,13 +8,16 @@ from transfer_kernels.base import CopyBackend
 from transfer_kernels.copy_engine import CopyEngineBackend
 from transfer_kernels.plan import CopyJob, LayersLike, make_plan
 from transfer_kernels.rows import RowsLike
+from transfer_kernels.staged import StagedBackend
 from transfer_kernels.table import RowTable
 from transfer_kernels.torch_ref import TorchBackend
 from transfer_kernels.triton_backend import TritonBackend
 
-BACKEND_NAMES = ("auto", "triton", "copy_engine", "torch")
+# "dma" is reached through "auto" by servers (--hicache-io-backend keeps the first four);
+# by name here for tests and benchmarks.
+BACKEND_NAMES = ("auto", "triton", "copy_engine", "torch", "dma")
 _FACTORIES = {"auto": AutoBackend, "triton": TritonBackend,
-              "copy_engine": CopyEngineBackend, "torch": TorchBackend}
+              "copy_engine": CopyEngineBackend, "torch": TorchBackend, "dma": StagedBackend}
 _SHARED: dict[str, CopyBackend] = {}
 
 

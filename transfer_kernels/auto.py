@@ -1,20 +1,24 @@
-"""The ``"auto"`` backend: picks a backend per job from its piece size and run count.
+"""The ``"auto"`` backend: picks a path per job from its piece sizes and run count.
 
 Rule (thresholds in :mod:`transfer_kernels.tuning`)::
 
     plan on CUDA, triton importable, host sides pinned:
-        piece_bytes >= COPY_ENGINE_MIN_PIECE_BYTES   -> copy_engine
-        otherwise                                    -> triton
-    plan on CUDA otherwise                           -> copy_engine
+        page_first host side, all layers, page piece >= DMA_MIN_PIECE_BYTES  -> dma
+        piece_bytes >= COPY_ENGINE_MIN_PIECE_BYTES                           -> copy_engine
+        otherwise                                                            -> triton
+    plan on CUDA otherwise                                                   -> copy_engine
     plan on CPU:
         piece_bytes >= CPU_COPY_ENGINE_MIN_PIECE_BYTES -> copy_engine
         otherwise                                    -> torch
 
-``piece_bytes`` is the mean piece one copy of the copy engine would move, over the
-job's buffers: row bytes times the mean run length (on CUDA only where both sides are
-dense; a strided run is copied row by row there). A mean, not a minimum, so a tiny
-scale buffer does not drag a pool's large data buffer off the copy engine. Jobs sent to
-one backend share one launch of it.
+``page piece`` is what one DMA piece of the staged path moves: all layers of a run of
+consecutive host rows (``staged.page_piece_bytes``). ``piece_bytes`` is the mean piece one
+copy of the copy engine would move, over the job's buffers: row bytes times the mean run
+length (on CUDA only where both sides are dense; a strided run is copied row by row
+there). A mean, not a minimum, so a tiny scale buffer does not drag a pool's large data
+buffer off the copy engine. The ``dma`` and ``triton`` jobs share the kernel's launches
+(the staged backend scatters and copies the others in one launch per group); the
+``copy_engine`` jobs share one launch of it.
 """
 from __future__ import annotations
 
@@ -24,12 +28,16 @@ from transfer_kernels import tuning
 from transfer_kernels.base import CopyBackend, PreparedPlan
 from transfer_kernels.copy_engine import CopyEngineBackend
 from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
+from transfer_kernels.staged import StagedBackend, host_side, page_piece_bytes
 from transfer_kernels.torch_ref import TorchBackend
 from transfer_kernels.triton_backend import TritonBackend
 
+KERNEL = ("triton", "dma")  # choices served by the staged backend's kernel launches
+
 
 class AutoBackend(CopyBackend):
-    """``"auto"``: routes each job to ``triton``, ``copy_engine`` or ``torch``.
+    """``"auto"``: routes each job to the kernel (directly or staged), the copy engine or
+    torch.
 
     ``launches`` counts the launches of the inner backends it used (each inner backend
     also counts its own).
@@ -40,49 +48,68 @@ class AutoBackend(CopyBackend):
     def __init__(self, triton: TritonBackend | None = None,
                  copy_engine: CopyEngineBackend | None = None,
                  torch_ref: TorchBackend | None = None) -> None:
+        """Args:
+            triton: the kernel backend (its ``max_programs`` bounds every kernel launch of
+                this backend, the staged path's included).
+        """
         super().__init__()
+        triton = triton or TritonBackend()
         self.inner: dict[str, CopyBackend] = {
-            "triton": triton or TritonBackend(),
+            "triton": triton,
             "copy_engine": copy_engine or CopyEngineBackend(),
             "torch": torch_ref or TorchBackend(),
+            "dma": StagedBackend(triton, min_piece_bytes=tuning.DMA_MIN_PIECE_BYTES),
         }
+
+    def _route(self, plan: CopyPlan) -> dict[str, tuple[list[int], list[str | None]]]:
+        """Backend name -> (job indices, staged side per job: only for ``"dma"``)."""
+        routed: dict[str, tuple[list[int], list[str | None]]] = {}
+        for j, job in enumerate(plan.jobs):
+            if job.num_rows and job.layers:
+                name = choose(job, plan)
+                side = None
+                if name in KERNEL:
+                    side = host_side(job, plan) if name == "dma" else None
+                    name = "dma"
+                jobs, sides = routed.setdefault(name, ([], []))
+                jobs.append(j)
+                sides.append(side)
+        return routed
 
     def execute(self, plan: CopyPlan) -> None:
         """Route, then run each inner backend once on its jobs (see :class:`CopyBackend`)."""
         if plan.is_empty:
             return
-        routed: dict[str, list[PlannedJob]] = {}
-        for job in plan.jobs:
-            if job.num_rows and job.layers:
-                routed.setdefault(choose(job, plan), []).append(job)
-        subplans = [(self.inner[name], plan.subset(jobs)) for name, jobs in routed.items()]
-        for backend, sub in subplans:  # check all before copying anything
-            backend.check(sub)
-        for backend, sub in subplans:
-            backend.execute(sub)
+        routed = self._route(plan)
+        subplans = {n: plan.subset(plan.jobs[j] for j in js) for n, (js, _) in routed.items()}
+        for n, sub in subplans.items():  # check all before copying anything
+            self.inner[n].check(sub)
+        for n, sub in subplans.items():
+            if n == "dma":
+                self.inner[n].launches += 1
+                self.inner[n]._execute(sub, routed[n][1])
+            else:
+                self.inner[n].execute(sub)
             self.launches += 1
 
     def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
         """Route every job once, then prepare each inner backend on its jobs' groups."""
-        route, names = {}, {}
-        for j, job in enumerate(plan.jobs):
-            if job.num_rows and job.layers:
-                name = choose(job, plan)
-                route[j] = (name, len(names.setdefault(name, [])))
-                names[name].append(j)
-        sub_groups: dict[str, list[list[tuple[int, int]]]] = {n: [] for n in names}
+        routed = self._route(plan)
+        local = {j: (n, i) for n, (js, _) in routed.items() for i, j in enumerate(js)}
+        sub_groups: dict[str, list[list[tuple[int, int]]]] = {n: [] for n in routed}
         for group in groups:
             for parts in sub_groups.values():
                 parts.append([])
             for j, layer in group:
-                if j in route:
-                    name, local = route[j]
-                    sub_groups[name][-1].append((local, layer))
-        subplans = {n: plan.subset(plan.jobs[j] for j in js) for n, js in names.items()}
+                if j in local:
+                    name, i = local[j]
+                    sub_groups[name][-1].append((i, layer))
+        subplans = {n: plan.subset(plan.jobs[j] for j in js) for n, (js, _) in routed.items()}
         for n, sub in subplans.items():  # check all before preparing anything
             self.inner[n].check(sub)
-        return AutoLaunches(self, [self.inner[n].prepare(subplans[n], sub_groups[n])
-                                   for n in names], len(groups))
+        prepared = [self.inner[n].prepare(subplans[n], sub_groups[n], routed[n][1]) if n == "dma"
+                    else self.inner[n].prepare(subplans[n], sub_groups[n]) for n in routed]
+        return AutoLaunches(self, prepared, len(groups))
 
     def _execute(self, plan: CopyPlan) -> None:  # pragma: no cover - execute overrides
         raise NotImplementedError
@@ -110,7 +137,7 @@ def triton_available() -> bool:
 
 
 def choose(job: PlannedJob, plan: CopyPlan) -> str:
-    """The backend name :class:`AutoBackend` uses for ``job`` (module docstring rule)."""
+    """The path :class:`AutoBackend` uses for ``job`` (module docstring rule)."""
     on_cpu = job.src_rows.device.type == "cpu" and job.dst_rows.device.type == "cpu"
     # Device indices are not read back (that would sync): assume every row is its own run.
     num_runs = max(1, len(job.runs().lengths) if on_cpu else job.num_rows)
@@ -120,6 +147,10 @@ def choose(job: PlannedJob, plan: CopyPlan) -> str:
     host_ok = all(t.device.type != "cpu" or t.is_pinned for t in (job.src, job.dst))
     if not (host_ok and triton_available()):
         return "copy_engine"
+    if on_cpu and len(job.layers) == job.src.num_layers:
+        side = host_side(job, plan)
+        if side is not None and page_piece_bytes(job, side) >= tuning.DMA_MIN_PIECE_BYTES:
+            return "dma"
     piece = piece_bytes(job, num_runs, dense_only=True)
     return "copy_engine" if piece >= tuning.COPY_ENGINE_MIN_PIECE_BYTES else "triton"
 

@@ -46,7 +46,7 @@ class CopyBackend(ABC):
         """Raise ``ValueError`` if this backend cannot run ``plan``; the default accepts all."""
 
     def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
-        """Prepare ``plan`` once as several launches (e.g. one per model layer of a load).
+        """Prepare ``plan`` once as several launches (e.g. one per group of model layers of a load).
 
         Whatever a launch needs is built here, for every group at once (the triton backend
         stages all indices and descriptors in one copy), so that :meth:`PreparedPlan.launch`

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from transfer_kernels.base import CopyBackend
-from transfer_kernels.plan import CopyPlan
+from transfer_kernels.base import CopyBackend, PreparedPlan
+from transfer_kernels.plan import CopyPlan, LaunchGroups
 
 
 class FaultyBackend(CopyBackend):
@@ -40,6 +40,29 @@ class FaultyBackend(CopyBackend):
         if self.launches == self.fail_on_launch:
             raise RuntimeError(f"injected fault on launch {self.launches}")
         self.inner.execute(plan)
+
+    def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
+        """The inner backend's own preparation (the production launches), one of whose
+        launches fails."""
+        return FaultyLaunches(self, self.inner.prepare(plan, groups))
+
+
+class FaultyLaunches(PreparedPlan):
+    """Another backend's prepared launches; the backend's ``fail_on_launch``-th launch
+    (counting every launch call of its preparations) raises before enqueuing anything."""
+
+    def __init__(self, backend: FaultyBackend, inner: PreparedPlan) -> None:
+        self.backend, self.inner = backend, inner
+
+    @property
+    def num_groups(self) -> int:
+        return self.inner.num_groups
+
+    def launch(self, group: int) -> None:
+        self.backend.launches += 1
+        if self.backend.launches == self.backend.fail_on_launch:
+            raise RuntimeError(f"injected fault on launch {self.backend.launches}")
+        self.inner.launch(group)
 
 
 class NullBackend(CopyBackend):

@@ -76,9 +76,9 @@ def _row_stride(v: torch.Tensor) -> int:
 class RowTable:
     """One side of a transfer: per-(layer, buffer) byte views of one pool.
 
-    Immutable after construction except for a per-device cache of descriptor tensors
-    (filled on first use, never changed after). Thread-safe for concurrent reads; the
-    first :meth:`device_desc` call on a device should not race (it would build twice).
+    Immutable after construction except for a cache of derived values (descriptor
+    tensors, the page span; filled on first use, never changed after). Thread-safe for
+    concurrent reads; a first call should not race (it would build twice).
 
     Attributes:
         name: label used in error messages (``"kv.host"``, ``"swa.device"``).
@@ -168,10 +168,12 @@ class RowTable:
     def device_desc(self, device: torch.device) -> torch.Tensor:
         """The ``[num_layers, num_buffers, 2]`` int64 (base, row stride) table on ``device``.
 
-        Built on the first call per device and cached (the Triton kernel reads it by address).
+        Built on the first call per device and cached. The upload is synchronous (once per
+        table and device): a reader on any stream sees it complete. (The triton backend no
+        longer reads it: it stages addresses with each batch on the launching stream.)
 
         Args:
-            device: where the kernel runs.
+            device: where a kernel would read it.
 
         Returns:
             A contiguous int64 tensor on ``device``; do not modify it.
@@ -180,15 +182,45 @@ class RowTable:
         desc = self._cache.get(key)
         if desc is None:
             strides = torch.tensor(self.row_strides, dtype=torch.int64).expand_as(self.ptrs)
-            host = torch.stack([self.ptrs, strides], dim=-1).contiguous()
-            if torch.device(device).type == "cuda":
-                # Pinned staging: the upload is asynchronous (no host-device sync on the
-                # first use), and the cached staging copy outlives it.
-                host = host.pin_memory()
-                self._cache[("desc_host", key[1])] = host
-            desc = host.to(device, non_blocking=True)
+            desc = torch.stack([self.ptrs, strides], dim=-1).contiguous().to(device)
+            if desc.device.type == "cuda":
+                torch.cuda.synchronize(desc.device)
             self._cache[key] = desc
         return desc
+
+    def page_span(self) -> tuple[torch.Tensor, int] | None:
+        """The whole-page view of a ``page_first`` table, or ``None``.
+
+        When every layer and buffer of a row lie back to back (layer-major, buffers in
+        order) and rows follow each other, row ``r`` of all layers is one contiguous span:
+        the DMA path copies it as one piece.
+
+        Returns:
+            ``(rows, span)``: a ``[num_rows, span]`` uint8 view of the memory behind the
+            table (span = layers x row bytes) and ``span``; ``None`` for any other layout,
+            or views over more than one storage. Cached.
+        """
+        if "page_span" not in self._cache:
+            self._cache["page_span"] = _page_span(self)
+        return self._cache["page_span"]
+
+
+def _page_span(table: RowTable) -> tuple[torch.Tensor, int] | None:
+    row = sum(table.row_bytes)
+    span = row * table.num_layers
+    offsets = np.cumsum((0,) + table.row_bytes[:-1])
+    want = np.arange(table.num_layers)[:, None] * row + offsets[None, :]
+    first = table.views[0][0]
+    if table.num_rows > 1 and any(s != span for s in table.row_strides):
+        return None
+    if not np.array_equal(table.ptrs.numpy() - int(table.ptrs[0, 0]), want):
+        return None
+    storage = first.untyped_storage()
+    if any(v.untyped_storage().data_ptr() != storage.data_ptr() for layer in table.views for v in layer):
+        return None
+    if first.storage_offset() + table.num_rows * span > storage.nbytes():
+        return None
+    return first.as_strided((table.num_rows, span), (span, 1)), span
 
 
 def _check_same_geometry(v: torch.Tensor, ref: torch.Tensor, where: str, name: str) -> None:

@@ -1,40 +1,46 @@
-"""The Triton row-copy kernel (private), compiled for CUDA and interpreted for CPU.
+"""The Triton row-copy kernel (private): dense 16-byte vectors, compiled for CUDA and
+interpreted for CPU.
 
 Both variants are built from the same Python function, whatever ``TRITON_INTERPRET``
 says: a plan on CUDA tensors runs the compiled kernel, a plan on CPU tensors runs the
 interpreter (the test suite's path on machines without a GPU). The kernel is written
 with ``while`` loops and no nested ``@triton.jit`` call (``tl.cdiv`` included) so that
-both variants work on every supported Triton (the 3.6 interpreter cannot index ``range`` with a scalar tensor
-under numpy >= 2.4, and a compiled helper cannot be called from an interpreted kernel).
+both variants work on every supported Triton (the 3.6 interpreter cannot index ``range``
+with a scalar tensor under numpy >= 2.4, and a compiled helper cannot be called from an
+interpreted kernel).
 
-Work decomposition. A *segment* is one (job, layer, buffer): a base address and row
-stride per side (read through the side's cached device descriptor), a row byte count
-and a list of (src_row, dst_row) pairs. Each segment is cut into *items* of one tile
-(``BLOCK`` bytes): a tile covers ``BLOCK // span`` consecutive pairs of ``span`` bytes
-each, where ``span = min(BLOCK, next_pow2(row_bytes))``; a row longer than ``BLOCK``
-takes ``ceil(row_bytes / span)`` chunks::
+Work decomposition. A *segment* is one (job, layer, buffer): base address and row stride
+per side, a row of ``vpr`` *vectors* of ``ALIGN`` bytes, and a list of (src_row, dst_row)
+pairs. Its ``n_vec = n_rows * vpr`` vectors are numbered row after row and cut into
+*items* of ``VPT`` consecutive vectors; an item spans row ends freely (no padding lane)::
 
-    tile lanes  [0 ........ span) [span ...... 2*span) ...  [BLOCK - span .. BLOCK)
-    carry       pair k, bytes c*span+[0,span)   pair k+1    ...   pair k + BLOCK/span - 1
+    vectors  | row 0: 0 .. vpr-1 | row 1: vpr .. 2*vpr-1 | ... | row n-1 ... n_vec-1 |
+    items    [ item 0: VPT vectors     ][ item 1             ] ... [ last, masked tail ]
+    a tile   [VPT, ALIGN] bytes: vector v of the item = row v // vpr, column v % vpr
 
-One launch covers the segments ``[seg_begin, seg_end)`` of ``meta`` (a prepared batch
-holds every layer's segments; each per-layer launch is a slice). Items are numbered
-across the launch's segments; program ``p`` of a persistent grid of ``G`` programs
-takes the items ``g`` with ``g % G == p`` (the host stores each segment's first item
-of its launch modulo ``G``), so the load stays balanced across segments.
+Each vector loads its row's index once per side (one index load per vector, broadcast
+over its ``ALIGN`` bytes), then moves ``ALIGN`` bytes with one vector access. ``ALIGN``
+(16, 8, 4 or 1) is a compile-time constant: one specialization per alignment, so the
+16-byte kernel carries no code of the narrower paths (no shared memory, no spills).
+Division by ``vpr`` is a multiply and a shift by a host-computed magic number (exact for
+dividends below 2**31, see ``triton_layout.magic``), and each program tracks its
+(row, column) position from one item to the next.
 
-Segment descriptor (int64, ``SEG_FIELDS`` per segment, at the start of ``meta``)::
+One launch covers the items of its segments, numbered across the launch. Program ``p`` of
+a grid of ``G`` programs takes the contiguous items ``[bounds[p], bounds[p + 1])`` and
+starts at segment ``first[p]`` (both computed on the host), so a program visits only the
+segments it copies from.
 
-    0 src_desc   address of (base, row_stride) of the source view
-    1 dst_desc   address of (base, row_stride) of the destination view
-    2 nbytes     bytes per row
-    3 align      largest power of two <= 16 dividing every address, stride and nbytes
-    4 src_idx    offset (in int64 elements) of the source rows inside ``meta``
-    5 dst_idx    offset of the destination rows inside ``meta``
-    6 n_rows     pairs in this segment
-    7 shift      log2(span)
-    8 n_chunks   ceil(nbytes / span)
-    9 first      index of the segment's first item within its launch, modulo G
+``meta`` (int64): segment table, program tables, then row indices::
+
+    segment s (SEG_FIELDS at s * SEG_FIELDS):
+      0 src_base  1 src_stride  2 dst_base  3 dst_stride   (bytes)
+      4 vpr       vectors per row (row bytes // ALIGN)
+      5 magic     6 shift         floor(t / vpr) == (t * magic) >> shift for 0 <= t < 2**31
+      7 src_idx   8 dst_idx       offsets (int64 elements) of the rows inside meta
+      9 n_vec     vectors of the segment
+     10 item_begin  11 item_end   its items within the launch
+    program table of a launch (at prog_at): first[G], bounds[G + 1]
 """
 from __future__ import annotations
 
@@ -48,109 +54,111 @@ try:  # triton >= 3.4: the launch hooks live in knobs (needed by the direct laun
 except ImportError:  # pragma: no cover - older triton: always the JITFunction path
     knobs = None
 
-SEG_FIELDS = 10
+SEG_FIELDS = 12
 
 
-def _copy_rows(meta_ptr, seg_begin, seg_end, NF: tl.constexpr, BLOCK: tl.constexpr):
-    """Copy segments ``[seg_begin, seg_end)`` of ``meta``; see the module docstring.
+def _copy_rows(meta_ptr, prog_at, NF: tl.constexpr, VPT: tl.constexpr, ALIGN: tl.constexpr):
+    """Copy this program's items of one launch; see the module docstring.
 
-    The vector hints are applied inline in each alignment branch, each on its own
-    freshly built pointer: hints attach to the op that made a value.
+    The vector hint sits on each freshly built ``[VPT, 1]`` pointer (hints attach to the op
+    that made a value) before the ``ALIGN`` byte columns are added.
     """
-    pid = tl.program_id(0).to(tl.int64)
-    nprog = tl.num_programs(0).to(tl.int64)
-    lanes = tl.arange(0, BLOCK).to(tl.int64)
-    s = seg_begin.to(tl.int64)
-    while s < seg_end:
+    pid = tl.program_id(0)
+    table = meta_ptr + prog_at
+    nprog = tl.num_programs(0)
+    s = tl.load(table + pid)
+    it = tl.load(table + nprog + pid)
+    it_end = tl.load(table + nprog + pid + 1)
+    lanes = tl.arange(0, VPT).to(tl.int64)[:, None]
+    cols = tl.arange(0, ALIGN)[None, :]
+    while it < it_end:
         seg = meta_ptr + s * NF
-        src_desc = tl.load(seg).to(tl.pointer_type(tl.int64))
-        dst_desc = tl.load(seg + 1).to(tl.pointer_type(tl.int64))
-        src_base = tl.load(src_desc).to(tl.pointer_type(tl.uint8))
-        dst_base = tl.load(dst_desc).to(tl.pointer_type(tl.uint8))
-        src_stride = tl.load(src_desc + 1)
-        dst_stride = tl.load(dst_desc + 1)
-        nbytes = tl.load(seg + 2)
-        align = tl.load(seg + 3)
-        src_idx = meta_ptr + tl.load(seg + 4)
-        dst_idx = meta_ptr + tl.load(seg + 5)
-        n_rows = tl.load(seg + 6)
-        shift = tl.load(seg + 7)
-        n_chunks = tl.load(seg + 8)
-        first = tl.load(seg + 9)
-        pairs_per_tile = BLOCK >> shift
-        sub = lanes >> shift  # which pair of the tile a lane serves
-        byte = lanes & ((1 << shift) - 1)  # which byte of that pair's chunk
-        # not tl.cdiv: it is itself a @jit function (not callable from the interpreted twin)
-        n_items = (n_rows + pairs_per_tile - 1) // pairs_per_tile * n_chunks
-        w = (pid - first + nprog) % nprog
-        while w < n_items:
-            group = w // n_chunks
-            pair = (group * pairs_per_tile) + sub
-            col = (w - group * n_chunks) * (1 << shift) + byte
-            live = pair < n_rows
-            src_off = tl.load(src_idx + pair, mask=live, other=0) * src_stride + col
-            dst_off = tl.load(dst_idx + pair, mask=live, other=0) * dst_stride + col
-            if align >= 16:
-                sp = tl.max_contiguous(tl.multiple_of(src_base + src_off, 16), 16)
-                dp = tl.max_contiguous(tl.multiple_of(dst_base + dst_off, 16), 16)
-                m = tl.max_constancy(live & (col < nbytes), 16)
-                tl.store(dp, tl.load(sp, mask=m), mask=m)
-            elif align >= 8:
-                sp = tl.max_contiguous(tl.multiple_of(src_base + src_off, 8), 8)
-                dp = tl.max_contiguous(tl.multiple_of(dst_base + dst_off, 8), 8)
-                m = tl.max_constancy(live & (col < nbytes), 8)
-                tl.store(dp, tl.load(sp, mask=m), mask=m)
-            elif align >= 4:
-                sp = tl.max_contiguous(tl.multiple_of(src_base + src_off, 4), 4)
-                dp = tl.max_contiguous(tl.multiple_of(dst_base + dst_off, 4), 4)
-                m = tl.max_constancy(live & (col < nbytes), 4)
-                tl.store(dp, tl.load(sp, mask=m), mask=m)
-            else:
-                m = live & (col < nbytes)
-                tl.store(dst_base + dst_off, tl.load(src_base + src_off, mask=m), mask=m)
-            w += nprog
+        src_base = tl.load(seg).to(tl.pointer_type(tl.uint8))
+        src_stride = tl.load(seg + 1)
+        dst_base = tl.load(seg + 2).to(tl.pointer_type(tl.uint8))
+        dst_stride = tl.load(seg + 3)
+        vpr = tl.load(seg + 4)
+        magic = tl.load(seg + 5)
+        shift = tl.load(seg + 6)
+        src_idx = meta_ptr + tl.load(seg + 7)
+        dst_idx = meta_ptr + tl.load(seg + 8)
+        n_vec = tl.load(seg + 9)
+        stop = tl.minimum(tl.load(seg + 11), it_end)
+        v0 = (it - tl.load(seg + 10)) * VPT  # first vector of the item, within the segment
+        r0 = v0 // vpr  # once per segment visit; then tracked item to item
+        c0 = v0 - r0 * vpr
+        while it < stop:
+            t = c0 + lanes  # < vpr + VPT < 2**31: the magic division is exact
+            q = (t * magic) >> shift
+            row = r0 + q
+            col = (t - q * vpr) * ALIGN
+            live = (v0 + lanes) < n_vec
+            s_off = tl.load(src_idx + row, mask=live, other=0) * src_stride + col
+            d_off = tl.load(dst_idx + row, mask=live, other=0) * dst_stride + col
+            sp = tl.multiple_of(src_base + s_off, [ALIGN, ALIGN]) + cols
+            dp = tl.multiple_of(dst_base + d_off, [ALIGN, ALIGN]) + cols
+            tl.store(dp, tl.load(sp, mask=live), mask=live)
+            c0 += VPT
+            rows_done = (c0 * magic) >> shift
+            r0 += rows_done
+            c0 -= rows_done * vpr
+            v0 += VPT
+            it += 1
         s += 1
 
 
-# One compiled variant for any segment range; the interpreter needs no specialization.
-_compiled = JITFunction(_copy_rows, do_not_specialize=["seg_begin", "seg_end"])
+# One compiled variant for any program table; the interpreter needs no specialization.
+_compiled = JITFunction(_copy_rows, do_not_specialize=["prog_at"])
 _interpreted = InterpretedFunction(_copy_rows)
 
 
-# Compiled kernels by (device, tile, warps), launched directly after their first launch.
+# Compiled kernels by (device, vectors per tile, alignment, warps), launched directly after
+# their first launch.
 _launchers: dict[tuple, object] = {}
 
 
-def launch_copy_rows(meta: torch.Tensor, seg_begin: int, seg_end: int, grid: int,
-                     block: int, num_warps: int) -> None:
-    """Launch the kernel once over segments ``[seg_begin, seg_end)`` of ``meta``.
+def launch_copy_rows(meta: torch.Tensor, prog_at: int, grid: int, vpt: int, align: int,
+                     num_warps: int) -> None:
+    """Launch the kernel once: the launch whose program table sits at ``prog_at`` in ``meta``.
 
-    On CUDA it is enqueued on the current stream; on CPU it runs (interpreted) before
-    returning. A per-layer load launches 61 times per batch, so after the first launch
-    of a (tile, warps) variant the compiled kernel is called directly, skipping the
-    argument binding and cache-key work of ``JITFunction.run`` (the same call
-    ``JITFunction.run`` ends with; ``meta`` is always a fresh, aligned allocation, so the
-    specialization cannot change).
+    On CUDA it is enqueued on the current stream of ``meta``'s device; on CPU it runs
+    (interpreted) before returning. After the first launch of a (device, vpt, align, warps)
+    variant the compiled kernel is called directly, skipping the argument binding and
+    cache-key work of ``JITFunction.run`` (the same call ``JITFunction.run`` ends with;
+    ``meta`` is always a fresh, aligned allocation, so the specialization cannot change).
 
     Args:
-        meta: int64 tensor on the execution device: segment descriptors then row indices.
-        seg_begin / seg_end: the launch's segment range, ``0 <= seg_begin < seg_end``.
-        grid: programs in the persistent grid (the SM budget), >= 1.
-        block: tile bytes, a power of two >= 16.
+        meta: int64 tensor on the execution device (module docstring layout).
+        prog_at: offset (int64 elements) of the launch's program table.
+        grid: programs; the table holds ``grid`` starts and ``grid + 1`` item bounds.
+        vpt: vectors per tile, a power of two.
+        align: vector bytes (16, 8, 4 or 1), dividing every address, stride and row size of
+            the launch's segments.
         num_warps: warps per program (ignored by the interpreter).
     """
     if meta.device.type == "cpu":
-        _interpreted[(grid,)](meta, seg_begin, seg_end, NF=SEG_FIELDS, BLOCK=block)
+        _interpreted[(grid,)](meta, prog_at, NF=SEG_FIELDS, VPT=vpt, ALIGN=align)
         return
-    key = (meta.device.index, block, num_warps)
+    key = (meta.device.index, vpt, align, num_warps)
     kernel = _launchers.get(key)
     if kernel is None or knobs is None or meta.data_ptr() % 16:
-        kernel = _compiled[(grid,)](meta, seg_begin, seg_end, NF=SEG_FIELDS, BLOCK=block,
-                                    num_warps=num_warps)
+        # Compiled and loaded in meta's device context, whichever device is current.
+        with torch.cuda.device(meta.device):
+            kernel = _compiled[(grid,)](meta, prog_at, NF=SEG_FIELDS, VPT=vpt, ALIGN=align,
+                                        num_warps=num_warps)
         _launchers.setdefault(key, kernel)
         return
+    if torch.cuda.current_device() != meta.device.index:  # a function runs in its own context
+        with torch.cuda.device(meta.device):
+            _run(kernel, meta, prog_at, grid, vpt, align)
+        return
+    _run(kernel, meta, prog_at, grid, vpt, align)
+
+
+def _run(kernel, meta: torch.Tensor, prog_at: int, grid: int, vpt: int, align: int) -> None:
+    """The direct launch of a loaded kernel on the current stream of ``meta``'s device."""
     stream = torch.cuda.current_stream(meta.device).cuda_stream
-    args = (meta, seg_begin, seg_end, SEG_FIELDS, block)
+    args = (meta, prog_at, SEG_FIELDS, vpt, align)
     kernel.run(grid, 1, 1, stream, kernel.function, kernel.packed_metadata,
                kernel.launch_metadata((grid, 1, 1), stream, *args),
                knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
@@ -159,3 +167,8 @@ def launch_copy_rows(meta: torch.Tensor, seg_begin: int, seg_end: int, grid: int
 def compiled_kernel() -> JITFunction:
     """The compiled variant (tests compile it for a GPU target without running it)."""
     return _compiled
+
+
+def compiled_variants() -> dict[tuple, object]:
+    """The loaded kernels by (device, vpt, align, warps) (GPU tests read their metadata)."""
+    return dict(_launchers)

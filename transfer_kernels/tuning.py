@@ -10,30 +10,46 @@ two scripts.
 * The copy engine (batched ``cudaMemcpyBatchAsync``) pays about 1.5 us per piece: it
   reaches the limit (52-55 GB/s) for pieces >= 64 KiB and falls to 1-25 GB/s for the
   1.7-37 KiB rows of DeepSeek-V4's compressed pools.
-* The Triton kernel reads pinned host memory through UVA; with 64 programs it reaches
+* The Triton kernel reads pinned host memory through UVA; with 64 programs it reached
   48-51 GB/s H2D (0.89-0.92 of the limit) and 42-46 GB/s D2H on 37-128 KiB rows; 32
-  programs give 37-41 GB/s H2D; 16 KiB tiles are slower than 8 KiB at every grid size.
+  programs gave 37-41 GB/s H2D; 16 KiB tiles were slower than 8 KiB at every grid size.
+  Those figures are of the byte-lane kernel that the dense vector kernel replaced; the
+  dense kernel, the launch groups of a load and the DMA path have not run on a GPU yet
+  (``bench/load_batch.py`` and ``bench/triton_grid.py`` re-tune them), so the H100 values
+  below are kept and each unmeasured value says so.
 
 CPU values were measured on the 2-core development VM (torch 2.13 CPU build) with
 ``python -m bench.h2d --quick``, criterion: p50 wall time of one call.
 """
 from __future__ import annotations
 
-# --- triton backend (H100, measured) ---
-# Max programs of the persistent grid: the "SM budget" a transfer may occupy. 64 of
-# 132 H100 SMs: llama-3.1-8b rows 50.6 GB/s H2D (0.92 of the limit) vs 41.2 with 32.
+# --- triton backend ---
+# Max programs of the grid: the "SM budget" a transfer may occupy. Measured (H100, the
+# byte-lane kernel before the dense vector kernel): 64 of 132 SMs gave llama-3.1-8b rows
+# 50.6 GB/s H2D (0.92 of the limit) vs 41.2 with 32. Kept for the dense kernel until
+# `bench/triton_grid.py` re-tunes it on a GPU (a dense program moves more per SM).
 TRITON_MAX_PROGRAMS = 64
 # Grid cap under the Triton interpreter (CPU): programs run one after another there and
 # each costs ~3 ms of interpreter set-up, so a small grid is fastest (dev VM, p50).
 TRITON_INTERPRET_MAX_PROGRAMS = 2
-# Bytes one program moves per loop iteration (the tile); 4 warps x 32 lanes x 64 B.
-# 16 KiB tiles were slower at 16/32/64 programs (H100 sweep).
+# Bytes one program moves per loop iteration at 16-byte alignment (512 vectors of 16 B).
+# Measured (H100, byte-lane kernel): 8 KiB tiles beat 16 KiB at 16/32/64 programs; kept
+# for the dense kernel until re-tuned.
 TRITON_TILE_BYTES = 8192
-# Smallest tile: one warp still issues 16-byte vectors (32 lanes x 16 B).
-TRITON_MIN_TILE_BYTES = 512
-# Bytes per thread per tile at which the launcher adds warps (up to TRITON_MAX_WARPS).
-TRITON_BYTES_PER_WARP = 2048
-TRITON_MAX_WARPS = 4
+# 16-byte vectors per thread per iteration (64 B in flight per thread, SGLang's figure):
+# sets the warps of a tile. Not yet measured on a GPU.
+TRITON_VECTORS_PER_THREAD = 4
+TRITON_MAX_WARPS = 16
+# Upper bound of any grid cap (--hicache-max-copy-programs): far above any GPU's SM count,
+# far below what would overflow a launch's grid or the program tables.
+MAX_COPY_PROGRAMS = 4096
+
+# --- loads: launch groups (estimate, not yet measured) ---
+# A load launches consecutive model layers together until a group moves at least this
+# many bytes (each launch then amortizes its fixed ~5 us; a consumer of layer i waits at
+# most for the rest of its group, < this many bytes more). From the static review's
+# estimate; re-tune with `bench/load_batch.py --group-bytes`.
+LOAD_GROUP_MIN_BYTES = 1 << 20
 
 # --- auto backend on CUDA (H100, measured) ---
 # A contiguous piece (one copy of the copy engine) at least this large goes to the copy
@@ -44,6 +60,17 @@ COPY_ENGINE_MIN_PIECE_BYTES = 64 * 1024
 # A strided run (host page_first rows) of at least this many rows is one
 # cudaMemcpy2DAsync; shorter ones go row by row into the batched copy.
 COPY_ENGINE_2D_MIN_ROWS = 2
+
+# --- the DMA path for page_first host pools (copy-engine value, H100, measured) ---
+# A page_first host pool whose whole-page pieces (all layers of a run of pages, contiguous
+# on the host) are at least this large is moved by one batched cudaMemcpyBatchAsync into a
+# device staging buffer and scattered on the device (D2H: gathered, then copied out). The
+# value is the copy engine's measured crossover above (pieces >= 64 KiB reach 52-55 GB/s);
+# the staged path itself has not been measured yet.
+DMA_MIN_PIECE_BYTES = 64 * 1024
+# Device staging of one DMA backend, per direction and stream: jobs beyond it take the
+# kernel path (DeepSeek-V4-Pro: 16 pages ~30 MB, 64 pages ~99 MB).
+DMA_STAGING_MAX_BYTES = 256 << 20
 
 # --- auto backend on CPU (measured on the 2-core dev VM) ---
 # On the CPU both backends are memcpy-like: the copy engine pays ~5 us of Python per run

@@ -27,7 +27,7 @@ def test_defaults():
         "enable_hierarchical_cache": False, "hicache_ratio": 2.0, "hicache_size_gb": 0.0,
         "write_policy": "write_through", "io_backend": "auto", "mem_layout": "page_first",
         "swa_full_tokens_ratio": 0.1, "ranks_per_host": 1, "host_headroom_gb": None,
-        "max_copy_programs": 32, "storage_backend": "none", "storage_dir": "",
+        "max_copy_programs": None, "storage_backend": "none", "storage_dir": "",
         "storage_master": "127.0.0.1:50051", "storage_capacity_gb": 0.0, "storage_prefetch_policy": "timeout",
         "storage_prefetch_timeout_s": 2.0, "storage_write_policy": "write_through", "storage_optional": False,
         "storage_model_id": "", "tp_rank": 0, "tp_size": 1}

@@ -105,7 +105,7 @@ def _coerce(key: str, value: Any) -> Any:
     want = _TYPES[key]
     if "float" in want and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
-    if want == "int" and isinstance(value, int) and not isinstance(value, bool):
+    if want in ("int", "int | None") and isinstance(value, int) and not isinstance(value, bool):
         return value
     if want == "str" and isinstance(value, str):
         return value

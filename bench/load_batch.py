@@ -1,0 +1,214 @@
+"""A load as a server issues it: all layers x all pools of a batch, end to end.
+
+Question answered: how close does one load (or backup) batch of a real model come to the
+contiguous pinned copy of the same bytes, counting the host's enqueue, and how much do a
+load and the model's compute slow each other? DeepSeek-V4-Pro and -Flash (all layers x all
+seven pools), an MHA and an MLA model; 1/16/64 pages per batch as 1 or 16 ops; random host
+pages into random device pages of the production pinned pools (``bench/load_cases.py``).
+
+Per (model, layout, direction, pages, ops, backend), medians over ``--batches`` batches
+alternated across backends: host enqueue, end to end, time to layer 0, the GPU's own span
+(gated: the GPU held while the host enqueues), GB/s and the fraction of the same run's
+contiguous pinned copy of the same bytes (``frac``: end to end; ``gpu_frac``: GPU span);
+``steady``: ``--steady`` batches back to back without a sync. Per pool (``--per-pool``): the
+pool's rows of the batch, all layers, in one transfer-layer call (gated). Under compute
+(``--compute``): bf16 GEMMs on another stream while loads run back to back: how much each
+slows the other.
+
+    python bench/load_batch.py                          # GPU: the whole matrix
+    python bench/load_batch.py --quick                  # CPU-sized (default without CUDA)
+    python bench/load_batch.py --null                   # host enqueue alone (NullBackend)
+    python bench/load_batch.py --models deepseek-v4-pro --pages 16 --backends auto,dma
+
+Writes JSON to ``--out`` (default: an untracked file under the system temp directory).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import harness  # noqa: E402
+from bench.load_cases import LoadBench  # noqa: E402
+from bench.load_extra import interference, limit_gbps, per_pool, steady  # noqa: E402
+from transfer_kernels import (AutoBackend, CopyEngineBackend, NullBackend, StagedBackend,  # noqa: E402
+                              TorchBackend, TritonBackend)
+
+MODELS = ("deepseek-v4-pro", "deepseek-v4-flash", "llama-3.1-8b", "deepseek-v3")
+COLUMNS = ("model", "layout", "dir", "pages", "ops", "backend", "MB", "host_us", "e2e_us",
+           "layer0_us", "gpu_us", "GBps", "frac", "gpu_frac", "steady_frac")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    cuda = torch.cuda.is_available()
+    p = argparse.ArgumentParser(prog="bench/load_batch.py", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", default=not cuda,
+                   help="CPU-sized run (default without CUDA): 8-layer V4-Pro and 2-layer MLA")
+    p.add_argument("--null", action="store_true",
+                   help="NullBackend behind the controller: host enqueue alone (loads, checked edge and trusted)")
+    p.add_argument("--models", default=None, help="comma list of MODEL[:LAYERS] (default: all four)")
+    p.add_argument("--pages", default=None, help="pages per batch (default 1,16,64; quick 1,16)")
+    p.add_argument("--ops", default="1,16", help="ops per batch (those dividing the pages)")
+    p.add_argument("--backends", default=None, help="default: auto,triton,dma,copy_engine (CPU: auto,"
+                                                    "torch,dma,copy_engine)")
+    p.add_argument("--layouts", default="page_first,layer_first")
+    p.add_argument("--directions", default="h2d,d2h")
+    p.add_argument("--batches", type=int, default=None, help="batches per case and backend (default 20; quick 3)")
+    p.add_argument("--host-gib", type=float, default=None, help="host pool cap per model (default 8; quick 0.5)")
+    p.add_argument("--max-programs", type=int, default=None, help="grid cap of the triton kernels")
+    p.add_argument("--group-bytes", type=int, default=None, help="load launch group size (bytes)")
+    p.add_argument("--no-extra", action="store_true", help="skip steady state, per pool and compute")
+    p.add_argument("--out", type=Path, default=None, help="JSON path")
+    args = p.parse_args(argv)
+    args.device = torch.device("cuda" if cuda else "cpu")
+    quick_models = "deepseek-v4-pro:8,deepseek-v3:2"
+    args.models = [_model(m, p) for m in (args.models or (quick_models if args.quick else ",".join(MODELS))).split(",")]
+    args.pages = [int(x) for x in (args.pages or ("1,16" if args.quick else "1,16,64")).split(",")]
+    args.ops = [int(x) for x in args.ops.split(",")]
+    default_backends = "auto,triton,dma,copy_engine" if cuda else "auto,torch,dma,copy_engine"
+    args.backends = ["null"] if args.null else (args.backends or default_backends).split(",")
+    args.layouts, args.directions = args.layouts.split(","), args.directions.split(",")
+    if args.null:
+        args.directions, args.no_extra = ["h2d"], True
+    args.batches = args.batches or (3 if args.quick else 20)
+    args.host_gib = args.host_gib or (0.25 if args.quick else 8.0)
+    args.out = args.out or Path(tempfile.gettempdir()) / "hicache-bench" / \
+        f"load_batch_{harness.device_slug(args.device)}{'_null' if args.null else ''}.json"
+    return args
+
+
+def _model(spec: str, p: argparse.ArgumentParser) -> tuple[str, int | None]:
+    name, _, layers = spec.partition(":")
+    if name not in MODELS:
+        p.error(f"--models: unknown {name!r}; allowed: {', '.join(MODELS)}")
+    if layers and not layers.isdigit():
+        p.error(f"--models: layers of {name} must be an integer, got {layers!r}")
+    return name, int(layers) if layers else None
+
+
+def make_backends(names: list[str], device: torch.device, max_programs: int | None) -> dict:
+    """Fresh backends by name; every triton kernel bounded by ``max_programs``."""
+    kernel = TritonBackend(max_programs) if device.type == "cuda" else TorchBackend()
+    factories = {"null": NullBackend, "triton": lambda: TritonBackend(max_programs),
+                 "copy_engine": CopyEngineBackend, "torch": TorchBackend,
+                 "dma": lambda: StagedBackend(kernel),
+                 "auto": lambda: AutoBackend(triton=TritonBackend(max_programs))}
+    return {n: factories[n]() for n in names}
+
+
+def _summary(case: dict, batches: list, limit_gbps: float) -> dict:
+    """Medians of one backend's batches of one case."""
+    nbytes = sum(batches[0].bytes_by_pool.values())
+    row = dict(case, MB=nbytes / 1e6, bytes=nbytes, bytes_by_pool=batches[0].bytes_by_pool,
+               limit_GBps=limit_gbps)
+    keys = dict.fromkeys(k for b in batches for k in b.times)
+    for key in keys:  # a gated sample whose gate was too short has no GPU times
+        values = [b.times[key] for b in batches if key in b.times]
+        row.update({f"{key[:-3]}_{k}": v for k, v in harness.percentiles(values, "us").items()})
+        row[key] = statistics.median(values)
+    row["GBps"] = harness.gbps(nbytes, row["e2e_us"] / 1e3)
+    row["frac"] = row["GBps"] / limit_gbps if limit_gbps else None
+    if "gpu_us" in row:
+        row["gpu_frac"] = harness.gbps(nbytes, row["gpu_us"] / 1e3) / limit_gbps
+    groups = [b.groups for b in batches if b.groups]
+    if groups:
+        row["group_end_ms"] = [(f, e, statistics.median(g[i][2] for g in groups if len(g) > i))
+                               for i, (f, e, _) in enumerate(groups[0])]
+    return row
+
+
+def run_case(bench: LoadBench, backends: dict, args: argparse.Namespace, base: dict) -> list[dict]:
+    """One (direction, pages, ops) on every backend, batches alternated across backends."""
+    pages, ops, direction = base["pages"], base["ops"], base["dir"]
+    modes = [False, True] if args.null else [True]  # trusted: the radix tree's path
+    samples: dict[tuple, list] = {}
+    for i in range(args.batches + 2):  # the first two warm up
+        for name, backend in backends.items():
+            bench.ctrl.backend = backend
+            for trusted in modes:
+                make = bench.load_args if direction == "h2d" else bench.backup_args
+                got = [bench.run(direction, make(pages, ops), trusted, gated=False)]
+                if args.device.type == "cuda":
+                    got.append(bench.run(direction, make(pages, ops), trusted, gated=True))
+                if i >= 2:
+                    samples.setdefault((name, trusted), []).append(_merge(got))
+    nbytes = sum(next(iter(samples.values()))[0].bytes_by_pool.values())
+    limit = 0.0 if args.null else limit_gbps(bench.device, nbytes, direction)
+    rows = []
+    for (name, trusted), batches in samples.items():
+        row = _summary(dict(base, backend=name, mode="trusted" if trusted else "edge"), batches, limit)
+        if not args.no_extra:
+            bench.ctrl.backend = backends[name]
+            row.update(steady(bench, direction, pages, ops, limit))
+            row["per_pool"] = per_pool(bench, backends[name], direction, pages, ops)
+        rows.append(row)
+    return rows
+
+
+def _merge(got: list):
+    """An ungated batch's host and end-to-end times with its gated twin's GPU times."""
+    if len(got) == 1:
+        return got[0]
+    plain, gated = got
+    times = dict(plain.times)
+    times.update({k: v for k, v in gated.times.items() if k.startswith("gpu")})
+    return plain._replace(times=times, groups=gated.groups)
+
+
+def cases(args: argparse.Namespace) -> list[tuple[int, int]]:
+    return [(pages, ops) for pages in args.pages for ops in args.ops if ops <= pages and pages % ops == 0]
+
+
+def run(argv: Sequence[str] | None = None) -> list[dict]:
+    """Run the benchmark; returns the rows (also written as JSON to ``--out``)."""
+    args = parse_args(argv)
+    if args.device.type == "cpu":
+        torch.set_num_threads(1)  # copies and limits without thread-pool contention
+    label = harness.device_name(args.device) + (" (CPU: copies run synchronously)" if args.device.type == "cpu" else "")
+    print(f"load_batch on {label}: models={args.models} pages={args.pages} ops={args.ops} "
+          f"backends={args.backends} layouts={args.layouts} batches={args.batches}", flush=True)
+    rows = []
+    for model, layers in args.models:
+        for layout in args.layouts:
+            rows += _model_rows(args, model, layers, layout)
+    if not args.no_extra and args.device.type == "cuda":
+        rows += interference(args, make_backends)
+    config = {k: (str(v) if isinstance(v, (Path, torch.device)) else v) for k, v in vars(args).items()}
+    print(f"wrote {harness.write_json(args.out, rows, config, args.device)}")
+    return rows
+
+
+def _model_rows(args: argparse.Namespace, model: str, layers: int | None, layout: str) -> list[dict]:
+    backends = make_backends(args.backends, args.device, args.max_programs)
+    cap_pages = int(args.host_gib * (1 << 30) // max(1, _page_bytes(model, layers)))
+    bench = LoadBench(model, layers, layout, min(4096, max(4 * max(args.pages), cap_pages)),
+                      max(args.pages), max(args.ops), args.device, next(iter(backends.values())))
+    if args.group_bytes is not None:
+        bench.ctrl.load_groups.min_bytes = args.group_bytes
+    rows = []
+    for direction in args.directions:
+        for pages, ops in cases(args):
+            base = dict(model=f"{model}:{bench.stack.num_model_layers}", layout=layout, dir=direction,
+                        pages=pages, ops=ops)
+            got = run_case(bench, backends, args, base)
+            print(harness.format_table(got, COLUMNS + (("mode",) if args.null else ())), flush=True)
+            rows += got
+    bench.close()
+    return rows
+
+
+def _page_bytes(model: str, layers: int | None) -> int:
+    from hicache.models import preset
+    return preset(model, layers).row_bytes_per_anchor_page()
+
+
+if __name__ == "__main__":
+    run()

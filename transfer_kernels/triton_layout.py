@@ -1,0 +1,220 @@
+"""Launch layouts of the triton backend: segment and program tables, built with numpy.
+
+A *layout* is everything a set of launches reads besides the row indices: the segment
+table (``triton_kernel``'s module docstring) and, per launch, the program table that
+deals its items into contiguous ranges. It is built for every launch group of a plan at
+once (numpy over all segments, O(jobs) Python) and cached at two levels; tables are keyed
+by weak reference, so no cache keeps a pool alive and a dead table's entry never matches
+a new one:
+
+    shape:  the whole layout, for a batch of the same tables, pairs, row counts and grid
+            cap (a scheduler's steady state): a hit only stages the rows;
+    static: what does not depend on row counts (addresses, strides, alignment, vectors per
+            row, order), for the same tables and pairs: a hit computes the sized fields.
+
+Each launch runs at the largest of 16, 8, 4 or 1 bytes dividing every address, stride
+and row size of its segments (every pool of the shipped models is 16-byte aligned; an odd
+scale buffer slows its launch, it is never split off into another one).
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+import torch
+
+from transfer_kernels.plan import CopyPlan
+from transfer_kernels.table import MAX_VECTOR_BYTES, RowTable
+
+SEG_FIELDS = 12  # must equal triton_kernel.SEG_FIELDS (that module imports triton)
+MAGIC_BITS = 31  # the kernel's dividends stay below 2**MAGIC_BITS
+Pairs = tuple[np.ndarray, np.ndarray, np.ndarray]  # job, table-local layer, group per pair
+
+
+def magic(divisors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(m, s)`` with ``t // d == (t * m) >> s`` for every ``0 <= t < 2**31`` (d >= 1).
+
+    Granlund-Montgomery: with ``l = ceil(log2 d)``, ``m = floor(2**(31 + l) / d) + 1`` and
+    ``s = 31 + l``, ``m * d`` lies in ``(2**s, 2**s + 2**l]``, which makes the quotient
+    exact; ``m <= 2**32``, so ``t * m < 2**63`` never overflows int64.
+    """
+    d = np.asarray(divisors, dtype=np.int64)
+    l = np.ceil(np.log2(d)).astype(np.int64)  # exact in float64 for d < 2**31
+    s = MAGIC_BITS + l  # <= 62: 2**s fits int64
+    m = np.left_shift(np.int64(1), s) // d + 1
+    return m, s
+
+
+class Static(NamedTuple):
+    """The row-count-free part of a layout."""
+
+    seg: np.ndarray | None  # [segments, SEG_FIELDS]: fields 0-6 filled
+    seg_job: np.ndarray  # each segment's job
+    used: np.ndarray  # jobs with segments, ascending
+    bounds: np.ndarray  # num_groups + 1 segment offsets
+    aligns: np.ndarray  # per group: the vector bytes of its launch
+
+
+class Layout(NamedTuple):
+    """A complete layout; ``head`` is the segment and program tables (never written)."""
+
+    head: torch.Tensor | None  # flat int64: segments, then every launch's program table
+    used: tuple[int, ...]  # jobs whose rows follow, in this order
+    bounds: tuple[int, ...]  # num_groups + 1 segment offsets
+    grids: tuple[int, ...]  # programs per group (0: nothing to launch)
+    prog_at: tuple[int, ...]  # per group: its program table's offset in meta
+    aligns: tuple[int, ...]
+
+
+class _Lru:
+    """A small thread-safe LRU map."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
+
+    def get(self, key: tuple) -> Any:
+        with self.lock:
+            value = self.items.get(key)
+            if value is not None:
+                self.items.move_to_end(key)
+            return value
+
+    def put(self, key: tuple, value: Any) -> None:
+        with self.lock:
+            self.items[key] = value
+            if len(self.items) > self.size:
+                self.items.popitem(last=False)
+
+
+SHAPES = _Lru(256)
+STATICS = _Lru(256)
+
+
+def layout(plan: CopyPlan, pairs: Callable[[], Pairs], pairs_key: tuple | None,
+           num_groups: int, max_programs: int, vpt: int) -> Layout:
+    """The layout of ``num_groups`` launches whose flat (job, layer, group) arrays ``pairs()``
+    returns; reused when ``pairs_key`` and the jobs' tables were seen before."""
+    jobs = plan.jobs
+    tables = None if pairs_key is None else \
+        (pairs_key, num_groups, vpt, tuple((weakref.ref(j.src), weakref.ref(j.dst)) for j in jobs))
+    rows = tuple(j.num_rows for j in jobs)
+    shape_key = None if tables is None else (tables, rows, max_programs)
+    found = None if shape_key is None else SHAPES.get(shape_key)
+    if found is not None:
+        return found
+    static_key = None if tables is None else (tables, tuple(r > 0 for r in rows))
+    static = None if static_key is None else STATICS.get(static_key)
+    if static is None:
+        static = static_layout(plan, pairs(), num_groups)
+        if static_key is not None:
+            STATICS.put(static_key, static)
+    found = sized_layout(static, np.asarray(rows, dtype=np.int64), max_programs, vpt)
+    if shape_key is not None:
+        SHAPES.put(shape_key, found)
+    return found
+
+
+def static_layout(plan: CopyPlan, pairs: Pairs, num_groups: int) -> Static:
+    """Every segment of every group at once: addresses, strides, each launch's alignment
+    and vectors per row. Depends on the jobs' tables and which jobs have rows only."""
+    jobs = plan.jobs
+    has_rows = np.fromiter((j.num_rows > 0 for j in jobs), np.bool_, len(jobs))
+    job, layer, group = pairs
+    keep = has_rows[job]
+    if not keep.all():
+        job, layer, group = job[keep], layer[keep], group[keep]
+    if not job.size:
+        empty = np.empty(0, dtype=np.int64)
+        return Static(None, empty, empty, np.zeros(num_groups + 1, dtype=np.int64),
+                      np.full(num_groups, MAX_VECTOR_BYTES, dtype=np.int64))
+    used = np.flatnonzero(np.bincount(job, minlength=len(jobs)))  # jobs with segments
+    src = np.concatenate([_side(jobs[j].src) for j in used])
+    dst = np.concatenate([_side(jobs[j].dst) for j in used])
+    # Row (layer * buffers + buffer) of job j's side table sits at base[j] in src / dst.
+    nbuf = np.fromiter((j.src.num_buffers for j in jobs), np.int64, len(jobs))
+    nlay = np.fromiter((j.src.num_layers for j in jobs), np.int64, len(jobs))
+    base = np.zeros(len(jobs), dtype=np.int64)
+    base[used] = np.cumsum(nbuf[used] * nlay[used]) - nbuf[used] * nlay[used]
+    per_pair = nbuf[job]
+    total = int(per_pair.sum())
+    pair_first = np.cumsum(per_pair) - per_pair  # each pair's first segment
+    order = np.repeat(base[job] + layer * per_pair - pair_first, per_pair) + np.arange(total)
+    src, dst = src[order], dst[order]
+    bounds = np.zeros(num_groups + 1, dtype=np.int64)
+    bounds[1:] = np.cumsum(np.bincount(group, weights=per_pair, minlength=num_groups).astype(np.int64))
+    seg_align = np.minimum(src[:, 3], dst[:, 3])  # both powers of two <= 16
+    aligns = np.full(num_groups, MAX_VECTOR_BYTES, dtype=np.int64)
+    live = np.flatnonzero(bounds[1:] > bounds[:-1])
+    aligns[live] = np.minimum.reduceat(seg_align, bounds[live])
+    aligns[aligns == 2] = 1  # one kernel each for 16, 8, 4 and 1 bytes
+    vpr = src[:, 2] // np.repeat(aligns, np.diff(bounds))
+    seg = np.empty((total, SEG_FIELDS), dtype=np.int64)
+    seg[:, 0], seg[:, 1], seg[:, 2], seg[:, 3] = src[:, 0], src[:, 1], dst[:, 0], dst[:, 1]
+    seg[:, 4] = vpr
+    seg[:, 5], seg[:, 6] = magic(vpr)
+    return Static(seg, np.repeat(job, per_pair), used, bounds, aligns)
+
+
+def sized_layout(static: Static, rows: np.ndarray, max_programs: int, vpt: int) -> Layout:
+    """The static layout completed with the row counts: where each job's rows sit in meta,
+    vectors and items per segment, each launch's grid and program table."""
+    num_groups = static.bounds.size - 1
+    if static.seg is None:
+        zeros = (0,) * num_groups
+        return Layout(None, (), (0,) * (num_groups + 1), zeros, zeros, tuple(static.aligns.tolist()))
+    seg, used, seg_job, bounds = static.seg.copy(), static.used, static.seg_job, static.bounds
+    n = rows[seg_job]
+    seg[:, 9] = n * seg[:, 4]
+    items = -(-seg[:, 9] // vpt)
+    done = np.concatenate(([0], np.cumsum(items)))  # items before each segment (global)
+    group_first = done[bounds[:-1]]
+    per_group = done[bounds[1:]] - group_first
+    seg[:, 10] = done[:-1] - np.repeat(group_first, np.diff(bounds))
+    seg[:, 11] = seg[:, 10] + items
+    grids = np.minimum(max_programs, per_group)
+    table, table_at = _program_tables(done, group_first, per_group, grids)
+    head_len = seg.size + table.size
+    idx_at = np.zeros(rows.size, dtype=np.int64)  # each used job's rows in meta
+    idx_at[used] = head_len + np.cumsum(2 * rows[used]) - 2 * rows[used]
+    seg[:, 7] = idx_at[seg_job]
+    seg[:, 8] = seg[:, 7] + n
+    head = torch.from_numpy(np.concatenate([seg.reshape(-1), table]))
+    return Layout(head, tuple(used.tolist()), tuple(bounds.tolist()), tuple(grids.tolist()),
+                  tuple((seg.size + table_at).tolist()), tuple(static.aligns.tolist()))
+
+
+def _program_tables(done: np.ndarray, group_first: np.ndarray, per_group: np.ndarray,
+                    grids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every launch's program table (``first[G], bounds[G + 1]``) back to back, and each
+    launch's offset in it. Program ``p`` of ``G`` takes items ``[p * N // G, (p+1) * N // G)``
+    of its launch's ``N`` and starts at the segment holding the first of them."""
+    sizes = np.where(grids > 0, 2 * grids + 1, 0)
+    table_at = np.cumsum(sizes) - sizes
+    table = np.empty(int(sizes.sum()), dtype=np.int64)
+    g_of = np.repeat(np.arange(grids.size), grids)
+    p = np.arange(g_of.size) - np.repeat(np.cumsum(grids) - grids, grids)  # within its launch
+    lo = p * per_group[g_of] // grids[g_of]  # each program's first item in its launch
+    # segments' global item ends are strictly increasing: the first segment ending after lo
+    table[table_at[g_of] + p] = np.searchsorted(done[1:], group_first[g_of] + lo, side="right")
+    table[table_at[g_of] + grids[g_of] + p] = lo
+    live = grids > 0
+    table[table_at[live] + 2 * grids[live]] = per_group[live]
+    return table, table_at
+
+
+def _side(table: RowTable) -> np.ndarray:
+    """``[num_layers * num_buffers, 4]`` int64 per (layer, buffer), layer-major: base
+    address, row stride, row bytes, alignment. Cached on the table (it never changes)."""
+    side = table._cache.get("segment_side")
+    if side is None:
+        nl, nb = table.num_layers, table.num_buffers
+        side = np.empty((nl * nb, 4), dtype=np.int64)
+        side[:, 0] = table.ptrs.numpy().reshape(-1)
+        side[:, 1] = np.tile(np.asarray(table.row_strides, dtype=np.int64), nl)
+        side[:, 2] = np.tile(np.asarray(table.row_bytes, dtype=np.int64), nl)
+        side[:, 3] = table.align.numpy().reshape(-1)
+        table._cache["segment_side"] = side
+    return side
