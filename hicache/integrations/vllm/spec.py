@@ -44,7 +44,7 @@ from hicache.integrations.vllm.manager import (
 )
 from hicache.integrations.vllm.worker import HiCacheOffloadingWorker
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("vllm.hicache")  # under vLLM's logger: printed with its own lines
 _KV_CACHE_CONFIG: ContextVar[Any] = ContextVar("hicache_kv_cache_config", default=None)
 # where vLLM keeps its own window rule (0.33: the offloading config module; 0.32: the scheduler)
 _WINDOW_RULE_MODULES = ("vllm.distributed.kv_transfer.kv_connector.v1.offloading.config",

@@ -23,7 +23,7 @@ from hicache.integrations.vllm.config import SpecConfig
 from hicache.integrations.vllm.manager import HostChunksSpec
 from hicache.integrations.vllm.mover import BlockMover
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("vllm.hicache")  # under vLLM's logger: printed with its own lines
 
 
 def group_views(kv_caches: CanonicalKVCaches) -> list[list[torch.Tensor]]:
@@ -61,6 +61,9 @@ class HiCacheOffloadingWorker(OffloadingWorker):
                                 blocks_per_chunk, config, world_size)
         log.info("hicache host pools: %s B per group (%s chunks)",
                  self.mover.group_host_bytes(), self.mover.chunks_per_group)
+        if len(kv_caches.tensors) == 1 and len(kv_caches.group_data_refs) > 1:
+            log.warning("hicache: vLLM packs every group's layers into one block (e.g. DeepSeek-V4): "
+                        "each group's host chunk holds the whole packed block, not its own layers")
 
     def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
         """Device blocks -> host chunks, asynchronously; failures come back from get_finished."""

@@ -120,3 +120,16 @@ def test_deepseek_v4_five_groups_round_trip_compactly(gen):
     check_loaded(groups, layers, before, keys, saved, targets)
     stats = sched.mgr.get_stats().data["data"]
     assert [stats["hicache:group_chunks_used"][(str(g),)] for g in range(5)] == keep
+
+
+def test_deepseek_v4_flash_host_bytes_per_token():
+    """The layout at DeepSeek-V4 Flash's layer counts (one rank, per-layer views): with
+    2048-token prefixes the host keeps 12.6 KiB per cached token, against 318 KiB if every
+    block of every group were stored (the compressor states dominate that)."""
+    spec = lay.make_spec(lay.deepseek_v4(lay.FLASH_LAYERS), {"hicache_ratio": 1.0,
+                                                             "hicache_prefix_tokens": 2048}, num_blocks=16)
+    per_token = spec.layout.bytes_per_token()
+    every = [g.every_block_bytes_per_token for g in spec.layout.groups]
+    assert per_token == pytest.approx([1204.5, 1149.75, 3850.25, 1260.0, 5440.0])
+    assert every == pytest.approx([12848.0, 12264.0, 3850.25, 215040.0, 81920.0])
+    assert sum(every) / sum(per_token) > 25

@@ -67,10 +67,16 @@ def sliding(layers: Sequence[str], window_tokens: int, block: int = 16, head: in
     return Group(tuple(layers), spec, -(-window_tokens // block))
 
 
-def deepseek_v4(scale: int = 1) -> list[Group]:
-    """DeepSeek-V4's 5 groups as vLLM builds them (layer counts divided down; ``scale``
-    multiplies them): two SWA groups (64-token blocks, window 128, 584 B fp8 entries),
-    compressed KV C4 + C128 + C4 indexer (256-token blocks), C4 and C128 compressor states."""
+FLASH_LAYERS = {"swa_a": 22, "swa_b": 21, "c4_kv": 21, "c128_kv": 20, "c4_idx": 21,
+                "c4_state": 21, "c4_idx_state": 21, "c128_state": 20}
+
+
+def deepseek_v4(layers: dict[str, int] | None = None) -> list[Group]:
+    """DeepSeek-V4's 5 groups as vLLM builds them (rebuilt from vLLM's sources, not
+    captured from a live run): two SWA groups (64-token blocks, window 128, 584 B fp8
+    entries), compressed KV C4 + C128 + C4 indexer (256-token blocks), C4 main + indexer
+    compressor states (fp32, window 8) and C128 compressor states (window 128). One layer
+    of each kind unless ``layers`` gives counts (``FLASH_LAYERS``: DeepSeek-V4 Flash)."""
     def swa_mla(block, window, head, dtype, entry=None):
         return SlidingWindowMLASpec(block_size=block, num_kv_heads=1, head_size=head, dtype=dtype,
                                     sliding_window=window, state_content_bytes=entry,
@@ -81,15 +87,21 @@ def deepseek_v4(scale: int = 1) -> list[Group]:
                                 state_content_bytes=entry, tokens_per_state=tokens_per_state,
                                 model_version="deepseek_v4")
 
-    names = lambda prefix, n: tuple(f"{prefix}{i}" for i in range(n * scale))  # noqa: E731
-    c4, c128, idx = names("c4_kv", 1), names("c128_kv", 1), names("c4_idx", 1)
+    count = layers or {}
+    names = lambda prefix: tuple(f"{prefix}{i}" for i in range(count.get(prefix, 1)))  # noqa: E731
+    c4, c128, idx = names("c4_kv"), names("c128_kv"), names("c4_idx")
     compressed = {**{n: mla(4, 584) for n in c4}, **{n: mla(128, 584) for n in c128},
                   **{n: mla(4, 132) for n in idx}}
-    return [Group(names("swa_a", 1), swa_mla(64, 128, 512, torch.uint8, 584), 2),
-            Group(names("swa_b", 1), swa_mla(64, 128, 512, torch.uint8, 584), 2),
+    main, idx_state = names("c4_state"), names("c4_idx_state") if layers else ()
+    states = {**{n: swa_mla(4, 8, 2 * 2 * 512, torch.float32) for n in main},
+              **{n: swa_mla(4, 8, 2 * 2 * 128, torch.float32) for n in idx_state}}
+    c4_states = (UniformTypeKVCacheSpecs(block_size=4, kv_cache_specs=states) if idx_state
+                 else states[main[0]])
+    return [Group(names("swa_a"), swa_mla(64, 128, 512, torch.uint8, 584), 2),
+            Group(names("swa_b"), swa_mla(64, 128, 512, torch.uint8, 584), 2),
             Group(c4 + c128 + idx, UniformTypeKVCacheSpecs(block_size=256, kv_cache_specs=compressed)),
-            Group(names("c4_state", 1), swa_mla(4, 8, 2 * 2 * 512, torch.float32), 2),
-            Group(names("c128_state", 1), swa_mla(8, 128, 2 * 512, torch.float32), 16)]
+            Group(main + idx_state, c4_states, 2),
+            Group(names("c128_state"), swa_mla(8, 128, 2 * 512, torch.float32), 16)]
 
 
 def offloading_config(groups: Sequence[Group], extra: dict, blocks_per_chunk: int = 1) -> OffloadingConfig:
