@@ -16,7 +16,8 @@ import shutil
 import sys
 from pathlib import Path
 
-STAMP = ".hicache-model"
+from hicache.integrations.vllm.smollm2 import fresh_folder, publish
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 LAYERS = ["sliding_attention"] * 3 + ["full_attention"]
 
@@ -26,9 +27,7 @@ def write(out: Path, tokenizer_dir: Path, window: int = 128) -> Path:
     import torch
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = fresh_folder(out)
     tok_config = json.loads((tokenizer_dir / "config.json").read_text())
     config = Gemma3TextConfig(
         vocab_size=tok_config["vocab_size"], hidden_size=128, intermediate_size=256,
@@ -42,10 +41,7 @@ def write(out: Path, tokenizer_dir: Path, window: int = 128) -> Path:
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).exists():
             shutil.copy(tokenizer_dir / name, tmp / name)
-    (tmp / STAMP).write_text(f"tiny Gemma-3, window {window}\n")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+    return publish(tmp, out, f"tiny Gemma-3, window {window}")
 
 
 def main(argv: list[str] | None = None) -> int:
