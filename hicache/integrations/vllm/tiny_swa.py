@@ -1,7 +1,7 @@
 """A tiny random-weight Gemma-3 text model with sliding-window layers, for vLLM end to end.
 
 No sliding-window checkpoint ships with a package here, so this writes one: Gemma-3's
-architecture (3 sliding-window layers of a 128-token window, then a full-attention
+architecture (a sliding-window layer of a 128-token window, then a full-attention
 layer, twice) at toy size with seeded random bf16 weights, and SmolLM2's tokenizer
 (copied from the model ``scripts/setup_vllm.sh`` converted). vLLM gives it two KV cache
 groups, full attention and sliding window, which is what the end-to-end test needs; its
@@ -19,7 +19,7 @@ from pathlib import Path
 from hicache.integrations.vllm.smollm2 import fresh_folder, publish
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-LAYERS = ["sliding_attention"] * 3 + ["full_attention"]
+LAYERS = ["sliding_attention", "full_attention"]  # as many of each: vLLM makes 2 groups
 
 
 def write(out: Path, tokenizer_dir: Path, window: int = 128) -> Path:
