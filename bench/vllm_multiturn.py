@@ -139,8 +139,11 @@ def run(args: argparse.Namespace, mode: str) -> tuple[list[dict], dict[str, floa
                          "token_ids": list(done.token_ids)})
             return done.text
 
-        run_turns(args.conversations, args.turns, args.sentences, ask)
-        return rows, server.metrics(), None
+        try:
+            run_turns(args.conversations, args.turns, args.sentences, ask)
+            return rows, server.metrics(), None
+        except (OSError, RuntimeError, ValueError) as exc:  # the server failed mid-run
+            return rows, {}, f"failed after {len(rows)} requests ({exc}):\n{server.log_tail()}"
 
 
 def pct(values: list[float], q: float) -> float:
@@ -224,7 +227,7 @@ def report(args: argparse.Namespace, results: dict, copy_gbps: float) -> dict:
     """The table, the errors and the output checks, printed; the JSON document returned."""
     model_bytes = kv_bytes_per_token(env.model_dir())
     table = [summary(m, rows, metrics, copy_gbps, model_bytes)
-             for m, (rows, metrics, error) in results.items() if error is None]
+             for m, (rows, metrics, error) in results.items() if error is None and rows]
     errors = {m: error for m, (_, _, error) in results.items() if error is not None}
     same = {base: identical_outputs(results, base) for base in ("vllm", "native", "control", "lmcache")}
     if table:
