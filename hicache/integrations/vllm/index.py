@@ -12,15 +12,22 @@ the key bytes). Each group has its own chunk-id space, a ``host_pools.PageAlloca
         +---- evicted (LRU, by prepare_store) ---- READY,idle    LOADING(n)
 
 Only READY keys with no pending load sit in the per-group LRU and can be evicted; a
-STORING or LOADING key never is. Not thread-safe: vLLM calls it from the scheduler
-thread only. No vLLM import: the manager adapter translates types.
+STORING or LOADING key never is. ``demote`` moves keys to the evicting end of their
+LRU (a sliding-window chunk no returning prefix needs any more). Groups may differ in
+capacity (a sliding-window group keeps fewer chunks than a full-attention one).
+
+``reset`` frees idle READY chunks at once, but a chunk whose store or load is still in
+flight goes to quarantine, out of reach of ``prepare_store``, until ``release_reset``:
+a worker may still write (or read) it, and handing it to a new key first would let the
+late copy land in, or read from, the new key's bytes. Not thread-safe: vLLM calls it
+from the scheduler thread only. No vLLM import: the manager adapter translates types.
 """
 from __future__ import annotations
 
 import enum
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Collection, Hashable, NamedTuple
+from typing import Callable, Collection, Hashable, NamedTuple, Sequence
 
 from host_pools.allocator import PageAllocator
 
@@ -39,6 +46,7 @@ class _Entry:
     chunk: int
     ready: bool = False  # False while its store is in flight
     loads: int = 0  # pending loads; > 0 pins the chunk
+    demoted: bool = False  # joins the LRU at its evicting end when published
 
 
 class StorePlan(NamedTuple):
@@ -53,25 +61,34 @@ class HostBlockIndex:
     """LRU index of host chunks per KV cache group.
 
     Args:
-        num_chunks: chunk ids per group (the host capacity), >= 1.
+        num_chunks: chunk ids per group (the host capacity), >= 1: one count for every
+            group, or one per group.
         num_groups: KV cache groups, >= 1.
         group_of: maps a key to its group index in ``[0, num_groups)``.
     Raises:
-        ValueError: a count below 1.
+        ValueError: a count below 1, or ``num_chunks`` of another length than ``num_groups``.
     """
 
-    def __init__(self, num_chunks: int, num_groups: int,
+    def __init__(self, num_chunks: int | Sequence[int], num_groups: int,
                  group_of: Callable[[Hashable], int]) -> None:
-        if num_chunks < 1:
-            raise ValueError(f"num_chunks: must be >= 1, got {num_chunks}")
         if num_groups < 1:
             raise ValueError(f"num_groups: must be >= 1, got {num_groups}")
-        self.num_chunks, self.num_groups, self._group_of = num_chunks, num_groups, group_of
-        self._alloc = [PageAllocator(num_chunks) for _ in range(num_groups)]
+        counts = [num_chunks] * num_groups if isinstance(num_chunks, int) else list(num_chunks)
+        if len(counts) != num_groups or min(counts) < 1:
+            raise ValueError(f"num_chunks: must be >= 1 for each of {num_groups} group(s), "
+                             f"got {num_chunks}")
+        self.chunks_per_group, self.num_groups, self._group_of = counts, num_groups, group_of
+        self._alloc = [PageAllocator(n) for n in counts]
         self._lru: list[OrderedDict[Hashable, None]] = [OrderedDict() for _ in range(num_groups)]
         self._entries: dict[Hashable, _Entry] = {}
+        self._quarantine: list[list[int]] = [[] for _ in range(num_groups)]
         self.counters = {"stored": 0, "store_failed": 0, "loaded": 0, "evicted": 0,
-                         "store_refused": 0}
+                         "store_refused": 0, "demoted": 0}
+
+    @property
+    def num_chunks(self) -> int:
+        """Chunk ids of all groups together."""
+        return sum(self.chunks_per_group)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -174,6 +191,8 @@ class HostBlockIndex:
             if success:
                 entry.ready = True
                 self._lru[entry.group][key] = None
+                if entry.demoted:
+                    self._lru[entry.group].move_to_end(key, last=False)
                 done.append(key)
             else:
                 self._drop(key)
@@ -184,25 +203,62 @@ class HostBlockIndex:
     def _drop(self, key: Hashable) -> None:
         entry = self._entries.pop(key)
         self._lru[entry.group].pop(key, None)
-        self._alloc[entry.group].free(_one(entry.chunk))
+        self._alloc[entry.group].free(_ids([entry.chunk]))
+
+    def demote(self, keys: Collection[Hashable]) -> int:
+        """Make ``keys`` the next to be evicted in their group (a STORING key when it is
+        published; a LOADING one stays pinned). Unknown keys are ignored; returns the
+        number of keys demoted."""
+        count = 0
+        for key in keys:
+            entry = self._entries.get(key)
+            if entry is None:
+                continue
+            entry.demoted = True
+            if key in self._lru[entry.group]:
+                self._lru[entry.group].move_to_end(key, last=False)
+            count += 1
+        self.counters["demoted"] += count
+        return count
 
     def reset(self) -> None:
-        """Forget every key and free every chunk id (vLLM flushes transfers first)."""
-        for key in list(self._entries):
-            self._drop(key)
+        """Forget every key. Idle READY chunks are free at once; chunks with a store or
+        load in flight are quarantined until :meth:`release_reset`."""
+        for key, entry in list(self._entries.items()):
+            if entry.ready and entry.loads == 0:
+                self._drop(key)
+                continue
+            del self._entries[key]
+            self._lru[entry.group].pop(key, None)
+            self._quarantine[entry.group].append(entry.chunk)
+
+    def quarantined(self, group: int) -> int:
+        """Chunk ids of ``group`` waiting for the transfers in flight at a reset to end."""
+        return len(self._quarantine[group])
+
+    def release_reset(self) -> int:
+        """Free the chunks :meth:`reset` quarantined (every transfer in flight at the reset
+        has ended); returns how many."""
+        count = 0
+        for g, chunks in enumerate(self._quarantine):
+            if chunks:
+                self._alloc[g].free(_ids(chunks))
+                count += len(chunks)
+                chunks.clear()
+        return count
 
     def used(self, group: int) -> int:
-        """Chunk ids of ``group`` held by a key (any state)."""
-        return self.num_chunks - self._alloc[group].available()
+        """Chunk ids of ``group`` not free: held by a key (any state) or quarantined."""
+        return self.chunks_per_group[group] - self._alloc[group].available()
 
     def check_integrity(self) -> None:
         """``RuntimeError`` on any broken invariant (free + used = total, LRU = idle READY keys)."""
         for g in range(self.num_groups):
             self._alloc[g].check_integrity()
-            held = [e.chunk for e in self._entries.values() if e.group == g]
+            held = [e.chunk for e in self._entries.values() if e.group == g] + self._quarantine[g]
             if len(held) != self.used(g) or len(set(held)) != len(held):
-                raise RuntimeError(f"group {g}: {len(held)} keys hold {len(set(held))} distinct "
-                                   f"chunks, allocator says {self.used(g)} used")
+                raise RuntimeError(f"group {g}: keys and quarantine hold {len(held)} chunks "
+                                   f"({len(set(held))} distinct), allocator says {self.used(g)} used")
             idle = {k for k, e in self._entries.items() if e.group == g and e.ready and e.loads == 0}
             if idle != set(self._lru[g]):
                 raise RuntimeError(f"group {g}: LRU has {len(self._lru[g])} keys, {len(idle)} idle READY keys")
@@ -219,6 +275,7 @@ def _oldest(lru: OrderedDict, count: int, protected: set) -> list:
     return out
 
 
-def _one(chunk: int):
+def _ids(chunks: list[int]):
+    """Chunk ids as the int64 tensor ``PageAllocator.free`` takes."""
     import torch
-    return torch.tensor([chunk], dtype=torch.int64)
+    return torch.tensor(chunks, dtype=torch.int64)

@@ -1,12 +1,21 @@
 """`HiCacheOffloadingManager`: vLLM's scheduler-side ``OffloadingManager`` over `HostBlockIndex`.
 
 Translates vLLM's types (``OffloadKey``, ``LookupResult``, ``PrepareStoreOutput``, events,
-``OffloadingConnectorStats``) to and from the vLLM-free index; counts what the host tier
-did for ``get_stats`` (exported by vLLM's ``/metrics`` as ``hicache:*``).
+``OffloadingConnectorStats``) to and from the vLLM-free index; keeps only the trailing
+window of sliding-window and state groups (``window.py``); counts what the host tier
+did for ``get_stats`` (exported by vLLM's ``/metrics`` as ``hicache:*``, per group where
+labelled ``group``).
+
+Cache reset: chunks whose transfer is in flight stay quarantined (``HostBlockIndex``)
+until the workers are past it. vLLM >= 0.33 says so with ``on_reset_flushed()``; where the
+base class has no such call (0.32), the first transfer completion after the reset is the
+proof (workers wait for the jobs a reset flushed before they submit any later one), or
+failing that the second schedule step after it (the flush went out with the first).
 """
 from __future__ import annotations
 
-from typing import Collection, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
     OffloadingConnectorStats,
@@ -27,7 +36,12 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from hicache.integrations.vllm.groups import HostLayout
 from hicache.integrations.vllm.index import HostBlockIndex, Lookup
+from hicache.integrations.vllm.window import TrailingWindows
+
+# vLLM >= 0.33 fences a cache reset and tells the manager when it is past (feature test).
+RESET_FENCED = hasattr(OffloadingManager, "on_reset_flushed")
 
 _LOOKUP = {Lookup.MISS: LookupResult.MISS, Lookup.HIT: LookupResult.HIT,
            Lookup.PENDING: LookupResult.HIT_PENDING}
@@ -39,9 +53,14 @@ _COUNTERS = {
     "hicache:evicted_blocks": ("evicted", "Host chunks evicted (LRU) to make room for stores."),
     "hicache:store_refusals": ("store_refused", "Stores refused: no idle host chunk to evict."),
     "hicache:store_failures": ("store_failed", "Stores reported failed by the worker."),
+    "hicache:demoted_blocks": ("demoted", "Sliding-window chunks that left their request's "
+                                          "trailing window (evicted first)."),
 }
 HIT_TOKENS = "hicache:hit_tokens"
 USED, TOTAL = "hicache:host_blocks_used", "hicache:host_blocks_total"
+GROUP_USED, GROUP_TOTAL = "hicache:group_chunks_used", "hicache:group_chunks_total"
+BYTES_PER_TOKEN = "hicache:host_bytes_per_token"
+_GROUP = ("group",)
 
 
 def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
@@ -52,7 +71,29 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
         documentation="Tokens loaded from the host tier (whole chunks).")
     defs[USED] = OffloadingGaugeMetadata(documentation="Host chunks in use, all groups.")
     defs[TOTAL] = OffloadingGaugeMetadata(documentation="Host chunk capacity, all groups.")
+    defs[GROUP_USED] = OffloadingGaugeMetadata(documentation="Host chunks in use, per KV cache "
+                                               "group.", labelnames=_GROUP)
+    defs[GROUP_TOTAL] = OffloadingGaugeMetadata(documentation="Host chunk capacity, per KV cache "
+                                                "group.", labelnames=_GROUP)
+    defs[BYTES_PER_TOKEN] = OffloadingGaugeMetadata(
+        documentation="Host bytes per cached prefix token, per KV cache group (a sliding-window "
+                      "group keeps only trailing windows).", labelnames=_GROUP)
     return defs
+
+
+INFO_KEYS = ("hicache_groups", "hicache_host_chunks", "hicache_host_bytes",
+             "hicache_bytes_per_token", "hicache_io_backend")
+
+
+def config_info(layout: HostLayout, io_backend: str) -> dict[str, str | int | float]:
+    """The ``vllm:kv_offload_config_info`` labels (vLLM >= 0.33): one value per ``INFO_KEYS``."""
+    per_token = layout.bytes_per_token()
+    return {"hicache_groups": ",".join(g.kind if g.window is None else f"window{g.window}"
+                                       for g in layout.groups),
+            "hicache_host_chunks": ",".join(str(c) for c in layout.chunks),
+            "hicache_host_bytes": sum(g.host_bytes or 0 for g in layout.groups),
+            "hicache_bytes_per_token": round(sum(b or 0.0 for b in per_token), 1),
+            "hicache_io_backend": io_backend}
 
 
 class HostChunksSpec(BlockIDsLoadStoreSpec):
@@ -63,18 +104,28 @@ class HiCacheOffloadingManager(OffloadingManager):
     """The scheduler side of the plugin (constructed by ``HiCacheOffloadingSpec``).
 
     Args:
-        index: the host chunk index.
-        tokens_per_chunk: tokens one chunk holds, per index group.
+        index: the host chunk index (its per-group capacity from ``layout``).
+        layout: every group's tokens per chunk, window and host bytes.
         enable_events: record stored/removed events for vLLM's KV event stream.
+        info: the ``config_info()`` labels.
     """
 
-    def __init__(self, index: HostBlockIndex, tokens_per_chunk: Sequence[int],
-                 enable_events: bool = False) -> None:
-        self.index = index
-        self.tokens_per_chunk = list(tokens_per_chunk)
+    def __init__(self, index: HostBlockIndex, layout: HostLayout, enable_events: bool = False,
+                 info: Mapping[str, Any] | None = None) -> None:
+        self.index, self.layout = index, layout
+        self.tokens_per_chunk = [g.tokens_per_chunk for g in layout.groups]
+        self.windows = TrailingWindows([g.window for g in layout.groups])
         self.events: list[OffloadingEvent] | None = [] if enable_events else None
         self.hit_tokens = 0
         self._reported: dict[str, int] = {}
+        self._info = dict(info or {})
+        self._steps_since_reset: int | None = None  # vLLM 0.32: steps since an unfenced reset
+
+    @property
+    def lock(self) -> AbstractContextManager:
+        """vLLM >= 0.33 holds this across a lookup HIT and its ``prepare_load``; a no-op,
+        as in vLLM's default: nothing but vLLM's scheduler thread enters this manager."""
+        return nullcontext()
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return RequestOffloadingContext()
@@ -95,13 +146,20 @@ class HiCacheOffloadingManager(OffloadingManager):
         self.index.touch(keys)
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        self._transfer_ended()
         self.index.complete_load(list(keys))
 
     def prepare_store(self, keys: Collection[OffloadKey],
                       req_context: ReqContext) -> PrepareStoreOutput | None:
-        plan = self.index.prepare_store(list(keys))
+        """Host chunks for ``keys``: all of a full-attention group's, a windowed group's
+        trailing window only (the rest is not stored: ``keys_to_store`` leaves it out)."""
+        position = getattr(req_context, "get_offload_key_position", lambda key: None)
+        choice = self.windows.select(req_context.req_id, list(keys), self.index.group, position)
+        plan = self.index.prepare_store(choice.offer)
         if plan is None:
             return None  # vLLM counts an allocation failure and retries later
+        self.windows.commit(req_context.req_id, choice)
+        self.index.demote(choice.demote)
         if plan.evicted:
             self._event(plan.evicted, removed=True)
         return PrepareStoreOutput(keys_to_store=plan.keys, store_spec=HostChunksSpec(plan.chunks),
@@ -109,9 +167,13 @@ class HiCacheOffloadingManager(OffloadingManager):
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext,
                        success: bool = True) -> None:
+        self._transfer_ended()
         stored = self.index.complete_store(list(keys), success)
         if stored:
             self._event(stored, removed=False)
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self.windows.finish(req_context.req_id)
 
     def _event(self, keys: list, removed: bool) -> None:
         if self.events is not None:
@@ -123,7 +185,31 @@ class HiCacheOffloadingManager(OffloadingManager):
             self.events.clear()
 
     def reset_cache(self) -> None:
+        """Forget every key; chunks with a transfer in flight wait for the fence (module docstring)."""
         self.index.reset()
+        self.windows.clear()
+        if not RESET_FENCED:
+            self._steps_since_reset = 0
+
+    def on_reset_flushed(self) -> None:
+        """vLLM >= 0.33: every job in flight at the last reset has been reported."""
+        self.index.release_reset()
+
+    def _transfer_ended(self) -> None:
+        """vLLM 0.32: a job completed after an unfenced reset, so the workers are past it."""
+        if self._steps_since_reset is not None:
+            self._steps_since_reset = None
+            self.index.release_reset()
+
+    def on_schedule_end(self, context: Any) -> None:
+        if self._steps_since_reset is not None:
+            self._steps_since_reset += 1
+            if self._steps_since_reset >= 2:
+                self._transfer_ended()
+
+    def config_info(self) -> Sequence[Mapping[str, Any]]:
+        """vLLM >= 0.33's ``vllm:kv_offload_config_info`` series (``INFO_KEYS``)."""
+        return [self._info]
 
     def totals(self) -> dict[str, int]:
         """Counters since start-up: the ``hicache:*`` counter names -> values."""
@@ -141,5 +227,11 @@ class HiCacheOffloadingManager(OffloadingManager):
             self._reported[name] = value
         groups = range(self.index.num_groups)
         stats.set_gauge(USED, sum(self.index.used(g) for g in groups))
-        stats.set_gauge(TOTAL, self.index.num_chunks * self.index.num_groups)
+        stats.set_gauge(TOTAL, self.index.num_chunks)
+        for g, per_token in zip(groups, self.layout.bytes_per_token()):
+            label = (str(g),)
+            stats.set_gauge(GROUP_USED, self.index.used(g), label)
+            stats.set_gauge(GROUP_TOTAL, self.index.chunks_per_group[g], label)
+            if per_token is not None:
+                stats.set_gauge(BYTES_PER_TOKEN, per_token, label)
         return stats

@@ -3,9 +3,10 @@
 Device side: vLLM's KV cache, one ``[num_blocks, page_bytes]`` uint8 view per layer and
 KV cache group, adopted without a copy as a ``transfer_kernels.RowTable`` (one row = one
 vLLM block). Host side: one ``host_pools.HostPool`` per group (``page_first`` by default:
-a block of all layers is one contiguous span), all groups in one ``HostReservation``
-checked against the host budget before any memory is touched, pinned on CUDA. A host
-chunk ``c`` is ``blocks_per_chunk`` consecutive host rows::
+a block of all layers is one contiguous span; a group whose layers differ in page size
+gets one pool per size, with the same rows), each group with its own number of chunks,
+all in one ``HostReservation`` checked against the host budget before any memory is
+touched, pinned on CUDA. A host chunk ``c`` is ``blocks_per_chunk`` consecutive host rows::
 
     host rows of chunk c:   c*k, c*k+1, ..., c*k+k-1            (k = blocks_per_chunk)
     a job's rows, group g:  rows of its chunks, minus the first block_indices[g] % k
@@ -13,9 +14,9 @@ chunk ``c`` is ``blocks_per_chunk`` consecutive host rows::
 
 Every store (device -> host) and load (host -> device) is one ``copy_rows_batch`` call
 over all groups, through the configured backend (``auto``: triton for small pieces and
-the copy engine for large ones on CUDA; numpy/torch copies on CPU). On CUDA each
-direction has its own stream, ordered after the compute stream, and completion is an
-event; on CPU the copy runs inside ``submit``. A copy that raises reports its job as
+the copy engine for large ones on CUDA; numpy/torch copies on CPU). On CUDA stores,
+loads and expedited loads each have their own stream, ordered after the compute stream,
+and completion is an event; on CPU the copy runs inside ``submit``. A copy that raises reports its job as
 failed and frees nothing: host chunk ids belong to the scheduler-side index.
 No vLLM import: the worker adapter translates vLLM's specs into plain arrays.
 """
@@ -41,6 +42,7 @@ from transfer_kernels import copy_rows_batch, get_backend
 
 log = logging.getLogger(__name__)
 DIRECTIONS = {"store": "d2h", "load": "h2d"}
+QUEUES = {"store": "store", "load": "load", "expedited": "load"}  # queue -> direction
 
 
 class Finished(NamedTuple):
@@ -77,67 +79,101 @@ def chunk_rows(chunks: np.ndarray, blocks_per_chunk: int, skip: int, count: int)
     return rows[skip:skip + count]
 
 
+class _Part(NamedTuple):
+    """Layers of one group that share a page size and row stride: one host pool."""
+
+    device: RowTable
+    host: RowTable
+    pool: HostPool
+
+
+def split_layers(views: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """A group's layer views, parted by (page bytes, row stride), first appearance first
+    (DeepSeek-V4's compressed-KV group mixes C4 and C128 KV and indexer pages)."""
+    parts: dict[tuple[int, int], list[torch.Tensor]] = {}
+    for v in views:
+        parts.setdefault((int(v.shape[1]), int(v.stride(0))), []).append(v)
+    return list(parts.values())
+
+
 class BlockMover:
     """Host pools for vLLM's KV cache groups and the asynchronous copies between the tiers.
 
     Args:
         groups: per KV cache group, per layer, a 2-D uint8 ``[num_blocks, page_bytes]``
-            view of vLLM's cache (row stride may exceed ``page_bytes``).
+            view of vLLM's cache (row stride may exceed ``page_bytes``). Layers of one
+            group that differ in page size get a host pool each, with the same rows.
         tokens_per_block: vLLM tokens per block, per group.
-        num_chunks: host chunks per group (from ``SpecConfig.host_chunks``).
+        num_chunks: host chunks, one count for every group or one per group (sliding-
+            window groups keep fewer: ``groups.py``).
         blocks_per_chunk: vLLM blocks per host chunk, >= 1.
         config: the plugin settings (backend, layout, budget).
         world_size: vLLM workers (splits the host budget unless ranks were given).
         budget: override the measured host budget (tests).
         backend: override the backend ``config`` names (tests: fault injection).
     Raises:
-        ValueError: bad views (names group and layer); HostMemoryError: over budget.
+        ValueError: bad views (names group and layer) or counts; HostMemoryError: over budget.
     """
 
     def __init__(self, groups: Sequence[Sequence[torch.Tensor]], tokens_per_block: Sequence[int],
-                 num_chunks: int, blocks_per_chunk: int, config: SpecConfig, world_size: int = 1,
-                 budget=None, backend: CopyBackend | None = None) -> None:
+                 num_chunks: int | Sequence[int], blocks_per_chunk: int, config: SpecConfig,
+                 world_size: int = 1, budget=None, backend: CopyBackend | None = None) -> None:
         if not groups or len(groups) != len(tokens_per_block):
             raise ValueError(f"groups: need one entry per KV cache group and a tokens_per_block "
                              f"each, got {len(groups)} and {len(tokens_per_block)}")
-        if blocks_per_chunk < 1 or num_chunks < 1:
-            raise ValueError(f"blocks_per_chunk, num_chunks: must be >= 1, got "
-                             f"{blocks_per_chunk}, {num_chunks}")
-        self.blocks_per_chunk, self.num_chunks = blocks_per_chunk, num_chunks
-        self.device_tables = [RowTable.from_views([[v] for v in views], name=f"vllm.group{g}")
-                              for g, views in enumerate(groups)]
-        self.device = self.device_tables[0].device
-        self.specs = [self._pool_spec(g, t, tpb) for g, (t, tpb)
-                      in enumerate(zip(self.device_tables, tokens_per_block))]
-        self.host_pools = self._allocate(config, world_size, budget)
-        self.host_tables = [RowTable.from_views(p.row_views(), name=f"{p.name}.host")
-                            for p in self.host_pools]
+        counts = [num_chunks] * len(groups) if isinstance(num_chunks, int) else list(num_chunks)
+        if blocks_per_chunk < 1 or len(counts) != len(groups) or min(counts) < 1:
+            raise ValueError(f"blocks_per_chunk, num_chunks: must be >= 1 (one count per group), "
+                             f"got {blocks_per_chunk}, {num_chunks}")
+        self.blocks_per_chunk, self.chunks_per_group = blocks_per_chunk, counts
+        tables = [[RowTable.from_views([[v] for v in part], name=f"vllm.group{g}.{i}")
+                   for i, part in enumerate(split_layers(views))] for g, views in enumerate(groups)]
+        self.device = tables[0][0].device
+        specs = [[self._pool_spec(g, i, len(ts), t, tpb) for i, t in enumerate(ts)]
+                 for g, (ts, tpb) in enumerate(zip(tables, tokens_per_block))]
+        pools = self._allocate(specs, config, world_size, budget)
+        self.parts = [[_Part(t, RowTable.from_views(pools[s.name].row_views(), name=f"{s.name}.host"),
+                             pools[s.name]) for t, s in zip(ts, ss)] for ts, ss in zip(tables, specs)]
+        self.host_pools = [part.pool for group in self.parts for part in group]
         self.backend = backend or make_backend(config.hicache)
         self.counters = TransferStats()
         self.seconds = {"d2h": 0.0, "h2d": 0.0}
         self._done: deque[Finished] = deque()
-        self._inflight: dict[str, deque[_InFlight]] = {"store": deque(), "load": deque()}
+        # expedited loads (vLLM >= 0.33 waits on them within the step) do not queue behind others
+        self._inflight: dict[str, deque[_InFlight]] = {q: deque() for q in QUEUES}
         on_cuda = self.device.type == "cuda"
-        self._streams = ({d: torch.cuda.Stream(self.device) for d in DIRECTIONS} if on_cuda else {})
+        self._streams = ({q: torch.cuda.Stream(self.device) for q in QUEUES} if on_cuda else {})
 
     @staticmethod
-    def _pool_spec(g: int, table: RowTable, tokens_per_block: int) -> PoolSpec:
+    def _pool_spec(g: int, i: int, count: int, table: RowTable, tokens_per_block: int) -> PoolSpec:
         buf = BufferSpec("kv", (table.row_bytes[0],), torch.uint8)
-        return PoolSpec(f"group{g}", PoolKind.ANCHOR, table.num_layers, (buf,),
-                        tokens_per_row=tokens_per_block)
+        name = f"group{g}" if count == 1 else f"group{g}.{i}"
+        return PoolSpec(name, PoolKind.ANCHOR, table.num_layers, (buf,), tokens_per_row=tokens_per_block)
 
-    def _allocate(self, config: SpecConfig, world_size: int, budget) -> list[HostPool]:
-        rows = self.num_chunks * self.blocks_per_chunk
-        requests = {s.name: HostPool.bytes_for(s, rows) for s in self.specs}
+    def _allocate(self, specs: list[list[PoolSpec]], config: SpecConfig, world_size: int,
+                  budget) -> dict[str, HostPool]:
+        rows = {s.name: n * self.blocks_per_chunk for ss, n in zip(specs, self.chunks_per_group)
+                for s in ss}
+        flat = [s for ss in specs for s in ss]
+        requests = {s.name: HostPool.bytes_for(s, rows[s.name]) for s in flat}
         budget = config.check_budget(requests, world_size, budget)
         self.reservation = HostReservation(pin=self.device.type == "cuda")
         storage = self.reservation.reserve(requests, budget, FLAG_HINT)
-        return [HostPool(s, rows, config.hicache.mem_layout, storage[s.name]) for s in self.specs]
+        return {s.name: HostPool(s, rows[s.name], config.hicache.mem_layout, storage[s.name])
+                for s in flat}
+
+    @property
+    def num_chunks(self) -> int:
+        """Host chunks of all groups together."""
+        return sum(self.chunks_per_group)
 
     def block_bytes(self, group: int) -> int:
         """Bytes of one vLLM block of ``group``, all layers."""
-        table = self.device_tables[group]
-        return table.num_layers * table.row_bytes[0]
+        return sum(p.device.num_layers * p.device.row_bytes[0] for p in self.parts[group])
+
+    def group_host_bytes(self) -> list[int]:
+        """Host bytes of each group's pools."""
+        return [sum(p.pool.nbytes for p in group) for group in self.parts]
 
     @property
     def host_bytes(self) -> int:
@@ -151,8 +187,8 @@ class BlockMover:
         Raises:
             ValueError: the spec's lengths disagree (names the argument).
         """
-        if len(group_sizes) != len(self.device_tables) or len(block_indices) != len(group_sizes):
-            raise ValueError(f"group_sizes, block_indices: need {len(self.device_tables)} entries, "
+        if len(group_sizes) != len(self.parts) or len(block_indices) != len(group_sizes):
+            raise ValueError(f"group_sizes, block_indices: need {len(self.parts)} entries, "
                              f"got {len(group_sizes)} and {len(block_indices)}")
         out, d_off, h_off, k = [], 0, 0, self.blocks_per_chunk
         for g, (n, first) in enumerate(zip(group_sizes, block_indices)):
@@ -173,11 +209,14 @@ class BlockMover:
         return out
 
     def submit(self, job_id: int, direction: str, device_blocks: np.ndarray,
-               group_sizes: Sequence[int], block_indices: Sequence[int], chunks: np.ndarray) -> None:
+               group_sizes: Sequence[int], block_indices: Sequence[int], chunks: np.ndarray,
+               expedited: bool = False) -> None:
         """Start one store or load; its outcome comes back from :meth:`finished`.
 
         Never raises for a failed copy (bad ids, a backend error): the job is reported
-        failed instead, and nothing is freed. Not thread-safe (vLLM's worker thread).
+        failed instead, and nothing is freed. An ``expedited`` load (vLLM waits on it
+        within the step) runs on its own CUDA stream, not behind queued loads. Not
+        thread-safe (vLLM's worker thread).
 
         Raises:
             ValueError: ``direction`` is not ``"store"`` or ``"load"`` (a caller bug).
@@ -186,10 +225,11 @@ class BlockMover:
             raise ValueError(f"direction: must be one of {tuple(DIRECTIONS)}, got {direction!r}")
         try:
             parts = self.plan(device_blocks, group_sizes, block_indices, chunks)
-            jobs = [self._job(direction, g, dev, host) for g, dev, host in parts]
+            jobs = [job for g, dev, host in parts for job in self._jobs(direction, g, dev, host)]
             nbytes = sum(len(dev) * self.block_bytes(g) for g, dev, _ in parts)
             if self.device.type == "cuda":
-                self._launch_cuda(job_id, direction, jobs, nbytes)
+                queue = "expedited" if expedited and direction == "load" else direction
+                self._launch_cuda(job_id, queue, jobs, nbytes)
             else:
                 started = time.perf_counter()
                 copy_rows_batch(jobs, backend=self.backend)
@@ -198,14 +238,15 @@ class BlockMover:
             log.error("hicache %s job %d failed: %s", direction, job_id, exc)
             self._finish(direction, Finished(job_id, False, 0, 0.0))
 
-    def _job(self, direction: str, g: int, dev: np.ndarray, host: np.ndarray) -> CopyJob:
+    def _jobs(self, direction: str, g: int, dev: np.ndarray, host: np.ndarray) -> list[CopyJob]:
+        """One copy per part of group ``g`` (same rows on every part)."""
         d_rows, h_rows = torch.from_numpy(dev), torch.from_numpy(host)
         if direction == "store":
-            return CopyJob(self.device_tables[g], self.host_tables[g], d_rows, h_rows)
-        return CopyJob(self.host_tables[g], self.device_tables[g], h_rows, d_rows)
+            return [CopyJob(p.device, p.host, d_rows, h_rows) for p in self.parts[g]]
+        return [CopyJob(p.host, p.device, h_rows, d_rows) for p in self.parts[g]]
 
-    def _launch_cuda(self, job_id: int, direction: str, jobs: list[CopyJob], nbytes: int) -> None:
-        stream = self._streams[direction]
+    def _launch_cuda(self, job_id: int, queue: str, jobs: list[CopyJob], nbytes: int) -> None:
+        stream = self._streams[queue]
         # A store reads KV the model may still be writing; a load writes blocks whose
         # earlier writes (zeroing, a previous owner) are queued on the compute stream.
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -214,7 +255,7 @@ class BlockMover:
             start.record(stream)
             copy_rows_batch(jobs, backend=self.backend)
             end.record(stream)
-        self._inflight[direction].append(_InFlight(job_id, nbytes, start, end, jobs))
+        self._inflight[queue].append(_InFlight(job_id, nbytes, start, end, jobs))
 
     def _finish(self, direction: str, done: Finished) -> None:
         self._done.append(done)
@@ -223,12 +264,12 @@ class BlockMover:
         self.seconds[DIRECTIONS[direction]] += done.seconds
 
     def finished(self) -> list[Finished]:
-        """Jobs finished since the last call (per direction in submission order)."""
-        for direction, queue in self._inflight.items():
+        """Jobs finished since the last call (per queue in submission order)."""
+        for name, queue in self._inflight.items():
             while queue and queue[0].end.query():
                 job = queue.popleft()
                 seconds = job.start.elapsed_time(job.end) / 1e3
-                self._finish(direction, Finished(job.job_id, True, job.nbytes, seconds))
+                self._finish(QUEUES[name], Finished(job.job_id, True, job.nbytes, seconds))
         out = list(self._done)
         self._done.clear()
         return out

@@ -3,8 +3,11 @@
 Starts vLLM's OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``)
 in the vLLM environment. hicache's own flags are taken out of the command line and
 translated into ``--kv-transfer-config`` (see ``config.kv_transfer_config``); every other
-argument goes to vLLM untouched. Without ``--enable-hierarchical-cache`` it starts plain
-vLLM. ``MODEL`` may be ``smollm2-135m``, the model folder ``scripts/setup_vllm.sh`` made.
+argument goes to vLLM untouched, except a ``--hicache-*`` flag hicache does not know (a
+typo), which is refused before vLLM starts. Without ``--enable-hierarchical-cache`` it
+starts plain vLLM. The server listens on 127.0.0.1 unless ``--host`` says otherwise
+(vLLM alone would listen on every interface). ``MODEL`` may be ``smollm2-135m``, the
+model folder ``scripts/setup_vllm.sh`` made.
 """
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ from typing import Sequence
 
 from hicache.config import HiCacheConfig, add_hicache_args
 from hicache.integrations.vllm import env
-from hicache.integrations.vllm.config import SpecConfig, kv_transfer_config
+from hicache.integrations.vllm.config import PREFIX_FLAG, SpecConfig, kv_transfer_config
+
+DEFAULT_HOST = "127.0.0.1"
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -24,29 +29,68 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--vllm-python", default=None,
                         help="Python with vLLM installed (default: this one if it has vLLM, "
                              "else the environment scripts/setup_vllm.sh built)")
+    parser.add_argument(PREFIX_FLAG, dest="hicache_prefix_tokens", type=int, default=None,
+                        help="typical cached prefix in tokens; sizes the host pools of "
+                             "sliding-window and state KV cache groups (default 2048)")
     add_hicache_args(parser)
     return parser
 
 
-def serve_command(model: str, config: HiCacheConfig, vllm_args: Sequence[str],
-                  python: str | os.PathLike | None = None) -> list[str]:
-    """The argv that starts vLLM's server, with hicache configured when enabled.
+def _flag(arg: str) -> str:
+    return arg.split("=", 1)[0]
+
+
+def check_vllm_args(vllm_args: Sequence[str]) -> None:
+    """Refuse a ``--hicache-*`` flag that reached vLLM's arguments (hicache does not know it).
 
     Raises:
-        ValueError: no vLLM Python, ``--kv-transfer-config`` given together with
+        ValueError: naming the flag(s).
+    """
+    unknown = [_flag(a) for a in vllm_args if _flag(a).startswith(("--hicache", "--enable-hierarchical"))]
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: unknown hicache flag(s) (a typo?); "
+                         "`hicache serve-vllm --help` lists them")
+
+
+def resolve_python(python: str | os.PathLike | None) -> Path:
+    """The Python that runs vLLM: ``--vllm-python``, else one found (``env.vllm_python``).
+
+    Raises:
+        ValueError: none found, or ``--vllm-python`` is not an executable file.
+    """
+    if python is None:
+        py = env.vllm_python()
+        if py is None:
+            raise ValueError(f"--vllm-python: no Python with vLLM found ({env.missing()})")
+        return py
+    py = Path(python)
+    if not py.is_file() or not os.access(py, os.X_OK):
+        raise ValueError(f"--vllm-python: {py} is not an executable file")
+    return py
+
+
+def serve_command(model: str, config: HiCacheConfig, vllm_args: Sequence[str],
+                  python: str | os.PathLike | None = None,
+                  prefix_tokens: int | None = None) -> list[str]:
+    """The argv that starts vLLM's server (on 127.0.0.1 unless ``vllm_args`` has
+    ``--host``), with hicache configured when enabled.
+
+    Raises:
+        ValueError: no vLLM Python or a bad ``--vllm-python``, an unknown ``--hicache-*``
+            flag, ``--kv-transfer-config`` given together with
             ``--enable-hierarchical-cache``, an unsupported hicache setting, or a
             ``--hicache-size`` over this host's budget.
     """
-    py = Path(python) if python else env.vllm_python()
-    if py is None:
-        raise ValueError(f"--vllm-python: no Python with vLLM found ({env.missing()})")
-    argv = [str(py), "-m", env.API_SERVER, "--model", env.resolve_model(model), *vllm_args]
+    check_vllm_args(vllm_args)
+    py = resolve_python(python)
+    host = [] if any(_flag(a) == "--host" for a in vllm_args) else ["--host", DEFAULT_HOST]
+    argv = [str(py), "-m", env.API_SERVER, "--model", env.resolve_model(model), *host, *vllm_args]
     if not config.enable_hierarchical_cache:
         return argv
     if any(a == "--kv-transfer-config" or a.startswith("--kv-transfer-config=") for a in vllm_args):
         raise ValueError("--kv-transfer-config: hicache sets it from --enable-hierarchical-cache "
                          "and the --hicache-* flags; pass one or the other")
-    spec_json = kv_transfer_config(config)
+    spec_json = kv_transfer_config(config, prefix_tokens)
     if config.hicache_size_gb > 0:  # checkable now; ratio sizing is checked when vLLM starts
         SpecConfig(config).check_budget({"vllm_kv": int(config.hicache_size_gb * 1e9)}, 1)
     return argv + ["--kv-transfer-config", spec_json]
@@ -54,6 +98,7 @@ def serve_command(model: str, config: HiCacheConfig, vllm_args: Sequence[str],
 
 def run_serve(args: argparse.Namespace, vllm_args: Sequence[str]) -> int:
     """Replace this process with vLLM's server (signals reach vLLM directly)."""
-    argv = serve_command(args.model, HiCacheConfig.from_args(args), vllm_args, args.vllm_python)
+    argv = serve_command(args.model, HiCacheConfig.from_args(args), vllm_args, args.vllm_python,
+                         args.hicache_prefix_tokens)
     os.execve(argv[0], argv, env.process_env())
     return 0  # pragma: no cover - execve does not return

@@ -33,6 +33,22 @@ def gguf_path() -> Path:
     return files[0]
 
 
+def fresh_folder(out: Path) -> Path:
+    """An empty ``<out>.tmp`` folder to write a model into before :func:`publish`."""
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def publish(tmp: Path, out: Path, stamp: str) -> Path:
+    """Stamp ``tmp`` and rename it to ``out`` (replaced): never half a model at ``out``."""
+    (tmp / STAMP).write_text(stamp + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
 def convert(out: Path) -> Path:
     """Write the model folder to ``out`` (replaced if present); returns ``out``."""
     import torch
@@ -40,9 +56,7 @@ def convert(out: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = gguf_path()
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = fresh_folder(out)
     tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
     model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
@@ -55,10 +69,7 @@ def convert(out: Path) -> Path:
     config["dtype"] = "bfloat16"
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     tok.save_pretrained(str(tmp))
-    (tmp / STAMP).write_text(f"{src.name}\n")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+    return publish(tmp, out, src.name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,20 +1,28 @@
 """`HiCacheOffloadingSpec` (API) and `HiCacheOffloadingConnector`: hicache as vLLM's host tier.
 
-vLLM (pinned: 0.32.0; its offloading API is experimental) builds one spec per process
+vLLM (0.32 and 0.33; its offloading API is experimental) builds one spec per process
 from ``kv_connector_extra_config``: the scheduler asks it for a manager, each worker for
-a worker. Both sides must agree on the host capacity, which ``--hicache-ratio`` defines
-against vLLM's device block count. vLLM's ``OffloadingConfig`` does not carry that count,
-so ``HiCacheOffloadingConnector`` (vLLM's ``OffloadingConnector`` and nothing more) hands
-``kv_cache_config.num_blocks`` to the spec it creates; with vLLM's plain connector only
-``hicache_size_gb`` sizing works, and the ratio is refused at start-up with that advice.
+a worker. Both sides must agree on the host capacity of every KV cache group, which
+``--hicache-ratio`` defines against vLLM's device block count and each group's window.
+vLLM's ``OffloadingConfig`` carries neither the block count nor (before 0.33) the
+windows, so ``HiCacheOffloadingConnector`` (vLLM's ``OffloadingConnector`` and nothing
+more) hands ``kv_cache_config`` to the spec it creates. With vLLM's plain connector
+only ``hicache_size_gb`` sizing works (the ratio is refused at start-up with that
+advice), and on 0.32 every group is then kept whole, as full attention.
 Every setting is validated here, at start-up, on both sides, before memory is touched.
+What differs between vLLM releases is feature-detected, never read from a version:
+0.33's ``sliding_window_size_in_chunks``, ``on_reset_flushed``, ``expedited`` loads and
+``config_info``.
 """
 from __future__ import annotations
 
+import importlib
+import logging
 from contextvars import ContextVar
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
+from vllm.v1.kv_cache_interface import iter_layer_specs
 from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
     OffloadingManager,
@@ -26,22 +34,79 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.config import OffloadingConfig
 
 from hicache.integrations.vllm.config import CONNECTOR_NAME, SpecConfig
+from hicache.integrations.vllm.groups import HostLayout, plan_groups
 from hicache.integrations.vllm.index import HostBlockIndex
-from hicache.integrations.vllm.manager import HiCacheOffloadingManager, metric_definitions
+from hicache.integrations.vllm.manager import (
+    INFO_KEYS,
+    HiCacheOffloadingManager,
+    config_info,
+    metric_definitions,
+)
 from hicache.integrations.vllm.worker import HiCacheOffloadingWorker
 
-_DEVICE_BLOCKS: ContextVar[int | None] = ContextVar("hicache_device_blocks", default=None)
+log = logging.getLogger("vllm.hicache")  # under vLLM's logger: printed with its own lines
+_KV_CACHE_CONFIG: ContextVar[Any] = ContextVar("hicache_kv_cache_config", default=None)
+# where vLLM keeps its own window rule (0.33: the offloading config module; 0.32: the scheduler)
+_WINDOW_RULE_MODULES = ("vllm.distributed.kv_transfer.kv_connector.v1.offloading.config",
+                        "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler")
 
 
 class HiCacheOffloadingConnector(OffloadingConnector):
-    """vLLM's ``OffloadingConnector`` that tells the spec how many device blocks vLLM has."""
+    """vLLM's ``OffloadingConnector`` that shows the spec vLLM's ``kv_cache_config``
+    (device block count, each group's KV cache spec)."""
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
-        token = _DEVICE_BLOCKS.set(getattr(kv_cache_config, "num_blocks", None))
+        token = _KV_CACHE_CONFIG.set(kv_cache_config)
         try:
             super().__init__(vllm_config, role, kv_cache_config)
         finally:
-            _DEVICE_BLOCKS.reset(token)
+            _KV_CACHE_CONFIG.reset(token)
+
+
+def _window_rule():
+    """vLLM's ``get_sliding_window_size_in_chunks``, wherever this release keeps it."""
+    for name in _WINDOW_RULE_MODULES:
+        rule = getattr(importlib.import_module(name), "get_sliding_window_size_in_chunks", None)
+        if rule is not None:
+            return rule
+    raise ImportError(f"get_sliding_window_size_in_chunks: in none of {_WINDOW_RULE_MODULES}")
+
+
+def group_windows(config: OffloadingConfig, blocks_per_chunk: int,
+                  kv_cache_config: Any = None) -> list[int | None]:
+    """Per group, the chunks a returning prefix needs at its end (``None``: every chunk).
+
+    vLLM >= 0.33 puts it on each group; on 0.32 it comes from the group's KV cache spec
+    through vLLM's own rule, and without ``kv_cache_config`` every group counts as full.
+    """
+    out: list[int | None] = []
+    for group in config.groups:
+        if hasattr(group, "sliding_window_size_in_chunks"):
+            out.append(group.sliding_window_size_in_chunks)
+        elif kv_cache_config is None:
+            out.append(None)
+        else:
+            spec = kv_cache_config.kv_cache_groups[group.group_id].kv_cache_spec
+            layer = next(iter(iter_layer_specs(spec)))
+            out.append(_window_rule()(layer, group.tokens_per_block * blocks_per_chunk))
+    return out
+
+
+def group_chunk_bytes(config: OffloadingConfig, blocks_per_chunk: int,
+                      kv_cache_config: Any = None) -> list[int | None]:
+    """Per group, host bytes of one chunk (unpadded pages of all its layers, as the
+    worker copies them); ``None`` without ``kv_cache_config``."""
+    if kv_cache_config is None:
+        return [None] * len(config.groups)
+    out = []
+    for group in config.groups:
+        kv_group = kv_cache_config.kv_cache_groups[group.group_id]
+        per_layer = getattr(kv_group.kv_cache_spec, "kv_cache_specs", None)
+        specs = ([per_layer[n] for n in kv_group.layer_names] if per_layer
+                 else [kv_group.kv_cache_spec] * len(kv_group.layer_names))
+        page = sum(getattr(s, "real_page_size_bytes", s.page_size_bytes) for s in specs)
+        out.append(page * blocks_per_chunk)
+    return out
 
 
 class HiCacheOffloadingSpec(OffloadingSpec):
@@ -59,10 +124,16 @@ class HiCacheOffloadingSpec(OffloadingSpec):
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
         return metric_definitions()
 
+    @classmethod
+    def config_info_keys(cls, extra_config: dict[str, Any]) -> tuple[str, ...]:
+        """vLLM >= 0.33: the labels of ``vllm:kv_offload_config_info`` the manager fills."""
+        return INFO_KEYS
+
     def __init__(self, config: OffloadingConfig) -> None:
         super().__init__(config)
         self.settings = SpecConfig.from_extra(config.extra_config)
-        self.device_blocks = _DEVICE_BLOCKS.get()
+        kv_cache_config = _KV_CACHE_CONFIG.get()
+        self.device_blocks = getattr(kv_cache_config, "num_blocks", None)
         if self.device_blocks is None and self.settings.hicache.hicache_size_gb <= 0:
             raise ValueError(f"hicache_ratio: sizing by ratio needs vLLM's device block count, "
                              f"which only kv_connector {CONNECTOR_NAME!r} (module "
@@ -71,8 +142,15 @@ class HiCacheOffloadingSpec(OffloadingSpec):
         bytes_per_block = max(1, config.worker_kv_bytes_per_block)
         self.num_chunks = self.settings.host_chunks(self.device_blocks or 0, bytes_per_block,
                                                     self.blocks_per_chunk)
-        host_bytes = self.num_chunks * self.blocks_per_chunk * bytes_per_block
-        self.settings.check_budget({"vllm_kv": host_bytes}, config.parallel.world_size)
+        self.layout: HostLayout = plan_groups(
+            [g.tokens_per_block * self.blocks_per_chunk for g in config.groups],
+            group_windows(config, self.blocks_per_chunk, kv_cache_config), self.num_chunks,
+            self.settings.prefix_tokens,
+            group_chunk_bytes(config, self.blocks_per_chunk, kv_cache_config))
+        known = [g.host_bytes for g in self.layout.groups]
+        requests = ({f"group{i}": b for i, b in enumerate(known)} if None not in known else
+                    {"vllm_kv": self.num_chunks * self.blocks_per_chunk * bytes_per_block})
+        self.settings.check_budget(requests, config.parallel.world_size)
         self._manager: HiCacheOffloadingManager | None = None
         self._worker: HiCacheOffloadingWorker | None = None
 
@@ -81,10 +159,11 @@ class HiCacheOffloadingSpec(OffloadingSpec):
 
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
-            index = HostBlockIndex(self.num_chunks, len(self.config.groups), self._group_of)
-            per_chunk = [g.tokens_per_block * self.blocks_per_chunk for g in self.config.groups]
+            index = HostBlockIndex(self.layout.chunks, len(self.config.groups), self._group_of)
+            info = config_info(self.layout, self.settings.hicache.io_backend)
             self._manager = HiCacheOffloadingManager(
-                index, per_chunk, self.kv_events_config.enable_kv_cache_events)
+                index, self.layout, self.kv_events_config.enable_kv_cache_events, info)
+            log.info("hicache host tier: %s", self.layout.describe())
         return self._manager
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
@@ -94,6 +173,6 @@ class HiCacheOffloadingSpec(OffloadingSpec):
                 raise ValueError(f"kv_caches: tensors have {sorted(blocks)} blocks, vLLM's "
                                  f"kv_cache_config says {self.device_blocks}")
             self._worker = HiCacheOffloadingWorker(
-                kv_caches, [g.tokens_per_block for g in self.config.groups], self.num_chunks,
+                kv_caches, [g.tokens_per_block for g in self.config.groups], self.layout.chunks,
                 self.blocks_per_chunk, self.settings, self.config.parallel.world_size)
         return self._worker

@@ -7,6 +7,7 @@ first ``page_bytes`` of every block: padding is never copied).
 """
 from __future__ import annotations
 
+import logging
 from typing import Sequence
 
 import torch
@@ -21,6 +22,8 @@ from vllm.v1.kv_offload.base import (
 from hicache.integrations.vllm.config import SpecConfig
 from hicache.integrations.vllm.manager import HostChunksSpec
 from hicache.integrations.vllm.mover import BlockMover
+
+log = logging.getLogger("vllm.hicache")  # under vLLM's logger: printed with its own lines
 
 
 def group_views(kv_caches: CanonicalKVCaches) -> list[list[torch.Tensor]]:
@@ -41,20 +44,26 @@ class HiCacheOffloadingWorker(OffloadingWorker):
     Args:
         kv_caches: vLLM's canonical KV cache tensors and per-group references.
         tokens_per_block: per group.
-        num_chunks: host chunks per group (the scheduler's index uses the same number).
+        num_chunks: host chunks, per group or one for all (the scheduler's index uses the
+            same numbers).
         blocks_per_chunk: vLLM blocks per host chunk.
         config: the plugin settings.
         world_size: vLLM workers sharing the host (budget split).
     Raises:
-        ValueError: a group whose layers differ in page size or row stride (one host
-            pool per group needs one row size); HostMemoryError: over the host budget.
+        ValueError: views that do not fit (names group and layer); HostMemoryError: over
+            the host budget.
     """
 
     def __init__(self, kv_caches: CanonicalKVCaches, tokens_per_block: Sequence[int],
-                 num_chunks: int, blocks_per_chunk: int, config: SpecConfig,
+                 num_chunks: int | Sequence[int], blocks_per_chunk: int, config: SpecConfig,
                  world_size: int = 1) -> None:
         self.mover = BlockMover(group_views(kv_caches), tokens_per_block, num_chunks,
                                 blocks_per_chunk, config, world_size)
+        log.info("hicache host pools: %s B per group (%s chunks)",
+                 self.mover.group_host_bytes(), self.mover.chunks_per_group)
+        if len(kv_caches.tensors) == 1 and len(kv_caches.group_data_refs) > 1:
+            log.warning("hicache: vLLM packs every group's layers into one block (e.g. DeepSeek-V4): "
+                        "each group's host chunk holds the whole packed block, not its own layers")
 
     def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
         """Device blocks -> host chunks, asynchronously; failures come back from get_finished."""
@@ -63,11 +72,14 @@ class HiCacheOffloadingWorker(OffloadingWorker):
                           src_spec.block_indices, dst_spec.block_ids)
         return True
 
-    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec) -> bool:
-        """Host chunks -> device blocks, asynchronously; failures come back from get_finished."""
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec,
+                    expedited: bool = False) -> bool:
+        """Host chunks -> device blocks, asynchronously; failures come back from get_finished.
+
+        ``expedited`` (vLLM >= 0.33, loads it waits on within the step): on its own stream."""
         _check(dst_spec, src_spec, "dst_spec", "src_spec")
         self.mover.submit(job_id, "load", dst_spec.block_ids, dst_spec.group_sizes,
-                          dst_spec.block_indices, src_spec.block_ids)
+                          dst_spec.block_indices, src_spec.block_ids, expedited=expedited)
         return True
 
     def get_finished(self) -> list[TransferResult]:

@@ -63,19 +63,48 @@ def test_kv_transfer_config_round_trips_through_the_spec_config():
 
 
 def test_serve_command_translates_hicache_flags_only_when_enabled(tmp_path):
-    py = tmp_path / "python"
+    py = sys.executable
     plain = serve_command("m", HiCacheConfig(), ["--port", "1"], python=py)
-    assert plain == [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", "m", "--port", "1"]
+    assert plain == [py, "-m", "vllm.entrypoints.openai.api_server", "--model", "m",
+                     "--host", "127.0.0.1", "--port", "1"]  # not vLLM's 0.0.0.0
     on = serve_command("m", HiCacheConfig(enable_hierarchical_cache=True, hicache_ratio=4),
-                       ["--port", "1"], python=py)
-    assert on[:7] == plain and on[7] == "--kv-transfer-config"
-    assert json.loads(on[8])["kv_connector_extra_config"]["hicache_ratio"] == 4.0
+                       ["--port", "1"], python=py, prefix_tokens=512)
+    assert on[:9] == plain and on[9] == "--kv-transfer-config"
+    extra = json.loads(on[10])["kv_connector_extra_config"]
+    assert extra["hicache_ratio"] == 4.0 and extra["hicache_prefix_tokens"] == 512
+    assert SpecConfig.from_extra(extra).prefix_tokens == 512
+    exposed = serve_command("m", HiCacheConfig(), ["--host=0.0.0.0"], python=py)
+    assert exposed[-1] == "--host=0.0.0.0" and "127.0.0.1" not in exposed
     with pytest.raises(ValueError, match="--kv-transfer-config: hicache sets it"):
         serve_command("m", HiCacheConfig(enable_hierarchical_cache=True),
                       ["--kv-transfer-config", "{}"], python=py)
     with pytest.raises(HostMemoryError, match="not enough host memory"):
         serve_command("m", HiCacheConfig(enable_hierarchical_cache=True, hicache_size_gb=1e9),
                       [], python=py)
+
+
+def test_serve_vllm_refuses_a_bad_python_and_unknown_hicache_flags_before_starting(capsys, tmp_path):
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\nexit 0\n")  # never run: the checks come first
+    cases = [(["--vllm-python", "/nonexistent/python"], "--vllm-python: /nonexistent/python is not an executable file"),
+             (["--vllm-python", str(tmp_path)], "is not an executable file"),
+             (["--vllm-python", sys.executable, "--enable-hierarchical-cache", "--hicache-ratoi", "2"],
+              "--hicache-ratoi: unknown hicache flag(s)"),
+             (["--vllm-python", str(script), "--hicache-sizes=1", "--enable-hierarchical-cach"],
+              "--hicache-sizes, --enable-hierarchical-cach: unknown hicache flag(s)")]
+    script.chmod(0o755)
+    for args, message in cases:
+        assert main(["serve-vllm", "m", *args]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and err.count("\n") == 1, err
+
+
+def test_bad_prefix_tokens_is_named():
+    with pytest.raises(ValueError, match=r"hicache_prefix_tokens \(--hicache-prefix-tokens\): must be an int >= 1"):
+        kv_transfer_config(HiCacheConfig(), prefix_tokens=0)
+    with pytest.raises(ValueError, match="hicache_prefix_tokens"):
+        SpecConfig.from_extra({"hicache_prefix_tokens": 1.5})
+    assert SpecConfig.from_extra({"sync_load_budget_bytes": 1 << 20}).prefix_tokens == 2048
 
 
 def test_cli_reports_user_mistakes_without_a_traceback(capsys):

@@ -76,13 +76,59 @@ def test_keys_of_the_call_are_never_evicted_and_bad_loads_change_nothing():
     idx.check_integrity()
 
 
-@pytest.mark.parametrize("args", [(0, 1), (1, 0)])
+def test_reset_quarantines_chunks_with_a_transfer_in_flight():
+    # A store in flight at a reset must not have its chunk handed to a new key before the
+    # workers are past it: the late copy would land in the new key's bytes.
+    idx = HostBlockIndex(num_chunks=2, num_groups=1, group_of=group_of)
+    idx.prepare_store([k(0, 1)])  # STORING in chunk a
+    idx.prepare_store([k(0, 2)])
+    idx.complete_store([k(0, 2)])
+    chunk_3 = idx.prepare_load([k(0, 2)])  # LOADING from chunk b
+    idx.reset()
+    assert len(idx) == 0 and idx.quarantined(0) == 2 and idx.used(0) == 2
+    assert idx.prepare_store([k(0, 3)]) is None  # nothing reusable yet
+    idx.check_integrity()
+    assert idx.release_reset() == 2 and idx.used(0) == 0
+    plan = idx.prepare_store([k(0, 3), k(0, 4)])
+    assert sorted(plan.chunks) == [0, 1] and chunk_3[0] in plan.chunks
+    idx.check_integrity()
+
+
+def test_idle_chunks_are_free_at_once_after_a_reset():
+    idx = HostBlockIndex(num_chunks=2, num_groups=1, group_of=group_of)
+    idx.prepare_store([k(0, 1), k(0, 2)])
+    idx.complete_store([k(0, 1)])  # idle READY: free at once; k(0, 2) still storing
+    idx.reset()
+    assert idx.quarantined(0) == 1
+    assert idx.prepare_store([k(0, 3)]) is not None  # the idle chunk
+    assert idx.prepare_store([k(0, 4)]) is None  # the other is still being written
+    idx.check_integrity()
+
+
+def test_groups_of_different_capacity_and_demotion():
+    idx = HostBlockIndex(num_chunks=[3, 2], num_groups=2, group_of=group_of)
+    assert idx.num_chunks == 5 and idx.chunks_per_group == [3, 2]
+    idx.prepare_store([k(1, 1), k(1, 2)])
+    assert idx.demote([k(1, 2), k(1, 9)]) == 1  # a STORING key is demoted when published
+    idx.complete_store([k(1, 1), k(1, 2)])
+    plan = idx.prepare_store([k(1, 3)])
+    assert plan.evicted == [k(1, 2)]  # the demoted key goes first, not the older k(1, 1)
+    idx.complete_store([k(1, 3)])
+    idx.demote([k(1, 3)])
+    assert idx.prepare_store([k(1, 4)]).evicted == [k(1, 3)]
+    assert idx.counters["demoted"] == 2
+    assert idx.prepare_store([k(0, n) for n in range(3)]).evicted == []  # group 0 has 3
+    idx.check_integrity()
+
+
+@pytest.mark.parametrize("args", [(0, 1), (1, 0), ([2, 0], 2), ([2, 2], 1)])
 def test_bad_sizes(args):
     with pytest.raises(ValueError, match="must be >= 1"):
         HostBlockIndex(*args, group_of=group_of)
 
 
-ops = st.lists(st.tuples(st.sampled_from(["store", "done", "fail", "load", "unload", "touch"]),
+ops = st.lists(st.tuples(st.sampled_from(["store", "done", "fail", "load", "unload", "touch",
+                                          "demote", "reset", "release"]),
                          st.lists(st.tuples(st.integers(0, 1), st.integers(0, 9)), max_size=4)),
                max_size=60)
 
@@ -90,7 +136,7 @@ ops = st.lists(st.tuples(st.sampled_from(["store", "done", "fail", "load", "unlo
 @settings(max_examples=150, deadline=None)
 @given(ops)
 def test_random_sequences_keep_invariants(seq):
-    idx = HostBlockIndex(num_chunks=4, num_groups=2, group_of=group_of)
+    idx = HostBlockIndex(num_chunks=[4, 3], num_groups=2, group_of=group_of)
     loading: dict = {}
     for op, keys in seq:
         if op == "store":
@@ -107,6 +153,13 @@ def test_random_sequences_keep_invariants(seq):
             idx.prepare_load(ready)
             for key in ready:
                 loading[key] = loading.get(key, 0) + 1
+        elif op == "demote":
+            idx.demote(keys)
+        elif op == "reset":
+            idx.reset()
+            loading.clear()  # vLLM drops every job's bookkeeping at a reset
+        elif op == "release":
+            idx.release_reset()
         elif op == "unload" and loading:
             key = next(iter(loading))
             idx.complete_load([key])
@@ -118,5 +171,5 @@ def test_random_sequences_keep_invariants(seq):
         for key in loading:
             assert idx.lookup(key) is Lookup.HIT
         idx.check_integrity()
-        for g in range(2):
-            assert 0 <= idx.used(g) <= 4
+        for g, cap in enumerate((4, 3)):
+            assert 0 <= idx.used(g) <= cap

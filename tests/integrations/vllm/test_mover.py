@@ -121,9 +121,39 @@ def test_bad_arguments_and_a_budget_too_small(gen):
     tiny = HostBudget(1 << 20, None, 0, 1, 511)  # the pools need 4 x 2 x 64 = 512 B
     with pytest.raises(HostMemoryError, match="hicache_ratio"):
         BlockMover([layers], [16], 4, 1, config(), budget=tiny)
-    mixed = [layers[0], vllm_cache(gen, 1, 8, 32)[0]]  # layers of one group must agree
-    with pytest.raises(ValueError, match="row bytes"):
-        BlockMover([mixed], [16], 4, 1, config(), budget=BIG)
+    with pytest.raises(ValueError, match="one count per group"):
+        BlockMover([layers], [16], [4, 4], 1, config(), budget=BIG)
+
+
+def test_mixed_page_sizes_and_per_group_capacity_round_trip(gen):
+    # DeepSeek-V4-like: group 0 mixes three page sizes (C4 KV, indexer, C128 KV) across
+    # interleaved layers; group 1 (a sliding-window group) holds 2 chunks, group 0 holds 5
+    g0 = [vllm_cache(gen, 1, 10, size, stride=size + 32)[0] for size in (96, 40, 96, 8, 40)]
+    g1 = vllm_cache(gen, 2, 10, 24)
+    m = BlockMover([g0, g1], [64, 16], [5, 2], 1, config(), budget=BIG)
+    assert [p.pool.name for group in m.parts for p in group] == ["group0.0", "group0.1", "group0.2",
+                                                                  "group1"]
+    assert m.group_host_bytes() == [5 * (2 * 96 + 2 * 40 + 8), 2 * 2 * 24]
+    assert m.block_bytes(0) == 2 * 96 + 2 * 40 + 8 and m.num_chunks == 7
+    ref0, ref1 = [v.clone() for v in g0], [v.clone() for v in g1]
+    m.submit(1, "store", np.array([9, 2, 5, 6, 7]), [3, 2], [0, 0], np.array([4, 0, 3, 1, 0]))
+    for v in g0 + g1:
+        v.copy_(torch.randint(0, 256, v.shape, generator=gen, dtype=torch.uint8))
+    dev_before = [v.clone() for v in g0 + g1]
+    m.submit(2, "load", np.array([0, 1, 3, 8, 4]), [3, 2], [0, 0], np.array([4, 0, 3, 1, 0]),
+             expedited=True)  # on CPU an expedited load is an ordinary synchronous copy
+    for t, b in zip([0, 1, 3], [9, 2, 5]):
+        assert all(torch.equal(v[t], r[b]) for v, r in zip(g0, ref0))
+    for t, b in zip([8, 4], [6, 7]):
+        assert all(torch.equal(v[t], r[b]) for v, r in zip(g1, ref1))
+    untouched0, untouched1 = [2, 4, 5, 6, 7, 8, 9], [0, 1, 2, 3, 5, 6, 7, 9]
+    assert all(torch.equal(v[untouched0], r[untouched0]) for v, r in zip(g0, dev_before[:5]))
+    assert all(torch.equal(v[untouched1], r[untouched1]) for v, r in zip(g1, dev_before[5:]))
+    assert [(f.job_id, f.ok, f.nbytes) for f in m.finished()] == [
+        (1, True, 3 * m.block_bytes(0) + 2 * m.block_bytes(1)),
+        (2, True, 3 * m.block_bytes(0) + 2 * m.block_bytes(1))]
+    m.submit(3, "store", np.array([1, 2]), [0, 2], [0, 0], np.array([2, 0]))  # group 1 has 2 chunks
+    assert [f.ok for f in m.finished()] == [False]
 
 
 @pytest.mark.gpu

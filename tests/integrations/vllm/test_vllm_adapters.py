@@ -10,43 +10,19 @@ import pytest
 import torch
 
 vllm_base = pytest.importorskip("vllm.v1.kv_offload.base", reason="needs vLLM (runs in its env)")
-from vllm.v1.kv_offload.config import (  # noqa: E402
-    OffloadingCacheConfig,
-    OffloadingConfig,
-    OffloadingGroupConfig,
-    OffloadingModelConfig,
-    OffloadingParallelConfig,
-)
 
 from host_pools.memory import HostMemoryError  # noqa: E402
-from hicache.integrations.vllm import HiCacheOffloadingSpec  # noqa: E402
-from hicache.integrations.vllm import spec as spec_module  # noqa: E402
+from hicache.integrations.vllm import manager as manager_module  # noqa: E402
 from hicache.integrations.vllm.manager import HostChunksSpec  # noqa: E402
+from tests.integrations.vllm import vllm_layouts as lay  # noqa: E402
 
 LookupResult, make_key = vllm_base.LookupResult, vllm_base.make_offload_key
 LAYERS, BLOCKS, PAGE, TPB = 3, 12, 256, 16
+GROUPS = [lay.full([f"l{i}" for i in range(LAYERS)], block=TPB, head=4)]  # 16 x (4 + 4) x 2 B = 256
 
 
-def offloading_config(extra: dict, bytes_per_block: int = LAYERS * PAGE) -> OffloadingConfig:
-    parallel = OffloadingParallelConfig(
-        rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
-        data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
-        is_parallelism_agnostic=True)
-    return OffloadingConfig(
-        groups=(OffloadingGroupConfig(TPB, tuple(f"l{i}" for i in range(LAYERS)), 0),),
-        worker_kv_bytes_per_block=bytes_per_block, enable_kv_cache_events=True,
-        extra_config={"spec_name": "HiCacheOffloadingSpec",
-                      "spec_module_path": "hicache.integrations.vllm", **extra},
-        engine_id="test", model=OffloadingModelConfig("m", "bfloat16"),
-        cache=OffloadingCacheConfig(tokens_per_hash=TPB, blocks_per_chunk=1), parallel=parallel)
-
-
-def make_spec(extra: dict, device_blocks: int | None = BLOCKS) -> HiCacheOffloadingSpec:
-    token = spec_module._DEVICE_BLOCKS.set(device_blocks)
-    try:
-        return HiCacheOffloadingSpec(offloading_config(extra))
-    finally:
-        spec_module._DEVICE_BLOCKS.reset(token)
+def make_spec(extra: dict, device_blocks: int | None = BLOCKS):
+    return lay.make_spec(GROUPS, extra, device_blocks)
 
 
 @pytest.mark.parametrize("extra, error, match", [
@@ -64,6 +40,23 @@ def test_ratio_sizing_needs_the_hicache_connector():
     with pytest.raises(ValueError, match="HiCacheOffloadingConnector"):
         make_spec({"hicache_ratio": 2.0}, device_blocks=None)
     assert make_spec({"hicache_size_gb": 1e-5}, device_blocks=None).num_chunks == 13  # 1e4 B / 768 B
+    assert GROUPS[0].page("l0") == PAGE
+
+
+def test_vllm_033_additions_are_accepted():
+    # sync_load_budget_bytes is vLLM's own key (0.33: loads waited on within the step)
+    spec = make_spec({"hicache_ratio": 1.0, "sync_load_budget_bytes": 1 << 20,
+                      "hicache_prefix_tokens": 512})
+    assert spec.settings.prefix_tokens == 512
+    mgr = spec.get_manager()
+    assert type(spec).config_info_keys({}) == manager_module.INFO_KEYS
+    (info,) = mgr.config_info()
+    assert set(info) == set(manager_module.INFO_KEYS) and info["hicache_host_chunks"] == "12"
+    assert info["hicache_host_bytes"] == 12 * LAYERS * PAGE
+    with mgr.lock:  # 0.33's lock (a no-op: vLLM enters the manager from one thread)
+        assert mgr.lookup(make_key(b"k" * 8, 0), vllm_base.ReqContext(req_id="r")) is LookupResult.MISS
+    with pytest.raises(ValueError, match=r"hicache_prefix_tokens \(--hicache-prefix-tokens\)"):
+        make_spec({"hicache_prefix_tokens": 0})
 
 
 def test_manager_store_load_evict_through_vllm_types():
@@ -95,10 +88,46 @@ def test_manager_store_load_evict_through_vllm_types():
     assert stats["hicache:stored_blocks"][()] == 3 and stats["hicache:loaded_blocks"][()] == 1
     assert stats["hicache:hit_tokens"][()] == TPB and stats["hicache:evicted_blocks"][()] == 2
     assert stats["hicache:host_blocks_used"][()] == 1  # key 0 only
+    assert stats["hicache:host_bytes_per_token"][("0",)] == LAYERS * PAGE / TPB
+
+
+@pytest.mark.parametrize("fenced", [True, False])
+def test_reset_never_hands_out_a_chunk_a_late_store_still_writes(gen, fenced, monkeypatch):
+    # vLLM defers a store's copy to the next step; a cache reset in between used to free its
+    # chunk at once, so a new key got the chunk and the late copy overwrote the new bytes.
+    # fenced: vLLM >= 0.33 calls on_reset_flushed(); unfenced (0.32): the first completion
+    # after the reset (or the second step) releases the quarantine.
+    monkeypatch.setattr(manager_module, "RESET_FENCED", fenced)
+    spec = make_spec({"hicache_size_gb": 1e-6, "io_backend": "torch"})  # 1 chunk of 768 B
+    assert spec.num_chunks == 1
+    caches, layers = lay.canonical_caches(gen, GROUPS, BLOCKS)
+    worker, mgr = spec.get_worker(caches), spec.get_manager()
+    ctx = vllm_base.ReqContext(req_id="r")
+    a, b = make_key(b"a" * 8, 0), make_key(b"b" * 8, 0)
+    late = mgr.prepare_store([a], ctx)  # planned; its copy is still to be submitted
+    mgr.reset_cache()
+    assert mgr.prepare_store([b], ctx) is None  # the only chunk is A's, still in flight
+    assert worker.submit_store(1, vllm_base.GPULoadStoreSpec([3], [1], [0]), late.store_spec)
+    if fenced:
+        mgr.on_reset_flushed()
+    else:
+        mgr.on_schedule_end(None)
+        assert mgr.prepare_store([b], ctx) is None  # one step is not proof yet
+        mgr.on_schedule_end(None)
+    out = mgr.prepare_store([b], ctx)
+    assert out.store_spec.block_ids.tolist() == late.store_spec.block_ids.tolist()
+    expect = {n: t[5, :PAGE].clone() for n, t in layers.items()}
+    assert worker.submit_store(2, vllm_base.GPULoadStoreSpec([5], [1], [0]), out.store_spec)
+    mgr.complete_store([b], ctx)
+    load = mgr.prepare_load([b], ctx)
+    assert worker.submit_load(3, load, vllm_base.GPULoadStoreSpec([9], [1], [0]))
+    assert all(torch.equal(t[9, :PAGE], expect[n]) for n, t in layers.items())
+    assert [r.success for r in worker.get_finished()] == [True, True, True]
 
 
 def test_worker_round_trip_on_canonical_cpu_tensors(gen):
     spec = make_spec({"hicache_ratio": 1.0, "io_backend": "copy_engine"})
+    assert spec.layout.chunks == [BLOCKS]
     base = torch.randint(-128, 128, (LAYERS, BLOCKS, PAGE + 64), generator=gen, dtype=torch.int8)
     tensors = [vllm_base.CanonicalKVCacheTensor(base[i], PAGE + 64) for i in range(LAYERS)]
     refs = [[vllm_base.CanonicalKVCacheRef(i, PAGE) for i in range(LAYERS)]]  # padding not copied
@@ -109,7 +138,7 @@ def test_worker_round_trip_on_canonical_cpu_tensors(gen):
     base[:, :, :PAGE].random_(-128, 127, generator=gen)
     after = base.clone()
     dst = vllm_base.GPULoadStoreSpec([0, 2, 3], group_sizes=[3], block_indices=[0])
-    assert worker.submit_load(2, HostChunksSpec([10, 0, 5]), dst)
+    assert worker.submit_load(2, HostChunksSpec([10, 0, 5]), dst, expedited=True)  # 0.33's flag
     results = worker.get_finished()
     assert [(r.job_id, r.success, r.transfer_size) for r in results] == \
         [(1, True, 3 * LAYERS * PAGE), (2, True, 3 * LAYERS * PAGE)]
