@@ -30,7 +30,7 @@ def test_out_of_range_is_refused_naming_the_flag(value):
 
 @pytest.mark.parametrize("value", [True, 8.0, "8"])
 def test_wrong_type_is_refused_naming_the_flag(value):
-    with pytest.raises(ValueError, match="--hicache-max-copy-programs"):
+    with pytest.raises(TypeError, match="--hicache-max-copy-programs"):
         HiCacheConfig(max_copy_programs=value)
 
 
