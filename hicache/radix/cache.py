@@ -33,8 +33,10 @@ their state and talk through a few calls (composition; each part a module):
 
 ``poll`` is where finished work changes the tree: the controller's acks (`Transfers`),
 then the store's jobs (`StorageSide`). Anything that may poll (making room under
-write-back) reads the tree again afterwards. Every slot tensor this class hands out is
-the caller's copy: editing it in place never changes the tree.
+write-back) reads the tree again afterwards. No slot tensor this class hands out is one
+the tree holds (copies, or a match's fresh concatenation): editing it in place never
+changes the tree's slots (`hicache.radix.index` says what an edited match's slots mean
+to the insert that follows).
 """
 from __future__ import annotations
 
@@ -131,9 +133,9 @@ class HiRadixCache(StorageAPI):
         changes: that insert continues from it instead of walking again.
 
         Returns:
-            `MatchResult` (the caller's copy of the device slots and the last device node;
-            host hit length and last host node, which equals the last device node when
-            nothing is on host only).
+            `MatchResult` (the device slots, a tensor of the caller's, and the last device
+            node; host hit length and last host node, which equals the last device node
+            when nothing is on host only).
         Raises:
             TypeError: ids that are not integers.
             ValueError: ``token_ids`` not 1-D, or an id outside int64.

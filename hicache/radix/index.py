@@ -6,11 +6,20 @@ It knows nodes and keys, never which slots they hold or where: the tiers
 bump the epoch when they do. A match keeps its walk so that the insert of the same
 tokens that follows continues it instead of walking again:
 
-    match_prefix(tokens)   walk, keep (key bytes, path, epoch, a copy of the device slots
-                           the caller got, in the tree's own buffer)
+    match_prefix(tokens)   walk, keep (key bytes, path, epoch, the device slots, their
+                           tensor version)
     ... a split, a deletion, a copy dropped or published: epoch += 1 (the kept walk is stale)
     insert(tokens, ...)    same epoch and the key extends the kept one: continue from its
                            last node; otherwise walk again from the root
+
+The slots a match returns are never a node's tensor: a one-node match hands out a copy,
+a longer one the fresh concatenation (one copy, as before: a second would cost a match
+as much again). That concatenation is kept only as the insert's *hint* of what the
+tree's slots along the path are: it decides which of the caller's pages in the cached
+prefix differ (and are freed when no node holds them). An edit in place through torch
+bumps the tensor's version and the hint is dropped (the insert checks every slot); an
+edit through a numpy view is not seen, so a page the caller wrote there is not freed (it
+stays the caller's). Either way the tree's own slots, and what it holds, never change.
 
 A node matched only in part is split (non-hybrid stacks) so that a match ends on a node
 boundary; where a hybrid (DeepSeek-V4) match may end: `hicache.radix.hybrid`.
@@ -25,7 +34,6 @@ from hicache.radix.hybrid import select_match_end
 from hicache.radix.node import EMPTY_SLOTS, TreeNode, common_pages, new_root
 
 Partial = tuple[TreeNode, int]  # a node matched only in part, and its matched tokens
-_NO_SLOTS = np.empty(0, np.int64)
 
 
 class RadixIndex:
@@ -46,8 +54,8 @@ class RadixIndex:
         self.root = new_root()
         self.clock = 0
         self.epoch = 0
-        self._kept: tuple | None = None  # the last match's (key bytes, path, epoch, device slots)
-        self._kept_buf = np.empty(0, np.int64)  # where a match keeps its slots (never handed out)
+        # the last match's (key bytes, path, epoch, device slots, their tensor version or -1)
+        self._kept: tuple | None = None
 
     # ---- walks -------------------------------------------------------------------------
     def walk(self, kb: bytes, node: TreeNode | None = None) -> tuple[list[TreeNode], Partial | None]:
@@ -86,26 +94,16 @@ class RadixIndex:
                 node.last_access = clock
                 if node._device is not None:
                     d += 1
-        if d > 0:  # a fresh tensor: the caller's; the tree keeps a copy in its own buffer
+        if d > 0:  # a fresh tensor, the caller's; kept as the next insert's hint, with its version
             slots = torch.cat([n._device for n in path[:d + 1]])
-            kept = self._keep_copy(slots.numpy())
-        elif d == 0:  # the node's own tensor: the tree keeps it, the caller gets a copy
-            kept = path[0]._device
-            slots = kept.clone()
+            self._kept = (kb, path, self.epoch, slots, slots._version)
+        elif d == 0:  # the node's own tensor: kept, never handed out; the caller gets a copy
+            slots = path[0]._device.clone()
+            self._kept = (kb, path, self.epoch, path[0]._device, -1)
         else:
-            kept, slots = _NO_SLOTS, EMPTY_SLOTS.clone()
-        self._kept = (kb, path, self.epoch, kept)
+            slots = EMPTY_SLOTS.new_empty(0)
+            self._kept = (kb, path, self.epoch, EMPTY_SLOTS, -1)
         return path, d, e, slots
-
-    def _keep_copy(self, slots: np.ndarray) -> np.ndarray:
-        """``slots`` copied into the tree's reusable buffer (a match's kept slots: never
-        handed out, overwritten by the next match, which replaces the kept walk too)."""
-        n = slots.size
-        if n > self._kept_buf.size:
-            self._kept_buf = np.empty(max(n, 2 * self._kept_buf.size), np.int64)
-        kept = self._kept_buf[:n]
-        kept[...] = slots
-        return kept
 
     def continue_walk(self, key: np.ndarray) -> tuple[bytes, list[TreeNode], Partial | None, np.ndarray | None]:
         """The key's bytes, its walk and the tree's device slots along the kept match (read
@@ -127,7 +125,9 @@ class RadixIndex:
         start = path[-1] if path else self.root
         more, child = fastpath.walk(start, kb, self.page_bytes)
         path = path + more if more else path
-        if type(matched) is not np.ndarray:  # a node's own tensor (a one-node match)
+        if kept[4] >= 0 and matched._version != kept[4]:
+            matched = None  # the caller edited the match's slots in place: no hint (checked in full)
+        else:
             matched = matched.numpy()
         return kb, path, self._partly(kb, path[-1] if path else start, child), matched
 

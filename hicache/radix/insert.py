@@ -22,8 +22,9 @@ may be one the tree already holds (for this prefix or another: it would hold it 
 nor a snapshot slot another node or a load in flight holds. When the cached prefix is
 given as the tree's own slots (the common case), only the rest is checked, at a cost
 proportional to the rest: the tree's slots are valid by construction. The slots a match
-returned are the caller's copy (never the tree's own tensor): editing them in place
-before the insert makes them a caller's slots like any other, checked in full.
+returned are the caller's (never a node's tensor); the match keeps them as a hint only
+(`hicache.radix.index`): the keep segments always take the tree's own slots, and a
+caller page is freed only when no node holds it.
 
 Only *provable duplicates* are freed: candidates no node and no load in flight holds.
 The tree's own slots passed back in another order are kept, never freed.
@@ -93,7 +94,7 @@ class Inserter:
             end = path[-1] if partial is None and path and path[-1].end == key.size else None
             self.snapshots.refuse_held(snap, end)  # raises before anything changes
         path, complete = self._apply_insert(plan, partial, kb, slots)
-        if to_free.size:
+        if to_free is not None:
             self.device_pool.free(torch.from_numpy(to_free))
         last = path[-1] if path else self.index.root
         if snap:
@@ -141,8 +142,8 @@ class Inserter:
         return _Plan(walked, keep, num_keep, revive, start, False)
 
     def _insert_frees(self, plan: _Plan, slots: np.ndarray, matched: np.ndarray | None,
-                      partial: Partial | None) -> np.ndarray:
-        """Check the caller's slots against the plan; returns the ones to free.
+                      partial: Partial | None) -> np.ndarray | None:
+        """Check the caller's slots against the plan; returns the ones to free (or None).
 
         Args:
             matched: the tree's device slots along the kept match (nothing changed since),
@@ -177,10 +178,11 @@ class Inserter:
         if plan.drop:
             cand.append(pages[(stop - k) // ps:])
         if not cand:
-            return slots[:0]
+            return None
         cand = np.concatenate(cand) if len(cand) > 1 else cand[0]
         held = self._held_pages(cand)
-        return allocator.page_slots(cand if held is None else cand[~held])  # only provable duplicates go back
+        cand = cand if held is None else cand[~held]  # only provable duplicates go back
+        return allocator.page_slots(cand) if cand.size else None
 
     def _refuse_held(self, pages: np.ndarray) -> None:
         """Raise if a page the caller gives for a revive or new segment is already held."""

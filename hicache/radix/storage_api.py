@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hicache.radix.node import TreeNode, as_key
+from hicache.radix.node import MatchResult, TreeNode, as_key
 from hicache.radix.prefetch import Prefetch, PrefetchOutcome, PrefetchResult
 
 if TYPE_CHECKING:
@@ -46,6 +46,22 @@ class StorageAPI:
         if self._storage is None or not self.host_enabled:
             return None
         return self._storage.prefetches.start(key, self._may_prefetch)
+
+    def match_and_prefetch(self, token_ids: Any) -> tuple[MatchResult, int]:
+        """`match_prefix`; with a storage tier, then `prefetch` of the rest, `wait_prefetch`
+        and a second match (a tool's and a test's helper: a server polls between steps).
+
+        Returns:
+            (the match, the end of the first match's host part: tokens loaded past it came
+            from storage). Mutates the tree as `match_prefix` and `prefetch` do.
+        """
+        m = self.match_prefix(token_ids)
+        first_end = m.last_host_node.end
+        p = self.prefetch(token_ids)
+        if p is not None:  # lands as host-only nodes; the match picks them up
+            self.wait_prefetch(p)
+            m = self.match_prefix(token_ids)
+        return m, first_end
 
     def _may_prefetch(self, node: TreeNode) -> bool:
         return node._host is not None or self.policy == "write_back"

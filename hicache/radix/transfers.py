@@ -126,12 +126,12 @@ class Transfers:
         When the host is short, host leaves (then host snapshots) are evicted first; if a
         snapshot still does not fit, the history is backed up without it.
         """
-        anchor = node._device if node._host is None else EMPTY_SLOTS
+        anchor, tokens = (node._device, node.num_tokens) if node._host is None else (EMPTY_SLOTS, 0)
         state = node._state_device if node._state_host is None else None
-        if state is not None or anchor.numel() > self.ledger.host_pool.allocator.available():
-            self.make_room(self.ledger.host, anchor.numel(), state is not None)
+        if state is not None or tokens > self.ledger.host_pool.allocator.available():
+            self.make_room(self.ledger.host, tokens, state is not None)
         dst = self.ctrl.write(anchor, state, trusted=True)  # the tree's own slots, checked at insert
-        if dst is None and state is not None and anchor.numel():
+        if dst is None and state is not None and tokens:
             state = None
             dst = self.ctrl.write(anchor, None, trusted=True)
         if dst is None:

@@ -122,17 +122,20 @@ def test_slot_tensors_handed_out_cannot_rewrite_the_tree():
     # an empty result is not the tree's shared empty tensor either
     assert tree.match_prefix(seq(900, 1, PS)).device_slots is not EMPTY_SLOTS
     assert tree.device_slots(tree.root) is not EMPTY_SLOTS
-    # 2. a match edited in place (through torch, or through a numpy view), then inserted:
-    #    checked like any caller's slots
-    for edit in ("torch", "numpy"):
-        m = tree.match_prefix(ab)
-        page = kv.alloc(PS)
-        if edit == "torch":
-            m.device_slots[:PS] = page
-        else:
-            m.device_slots.numpy()[:PS] = page.numpy()
-        tree.insert(ab, m.device_slots)  # the caller's differing page is a provable duplicate: freed
-        assert tree_state(tree) == before
+    # 2. a match edited in place through torch, then inserted: checked like any caller's
+    #    slots (the edit bumped the tensor's version: the match's hint is dropped)
+    m = tree.match_prefix(ab)
+    m.device_slots[:PS] = kv.alloc(PS)
+    tree.insert(ab, m.device_slots)  # the caller's differing page is a provable duplicate: freed
+    assert tree_state(tree) == before
+    # 3. edited through a numpy view (torch does not see it): the tree's slots stay, the
+    #    caller's page is not freed, it stays the caller's
+    m = tree.match_prefix(ab)
+    page = kv.alloc(PS)
+    m.device_slots.numpy()[:PS] = page.numpy()
+    tree.insert(ab, m.device_slots)
+    kv.free(page)  # (still allocated: the tree did not free it)
+    assert tree_state(tree) == before
     tree.check_integrity()
 
 

@@ -17,7 +17,7 @@ from hicache.radix.prefetch import PrefetchOutcome
 from hicache.radix.store import TierStore
 from hicache.replay.content import ContentModel, prefix_hashes
 from hicache.storage import FileBackend, StorageIO, StorageNamespace
-from tests.hicache.radix.storage_env import config, forget_all, make, serve, store_pages
+from tests.hicache.radix.storage_env import config, forget_all, make, serve, store_pages, stored
 from tests.hicache.radix.test_cache import BIG, seq
 from tests.hicache.radix.test_cache import make as make_plain
 
@@ -142,6 +142,14 @@ def test_two_trees_sharing_one_storage_io_get_their_own_results(tmp_path):
     t1.close()
     t2.close()
     io.close()
+
+
+def test_match_and_prefetch_matches_again_after_the_prefetch(tmp_path):
+    cache, tree, a = stored(tmp_path, 3)
+    m, first_end = tree.match_and_prefetch(a)
+    assert (first_end, m.device_hit_length, m.host_hit_length) == (0, 0, 3 * PS)
+    tree.check_integrity()
+    tree.close()
 
 
 # ---- item 6: DeepSeek-V4 stacks with no history pool ---------------------------------------
