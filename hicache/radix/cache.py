@@ -17,49 +17,51 @@ config and plan. One request's life through the tree (the replay tool does exact
     tree.dec_lock_ref(m.last_host_node)
     tree.close()                             at shutdown: storage writes finish, store closes
 
-Keys, matches, inserts and evictions are whole pages (``stack.page_size`` tokens).
+Keys, matches, inserts and evictions are whole pages (``stack.page_size`` tokens); the
+write policies: `hicache.radix.transfers`. The tree is assembled from parts that own
+their state and talk through a few calls (composition; each part a module):
 
-    write policy              backs a node up                       device eviction of a
-                                                                    node not backed up
-    write_through             at every insert reaching it           deletes it
-    write_through_selective   at the 2nd insert reaching it         deletes it
-    write_back                when it is evicted from the device    backs it up, then drops
-                                                                    the device copy
+    part                    owns                                   module
+    RadixIndex              root, walks, splits, LRU clock, epoch  hicache.radix.index
+    SlotLedger              tiers, their slots, who holds a page   hicache.radix.tiers
+    Evictor                 LRU eviction per tier, room            hicache.radix.evict
+    Transfers               controller ops in flight, acks         hicache.radix.transfers
+    Inserter                an insert's checks and plan            hicache.radix.insert
+    StorageSide (optional)  store, prefetches, queued writes       hicache.radix.storage
+                            -> changes the tree only through       hicache.radix.landing
+                               StorageEdits, at poll
 
-Under both write-through policies a node is backed up only after its parent, so the
-backed-up nodes form a prefix from the root. Node tiers: `hicache.radix.node`; matching and
-splits: `hicache.radix.match`; eviction:
-`hicache.radix.evict`; inserts and the caller's slots: `hicache.radix.insert`;
-transfers and acks: `hicache.radix.transfers`; hybrid (DeepSeek-V4)
-match rule and snapshots: `hicache.radix.hybrid`; invariants: `hicache.radix.check`;
-the tiers as one mechanism: `hicache.radix.tiers`; storage: `hicache.radix.storage`,
-`hicache.radix.prefetch`, `hicache.radix.store`.
+``poll`` is where finished work changes the tree: the controller's acks (`Transfers`),
+then the store's jobs (`StorageSide`). Anything that may poll (making room under
+write-back) reads the tree again afterwards. No slot tensor this class hands out is one
+the tree holds (copies, or a match's fresh concatenation): editing it in place never
+changes the tree's slots (`hicache.radix.index` says what an edited match's slots mean
+to the insert that follows).
 """
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
-import numpy as np
 import torch
 
 from hicache.radix.check import check_tree
-from hicache.radix.evict import EvictionMixin
-from hicache.radix.hybrid import SnapshotMixin, snapshot_sizes
-from hicache.radix.insert import InsertMixin
-from hicache.radix.match import MatchMixin
-from hicache.radix.node import EMPTY_SLOTS, TreeNode, new_root
-from hicache.radix.prefetch import PrefetchMixin
-from hicache.radix.storage import StorageMixin
-from hicache.radix.tiers import Tier, is_device_leaf, is_host_leaf
-from hicache.radix.transfers import TransferMixin
+from hicache.radix.evict import Evictor, NothingBelow
+from hicache.radix.hybrid import snapshot_sizes
+from hicache.radix.index import RadixIndex
+from hicache.radix.insert import Inserter
+from hicache.radix.landing import StorageEdits
+from hicache.radix.node import EMPTY_SLOTS, InsertResult, MatchResult, TreeNode, as_key, copy_slots, lock, unlock
+from hicache.radix.storage import StorageSide
+from hicache.radix.storage_api import StorageAPI
+from hicache.radix.tiers import SlotLedger
+from hicache.radix.transfers import Transfers
 
 if TYPE_CHECKING:
     from hicache.radix.store import TierStore
 
 
-class HiRadixCache(MatchMixin, InsertMixin, EvictionMixin, SnapshotMixin, TransferMixin, StorageMixin,
-                   PrefetchMixin):
+class HiRadixCache(StorageAPI):
     """Prefix tree over page-aligned token ids with device, host and storage tiers.
 
     Args:
@@ -83,129 +85,235 @@ class HiRadixCache(MatchMixin, InsertMixin, EvictionMixin, SnapshotMixin, Transf
         self.page_size = self.stack.page_size
         self.policy = cache.config.write_policy
         self.anchor = self.stack.anchor.name
-        self.device_pool = cache.device_pools[self.anchor]
-        self.host_pool = cache.host_group.pools[self.anchor]
         self.state_sizes = snapshot_sizes(self.stack)
         self.hybrid = bool(self.state_sizes)
+        self.device_pool = cache.device_pools[self.anchor]
+        self.host_pool = cache.host_group.pools[self.anchor]
         self.host_enabled = self.host_pool.num_tokens > 0 if host_tier is None else host_tier
-        self.root = new_root()
-        self._clock = 0
-        device_pools, host_pools = cache.device_pools, cache.host_group.pools
-        self.device_tier = Tier("device", "device", "state_device", device_pools, self.device_pool,
-                                is_device_leaf, self._free_device)
-        self.host_tier = Tier("host", "host", "state_host", host_pools, self.host_pool,
-                              is_host_leaf, self._free_host)
-        self.tiers = (self.device_tier, self.host_tier)
         self.counters: Counter = Counter()
-        # Per device anchor page: how many nodes and loads in flight hold it (0 or 1 but
-        # for a rolled-back load not yet acked); insert's "already held?" is one lookup.
-        self._held = np.zeros(self.device_pool.allocator.num_pages, np.int32)
-        self._page_bytes = self.page_size * 8  # a child's dict key: its first page as int64 bytes
-        # Bumped by every split and deletion and whenever a node's copy on a tier is dropped
-        # or published: a match's walk kept for the next insert is stale then.
-        self._epoch = 0
-        self._last_walk: tuple | None = None  # match_prefix's (key bytes, path, epoch, device slots)
-        self._init_transfers()
+        self._index = RadixIndex(self.page_size)
+        self._ledger = SlotLedger(cache, self._index, self.state_sizes)
+        self._evictor = Evictor(self._index, self._ledger, self.counters)
+        self._transfers = Transfers(self.ctrl, self._index, self._ledger, self.counters, policy=self.policy,
+                                    host_enabled=self.host_enabled)
+        self._transfers.make_room, self._transfers.poll = self._evictor.make_room, self.poll
+        self._evictor.below["device"] = self._transfers
+        self._insert = Inserter(self._index, self._ledger, self._transfers, cache.device_pools, self.counters)
         if storage == "config":  # the storage layer is imported only when a store is configured
             storage = None
             if self.host_enabled and cache.config.storage_backend != "none":
                 from hicache.radix.store import open_store
                 storage = open_store(cache)
-        self._init_storage(storage)
+        self._attach_storage(storage)
 
-    def _free_device(self, name: str, slots: torch.Tensor) -> None:
-        """Give device slots the tree held back (anchor pages stop counting as held). The
-        anchor's are the tree's own whole pages: freed without being checked again."""
-        if name != self.anchor:
-            self.cache.device_pools[name].free(slots)
-            return
-        ps = self.page_size
-        pages = slots.numpy()[::ps] // ps
-        self.device_pool.allocator.free_pages(pages)
-        self._held[pages] -= 1
+    def _attach_storage(self, store: TierStore | None) -> None:
+        """Wire the storage tier in (or none): below the host for eviction, host frees
+        through its pins, write-through writes after each backup's ack."""
+        side = None
+        if store is not None:
+            edits = StorageEdits(self._index, self._ledger, self._evictor, self.ctrl, self.policy)
+            side = StorageSide(store, edits, self.cache.host_group.pools, self.state_sizes, self.counters)
+        self._storage = side
+        self._evictor.below["host"] = NothingBelow() if side is None else side
+        self._ledger.route_host_frees(None if side is None else side.free_host)
+        self._transfers.on_backed_up = None if side is None else side.queue_store
 
-    # ---- write policies ----------------------------------------------------------
-    def _backup_path(self, path: list[TreeNode]) -> None:
-        """Queue the backups an insert along ``path`` (whose hit counts it raised) asks for."""
-        if not self.host_enabled or self.policy == "write_back":
-            return
-        threshold = 1 if self.policy == "write_through" else 2
-        for n in path:  # top-down: a node only after its parent (prefix invariant)
-            if n.host is not None and (n.state_device is None or n.state_host is not None):
-                continue  # backed up already (most of a path): the check of _needs_backup, inlined
-            if n.hit_count < threshold or not self._needs_backup(n):
-                continue
-            parent = n.parent
-            parent_ok = parent.host is not None or (parent.pending is not None and
-                                                    self._pending[parent.pending].kind == "backup")
-            if not parent_ok or self._backup(n) is None:
-                break
+    @property
+    def root(self) -> TreeNode:
+        """The root node (empty key)."""
+        return self._index.root
 
-    # ---- the tier below -----------------------------------------------------------
-    # device: below is the host (--hicache-write-policy); host: below is storage
-    # (--hicache-storage-write-policy), whose writes run on I/O threads.
-    def _writes_back(self, tier: Tier) -> bool:
-        """Whether eviction from ``tier`` backs a leaf up to the tier below first."""
-        if tier is self.device_tier:
-            return self.policy == "write_back" and self.host_enabled
-        return self.storage is not None and self.storage.write_policy == "write_back"
+    # ---- match and insert ---------------------------------------------------------------
+    def match_prefix(self, token_ids: Any) -> MatchResult:
+        """Longest usable cached prefix of ``token_ids`` (a partial last page is ignored).
 
-    def _held_below(self, tier: Tier, node: TreeNode) -> bool:
-        """Whether the tier below ``tier`` already holds ``node``'s history (and snapshot)."""
-        if tier is self.device_tier:
-            return node.host is not None
-        return node.stored and (node.state_host is None or node.state_stored)
+        Non-hybrid stacks may split a node so the match ends on a node boundary. Touches
+        the matched nodes (LRU). Hybrid rule: `hicache.radix.hybrid`. The walk is kept
+        for an `insert` of the same tokens (or more) that follows before the tree's shape
+        changes: that insert continues from it instead of walking again.
 
-    def _save_below(self, tier: Tier, nodes: list[TreeNode]) -> None:
-        """Back ``nodes`` up to the tier below ``tier``: the device waits for its backups to
-        the host; the host submits storage writes (their pages stay pinned until done)."""
-        if tier is self.host_tier:
-            self._store_now(nodes)
-            return
-        ops = [op for op in (self._backup(n) for n in nodes) if op is not None]
-        if ops:
-            self.wait(ops)
+        Returns:
+            `MatchResult` (the device slots, a tensor of the caller's, and the last device
+            node; host hit length and last host node, which equals the last device node
+            when nothing is on host only).
+        Raises:
+            TypeError: ids that are not integers.
+            ValueError: ``token_ids`` not 1-D, or an id outside int64.
+        """
+        kb = as_key(token_ids, self.page_size, strict=False).tobytes()
+        path, d, e, slots = self._index.match(kb, self.hybrid)  # slots: the caller's
+        root = self._index.root
+        last_dev = path[d] if d >= 0 else root
+        last_host = path[e] if e >= 0 else root
+        return MatchResult(slots, last_dev, last_host.end - last_dev.end, last_host)
 
-    # ---- locks -------------------------------------------------------------------
+    def insert(self, token_ids: Any, device_slots: Any,
+               extra: Mapping[str, torch.Tensor] | None = None) -> InsertResult:
+        """Cache ``token_ids`` whose KV sits in ``device_slots``; takes ownership of the slots.
+
+        Pages already cached on the device keep the tree's slots; the caller's slots for
+        them are freed when they are provably duplicates (held by no node and no load in
+        flight). Host-only pages are revived with the caller's slots. ``extra`` is the
+        device snapshot at the end of ``token_ids`` (``{"swa": slots}``, hybrid stacks
+        only; freed when the boundary already has one). Queues backups per write policy
+        (launch with ``controller.start_writing()``). Mutates the tree; a CUDA slot tensor
+        is copied to the host once. After a `match_prefix` of these tokens (or a prefix
+        of them) the insert continues that match's walk.
+
+        Returns:
+            `InsertResult`: tokens already cached on the device, and the node ending at
+            ``len(token_ids)``.
+        Raises:
+            TypeError: token ids or slots that are not integers.
+            ValueError: tokens not whole pages or outside int64; ``device_slots`` not one
+                per token, unaligned, out of range, repeated, not allocated, or slots the
+                tree already holds for other tokens; ``extra`` naming other pools / sizes
+                than the stack's snapshot, slots not allocated or not whole rows, or slots
+                another node's snapshot or a load in flight holds. Nothing changes then.
+        """
+        return self._insert.insert(token_ids, device_slots, extra)
+
+    # ---- eviction ----------------------------------------------------------------------
+    def evict(self, num_tokens: int) -> int:
+        """Free at least ``num_tokens`` device anchor slots if the unlocked tree allows.
+
+        Backed-up nodes drop their device copy; others are backed up first under
+        ``write_back`` (a synchronous backup, which polls) and deleted otherwise. Locked
+        nodes and nodes with a transfer in flight are never touched. Mutates the tree.
+
+        Returns:
+            Device anchor slots freed (whole pages; may exceed ``num_tokens``, or fall
+            short when everything left is locked).
+        """
+        return self._evictor.evict(self._ledger.device, num_tokens)
+
+    def evict_host(self, num_tokens: int) -> int:
+        """Delete host-only leaves, least recently used first, until ``num_tokens`` are free
+        (written to storage first under its ``write_back``).
+
+        Never touches a locked node, one with a transfer in flight, or a node whose
+        history is on the device. Mutates the tree.
+
+        Returns:
+            Host anchor slots freed (may fall short when nothing else is evictable).
+        """
+        return self._evictor.evict(self._ledger.host, num_tokens)
+
+    def evict_states(self, num_slots: int) -> int:
+        """Drop device snapshots, least recently used first, until ``num_slots`` are free.
+
+        The nodes keep their history (and any host snapshot). Locked or in-flight nodes
+        are skipped. Mutates the tree; not thread-safe.
+
+        Returns:
+            Slots freed in the first state root pool (``swa``).
+        Raises:
+            ValueError: the stack has no state pools.
+        """
+        return self._evict_snapshots(self._ledger.device, num_slots)
+
+    def evict_host_states(self, num_slots: int) -> int:
+        """Free host snapshots (LRU, never of a node in use); the history chain stays.
+
+        Returns:
+            Host slots freed in the first state root pool.
+        Raises:
+            ValueError: the stack has no state pools.
+        """
+        return self._evict_snapshots(self._ledger.host, num_slots)
+
+    def _evict_snapshots(self, tier, num_slots: int) -> int:
+        if not self.state_sizes:
+            raise ValueError("evict_states: this stack has no state pools")
+        return self._evictor.evict_snapshots(tier, num_slots)
+
+    # ---- transfers ---------------------------------------------------------------------
+    def load_back(self, node: TreeNode) -> dict[str, torch.Tensor] | None:
+        """Queue the load of ``node``'s host-only history chain (and its host snapshot).
+
+        The chain is every host-only node from the deepest device ancestor down to
+        ``node``, read after device room is made by evicting (which may poll; nodes on
+        ``node``'s path are locked meanwhile). The device slots are published on the nodes
+        when the ack arrives (`poll` after ``controller.start_loading()``); ``node`` stays
+        locked until then. Mutates the tree; not thread-safe.
+
+        Returns:
+            The caller's copy of the device slots keyed by pool name (the anchor key always
+            present, empty when only the snapshot moves), or ``None`` when the device is
+            short or part of the chain is already in flight (nothing changes then).
+        Raises:
+            ValueError: ``node`` is the root or no longer in the tree.
+        """
+        return self._transfers.load_back(node)
+
+    def poll(self) -> list:
+        """Process every finished ack of the controller (never blocks).
+
+        Acks of this tree's ops publish (or, failed, forget) their slots, each on its own:
+        one that cannot be applied is logged, counted (``acks_broken``) and its slots
+        given back, and the others are applied. Acks of ops the tree did not queue are
+        returned untouched. With a storage tier, finished storage jobs are taken in too
+        (writes marked, prefetches advanced, deadlines enforced) and the write-through
+        writes of this poll submitted. Launching is the caller's:
+        ``controller.start_writing()`` / ``start_loading()``. Mutates the tree.
+
+        Returns:
+            All acks, in order.
+        """
+        acks = self.ctrl.poll()
+        self._transfers.apply(acks)
+        if self._storage is not None:
+            self._storage.poll()
+        return acks
+
+    def wait(self, ops=None) -> None:
+        """Launch what ``ops`` need and poll until they are acked (default: every op of this tree).
+
+        Launches queued writes if a backup is awaited and queued loads if a load is (the
+        whole controller queue of that direction goes). Blocks until done (CUDA: polls).
+
+        Raises:
+            RuntimeError: an awaited op is neither queued nor in flight in the controller.
+        """
+        self._transfers.wait(ops)
+
+    def pending_ops(self) -> int:
+        """Controller operations of this tree in flight."""
+        return len(self._transfers.pending)
+
+    # ---- locks and views ---------------------------------------------------------------
     def inc_lock_ref(self, node: TreeNode) -> None:
         """Lock ``node`` and its ancestors: no tier of them is evicted until unlocked."""
-        while not node.is_root:
-            node.lock_ref += 1
-            node = node.parent
+        lock(node)
 
     def dec_lock_ref(self, node: TreeNode) -> None:
         """Undo one `inc_lock_ref` of ``node``. Raises RuntimeError on an unlocked node."""
-        while not node.is_root:
-            if node.lock_ref <= 0:
-                raise RuntimeError(f"dec_lock_ref: {node!r} is not locked")
-            node.lock_ref -= 1
-            node = node.parent
+        unlock(node)
 
-    # ---- views -------------------------------------------------------------------
     def device_slots(self, node: TreeNode) -> torch.Tensor:
-        """Device anchor slots of tokens ``[0, node.end)``.
+        """The caller's copy of the device anchor slots of tokens ``[0, node.end)``.
 
         Raises:
             ValueError: part of the path is not on the device.
         """
         parts = []
         while not node.is_root:
-            if node.device is None:
+            if node._device is None:
                 raise ValueError(f"node: {node!r} has no device copy")
-            parts.append(node.device)
+            parts.append(node._device)
             node = node.parent
-        return torch.cat(parts[::-1]) if parts else EMPTY_SLOTS
+        return torch.cat(parts[::-1]) if parts else EMPTY_SLOTS.clone()
 
     def snapshot_slots(self, node: TreeNode) -> tuple[dict | None, dict | None]:
-        """(device, host) snapshot slots of ``node``'s boundary, each keyed by pool or None."""
-        return node.state_device, node.state_host
+        """Copies of the (device, host) snapshot slots of ``node``'s boundary, each keyed by pool or None."""
+        return copy_slots(node._state_device), copy_slots(node._state_host)
 
     def stats(self) -> dict:
         """Counters of the tree (backups, loads, evictions, prefetches...), the controller's
         and, with a storage tier, the store's (bytes, objects, faults, busy seconds)."""
         out = {"tree": dict(self.counters), "controller": self.ctrl.stats()}
-        if self.storage is not None:
-            out["storage"] = self.storage.stats()
+        if self._storage is not None:
+            out["storage"] = self._storage.store.stats()
         return out
 
     def check_integrity(self) -> None:

@@ -7,12 +7,13 @@
                 a snapshot on a tier implies the history there; under write-through
                 policies host history implies the parent's (backed-up nodes are a prefix)
     slots       per pool and tier: free + cached + locked + in flight = total, no slot is
-                held twice, and every held slot is allocated in its allocator (an op of a
-                rolled-back batch whose failed ack is not polled yet holds nothing; in
-                flight on the host: prefetches' slots and freed pages a storage write reads)
+                held twice (history and snapshots: no snapshot row is two nodes'), and
+                every held slot is allocated in its allocator (an op of a rolled-back
+                batch whose failed ack is not polled yet holds nothing; in flight on the
+                host: prefetches' slots and freed pages a storage write reads)
     candidates  every evictable leaf and snapshot is in the set eviction draws from
-    held        the per-page counts insert looks up (``_held``) equal the device anchor
-                pages the nodes and the loads in flight hold
+    held        the per-page counts insert looks up equal what nodes and loads in flight
+                hold: device anchor pages, and each state root's device pages
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def _check_structure(tree, node) -> None:
         _fail(f"{node!r} is dead or not filed under its first page in its parent")
     if node.num_tokens == 0 or node.num_tokens % ps or node.end != parent.end + node.num_tokens:
         _fail(f"{node!r}: length not whole pages of {ps} or end != parent.end + length ({parent.end})")
-    for tier in tree.tiers:
+    for tier in tree._ledger.tiers:
         slots = tier.slots(node)
         if slots is not None and slots.numel() != node.num_tokens:
             _fail(f"{node!r}: {tier.name} has {slots.numel()} slots for {node.num_tokens} tokens")
@@ -50,7 +51,7 @@ def _check_structure(tree, node) -> None:
             _fail(f"{node!r}: {tier.name} slots are not a contiguous int64 CPU tensor (the fast path reads their buffers)")
     if node.lock_ref < 0 or (not parent.is_root and parent.lock_ref < node.lock_ref):
         _fail(f"{node!r}: lock_ref {node.lock_ref} negative or above the parent's {parent.lock_ref}")
-    if node.pending is not None and node.pending not in tree._pending:
+    if node.pending is not None and node.pending not in tree._transfers.pending:
         _fail(f"{node!r}: pending op {node.pending} unknown to the tree")
     if node.hashes is not None and len(node.hashes) * ps != node.num_tokens:
         _fail(f"{node!r}: {len(node.hashes)} page hashes for {node.num_tokens} tokens")
@@ -58,21 +59,21 @@ def _check_structure(tree, node) -> None:
 
 def _check_tiers(tree, node) -> None:
     parent = node.parent
-    if node.device is None and node.host is None:
+    if node._device is None and node._host is None:
         _fail(f"{node!r} holds its history on no tier")
-    if node.device is not None and parent.device is None:
+    if node._device is not None and parent._device is None:
         _fail(f"{node!r} is on the device but its parent {parent!r} is not")
-    if (node.state_device and node.device is None) or (node.state_host and node.host is None):
+    if (node._state_device and node._device is None) or (node._state_host and node._host is None):
         _fail(f"{node!r}: a snapshot on a tier without the history there")
-    for snap in (node.state_device, node.state_host):
+    for snap in (node._state_device, node._state_host):
         if snap and {k: v.numel() for k, v in snap.items()} != tree.state_sizes:
             _fail(f"{node!r}: snapshot sizes {[(k, v.numel()) for k, v in snap.items()]} != {tree.state_sizes}")
-    if tree.policy != "write_back" and node.host is not None and parent.host is None:
+    if tree.policy != "write_back" and node._host is not None and parent._host is None:
         _fail(f"{node!r} is backed up but its parent {parent!r} is not ({tree.policy})")
 
 
 def _check_candidates(tree, node) -> None:
-    for tier in tree.tiers:
+    for tier in tree._ledger.tiers:
         if tier.is_leaf(node) and node not in tier.leaves:
             _fail(f"{tier.name} leaf {node!r} missing from the {tier.name} eviction candidates")
         if tier.snapshot(node) and node not in tier.states:
@@ -84,23 +85,22 @@ def _held_slots(tree, nodes) -> dict:
     held = defaultdict(lambda: defaultdict(list))
     for node in nodes:
         kind = "cached" if node.evictable else "locked"
-        for tier in tree.tiers:
+        for tier in tree._ledger.tiers:
             slots = tier.slots(node)
             if slots is not None:
                 held[(tier.name, tree.anchor)][kind].append(slots)
             for name, s in (tier.snapshot(node) or {}).items():
                 held[(tier.name, name)][kind].append(s)
     rolled_back = tree.ctrl.rolled_back_ops()  # their destination slots are free again
-    for op, rec in tree._pending.items():
+    for op, rec in tree._transfers.pending.items():
         if op in rolled_back:  # the controller already freed its destination slots
             continue
         tier = "host" if rec.kind == "backup" else "device"
         for name, s in rec.dst.items():
             held[(tier, name)]["in_flight"].append(s)
-    if tree.storage is not None:  # prefetches' host slots, and freed pages a write still reads
-        for p in tree._prefetches:
-            for name, s in [(tree.anchor, p.host), *(p.snap or {}).items()]:
-                held[("host", name)]["in_flight"].append(s)
+    if tree._storage is not None:  # prefetches' host slots, and freed pages a write still reads
+        for name, s in tree._storage.prefetches.in_flight_slots():
+            held[("host", name)]["in_flight"].append(s)
         for name, s in tree.storage.deferred_slots().items():
             held[("host", name)]["in_flight"].append(s)
     return held
@@ -109,7 +109,7 @@ def _held_slots(tree, nodes) -> dict:
 def _check_slots(tree, nodes) -> None:
     held = _held_slots(tree, nodes)
     for name in [tree.anchor, *tree.state_sizes]:
-        for tier in tree.tiers:
+        for tier in tree._ledger.tiers:
             pool, parts = tier.pools[name], held[(tier.name, name)]
             counts = {k: sum(int(s.numel()) for s in v) for k, v in parts.items()}
             free, total = pool.available(), pool.num_tokens
@@ -131,17 +131,32 @@ def _check_unique_owned(what: str, flat: torch.Tensor, allocator) -> None:
         _fail(f"{what}: the tree holds slots its allocator calls free")
 
 
-def _check_held(tree, nodes) -> None:
-    ps, expect = tree.page_size, np.zeros_like(tree._held)
-    parts = [n.device for n in nodes if n.device is not None]
-    parts += [rec.dst[tree.anchor] for rec in tree._pending.values()
-              if rec.kind == "load" and tree.anchor in rec.dst]  # rolled back too, until acked
+def _expect_counts(counts: np.ndarray, parts: list, page_size: int) -> np.ndarray:
+    expect = np.zeros_like(counts)
     for slots in parts:
-        np.add.at(expect, slots.numpy()[::ps] // ps, 1)
-    wrong = np.flatnonzero(expect != tree._held)
+        np.add.at(expect, slots.numpy()[::page_size] // page_size, 1)
+    return expect
+
+
+def _check_held(tree, nodes) -> None:
+    """The per-page held counts equal what nodes and loads in flight (rolled back too,
+    until acked) hold: the device anchor's pages and each state root's."""
+    ledger, loads = tree._ledger, [rec for rec in tree._transfers.pending.values() if rec.kind == "load"]
+    parts = [n._device for n in nodes if n._device is not None]
+    parts += [rec.dst[tree.anchor] for rec in loads if tree.anchor in rec.dst]
+    _compare_held("device page", ledger.held, _expect_counts(ledger.held, parts, tree.page_size))
+    for name, counts in ledger.state_held.items():
+        parts = [n._state_device[name] for n in nodes if n._state_device is not None]
+        parts += [rec.dst[name] for rec in loads if rec.with_state]
+        ps = ledger.device.pools[name].allocator.page_size
+        _compare_held(f"device {name} page", counts, _expect_counts(counts, parts, ps))
+
+
+def _compare_held(what: str, counts: np.ndarray, expect: np.ndarray) -> None:
+    wrong = np.flatnonzero(expect != counts)
     if wrong.size:
         p = int(wrong[0])
-        _fail(f"device page {p}: held count {int(tree._held[p])}, but nodes and loads hold it {int(expect[p])} times")
+        _fail(f"{what} {p}: held count {int(counts[p])}, but nodes and loads hold it {int(expect[p])} times")
 
 
 def check_tree(tree) -> None:
@@ -155,7 +170,7 @@ def check_tree(tree) -> None:
         _check_structure(tree, node)
         _check_tiers(tree, node)
         _check_candidates(tree, node)
-    for op, rec in tree._pending.items():
+    for op, rec in tree._transfers.pending.items():
         if rec.node.dead:
             _fail(f"op {op} in flight on a deleted node {rec.node!r}")
     _check_slots(tree, nodes)

@@ -1,4 +1,4 @@
-"""Eviction for `HiRadixCache`: one LRU mechanism for every tier (`hicache.radix.tiers`).
+"""`Evictor`: one LRU eviction for every tier of `HiRadixCache` (`hicache.radix.tiers`).
 
 Candidates are kept per tier in sets that may hold stale entries; every transition that
 can make a node a leaf adds it (a node gaining its tier without children there, a child
@@ -12,50 +12,78 @@ losing it), and each eviction filters the set, so no pass walks the whole tree:
         it does not, tier writes back          -> back it up below first, then drop the copy;
                                                   a failed backup deletes the node's subtree
         it does not, otherwise                 -> delete the node's subtree
-    device: below = host, writes back under ``write_back`` (a synchronous backup);
-    host: nothing below, so a host leaf (held nowhere else) is deleted, and its parent
-    may become a host leaf.
+    device: below = host (`Transfers`), writes back under ``write_back`` (a synchronous backup);
+    host: below = storage (`StorageSide`, writes back under its ``write_back``) or nothing.
+
+What lies below a tier is a `Below`: the evictor asks it three things and nothing else.
+Snapshots are evicted on their own too (``evict_states``): the history chain stays.
 """
 from __future__ import annotations
 
 import heapq
+from collections import Counter
+from typing import Protocol
 
+from hicache.radix.index import RadixIndex
 from hicache.radix.node import TreeNode
-from hicache.radix.tiers import Tier
+from hicache.radix.tiers import SlotLedger, Tier
+
+
+class Below(Protocol):
+    """What lies below a tier, as eviction sees it."""
+
+    @property
+    def writes_back(self) -> bool:
+        """Whether a leaf is saved below before this tier drops it."""
+
+    def holds(self, node: TreeNode) -> bool:
+        """Whether the tier below already holds ``node``'s history (and snapshot)."""
+
+    def save(self, nodes: list[TreeNode]) -> None:
+        """Save ``nodes`` (history and snapshot) below; may poll."""
+
+    def save_snapshots(self, nodes: list[TreeNode]) -> None:
+        """Save the snapshots of ``nodes`` below before they are dropped here."""
+
+
+class NothingBelow:
+    """The host tier without a storage tier: nothing is saved, a host leaf is deleted."""
+
+    writes_back = False
+
+    def holds(self, node: TreeNode) -> bool:
+        return False
+
+    def save(self, nodes: list[TreeNode]) -> None:
+        return None
+
+    def save_snapshots(self, nodes: list[TreeNode]) -> None:
+        return None
 
 
 def _entry(node: TreeNode) -> tuple:
     return (node.last_access, node.id, node)
 
 
-class EvictionMixin:
-    """Device and host eviction of `HiRadixCache`."""
+class Evictor:
+    """LRU eviction of history and snapshots on each tier (scheduler thread).
 
-    def evict(self, num_tokens: int) -> int:
-        """Free at least ``num_tokens`` device anchor slots if the unlocked tree allows.
+    Args:
+        index: the node structure (deletions).
+        ledger: the tiers and their slots.
+        counters: the tree's counters (``*_evicted_tokens``, ``nodes_deleted``, ``states_evicted``).
+    Attributes:
+        below: what lies below each tier, keyed by tier name (set by the tree).
+    """
 
-        Backed-up nodes drop their device copy; others are backed up first under
-        ``write_back`` (a synchronous backup) and deleted otherwise. Locked nodes and
-        nodes with a transfer in flight are never touched. Mutates the tree.
+    def __init__(self, index: RadixIndex, ledger: SlotLedger, counters: Counter) -> None:
+        self.index, self.ledger, self.counters = index, ledger, counters
+        self.below: dict[str, Below] = {"device": NothingBelow(), "host": NothingBelow()}
 
-        Returns:
-            Device anchor slots freed (whole pages; may exceed ``num_tokens``, or fall
-            short when everything left is locked).
-        """
-        return self._evict(self.device_tier, num_tokens)
-
-    def evict_host(self, num_tokens: int) -> int:
-        """Delete host-only leaves, least recently used first, until ``num_tokens`` are free.
-
-        Never touches a locked node, one with a transfer in flight, or a node whose
-        history is on the device. Mutates the tree.
-
-        Returns:
-            Host anchor slots freed (may fall short when nothing else is evictable).
-        """
-        return self._evict(self.host_tier, num_tokens)
-
-    def _evict(self, tier: Tier, num_tokens: int) -> int:
+    def evict(self, tier: Tier, num_tokens: int) -> int:
+        """Free at least ``num_tokens`` anchor slots of ``tier`` if the unlocked tree allows
+        (module docstring). Returns the slots freed (whole pages; may exceed the ask or
+        fall short)."""
         freed = 0
         while freed < num_tokens:
             heap = self._leaf_heap(tier)
@@ -72,10 +100,11 @@ class EvictionMixin:
 
     def _evict_round(self, tier: Tier, heap: list, need: int) -> tuple[int, list[TreeNode]]:
         freed, staged, staged_tokens = 0, [], 0
-        write_back = self._writes_back(tier)
+        below = self.below[tier.name]
+        write_back = below.writes_back
         while heap and freed + staged_tokens < need:
             node = heapq.heappop(heap)[2]
-            if write_back and not self._held_below(tier, node):
+            if write_back and not below.holds(node):
                 staged.append(node)
                 staged_tokens += node.num_tokens
                 continue
@@ -94,41 +123,57 @@ class EvictionMixin:
 
     def _write_back(self, tier: Tier, nodes: list[TreeNode]) -> int:
         """Back ``nodes`` up to the tier below, then drop their copies here (or the nodes)."""
-        self._save_below(tier, nodes)
-        return sum(self._drop(tier, n) for n in nodes if not n.dead)
+        self.below[tier.name].save(nodes)
+        return sum(self._drop(tier, n) for n in nodes if not n.dead and tier.is_leaf(n) and n.evictable)
 
     def _drop(self, tier: Tier, node: TreeNode) -> int:
         """Give back ``tier``'s copy of a leaf; delete the node if no other tier holds its history."""
         tokens = node.num_tokens
-        others = [t for t in self.tiers if t is not tier and getattr(node, t.attr) is not None]
+        others = [t for t in self.ledger.tiers if t is not tier and getattr(node, t.attr) is not None]
         if not others:
-            self._delete_subtree(node)
-            return tokens
-        tier.free(self.anchor, getattr(node, tier.attr))
-        setattr(node, tier.attr, None)
-        self._epoch += 1
-        tier.free_snapshot(node)
-        tier.leaves.add(node.parent)
-        for other in others:
-            other.leaves.add(node)
+            self.delete_subtree(node)
+        else:
+            self.ledger.drop_copy(tier, node, others)
         return tokens
 
-    def _delete_subtree(self, node: TreeNode) -> None:
-        """Remove ``node`` and everything below it, freeing every tier they hold."""
+    def delete_subtree(self, node: TreeNode) -> None:
+        """Remove ``node`` and everything below it, giving back every tier they hold."""
         stack = [node]
         while stack:
             cur = stack.pop()
             stack.extend(cur.children.values())
-            for tier in self.tiers:
-                slots = tier.slots(cur)
-                if slots is not None:
-                    tier.free(self.anchor, slots)
-                    setattr(cur, tier.attr, None)
-                tier.free_snapshot(cur)
+            self.ledger.release(cur)
             cur.dead = True
         parent = node.parent
-        del parent.children[node.key[:self._page_bytes]]
-        self._epoch += 1
-        for tier in self.tiers:
+        self.index.detach(node)
+        for tier in self.ledger.tiers:
             tier.leaves.add(parent)
         self.counters["nodes_deleted"] += 1
+
+    # ---- snapshots on their own, and room -------------------------------------------------
+    def evict_snapshots(self, tier: Tier, num_slots: int) -> int:
+        """LRU snapshots of ``tier`` go (never of a node in use) until ``num_slots`` of the
+        first state root are free; the tier below saves them first if it writes back.
+        Returns the slots freed there."""
+        per = next(iter(self.ledger.state_sizes.values()))
+        heap = [(n.last_access, n.id, n) for n in tier.states if n.evictable]
+        heapq.heapify(heap)
+        victims = [heapq.heappop(heap)[2] for _ in range(min(len(heap), -(-num_slots // per)))]
+        below = self.below[tier.name]
+        if below.writes_back:
+            below.save_snapshots(victims)
+        for node in victims:
+            self.ledger.free_snapshot(tier, node)
+        self.counters["states_evicted"] += len(victims)
+        return len(victims) * per
+
+    def make_room(self, tier: Tier, anchor_tokens: int, with_state: bool) -> None:
+        """Evict on ``tier`` until ``anchor_tokens`` (and, with state, one snapshot) fit."""
+        short = anchor_tokens - tier.anchor.available()
+        if short > 0:
+            self.evict(tier, short)
+        if with_state:
+            for name, size in self.ledger.state_sizes.items():
+                short = size - tier.pools[name].available()
+                if short > 0:
+                    self.evict_snapshots(tier, short)

@@ -1,4 +1,4 @@
-"""Hybrid stacks (DeepSeek-V4): where a match may end, and state snapshots on their own.
+"""Hybrid stacks (DeepSeek-V4): snapshot sizes and where a match may end.
 
 History pools (``HitPolicy.ALL_PAGES``: the anchor and everything derived from it, e.g.
 ``c4_kv``, ``c4_indexer``, ``c128_kv``) must cover every page of a match. State pools
@@ -22,8 +22,9 @@ row for DeepSeek-V4).
       history is on the device but C has no snapshot, so it counts as host hit.
     * ``load_back(D)`` loads the host-only history (D's pages) and D's snapshot; pages
       already on the device (C) are not moved again.
-    * ``evict_states`` / ``evict_host_states`` drop snapshots alone: the history chain
-      stays, the boundary just stops being a match end until a new snapshot is inserted.
+    * ``evict_states`` / ``evict_host_states`` drop snapshots alone (`hicache.radix.evict`):
+      the history chain stays, the boundary just stops being a match end until a new
+      snapshot is inserted.
     * a snapshot lives on a tier only while its node's history does (evicting the history
       drops the snapshot on that tier too).
 
@@ -33,14 +34,10 @@ deepest device node.
 """
 from __future__ import annotations
 
-import heapq
 from typing import Sequence
-
-import torch
 
 from host_pools.spec import PoolKind, Stack
 from hicache.radix.node import TreeNode
-from hicache.radix.tiers import Tier
 
 
 def snapshot_sizes(stack: Stack) -> dict[str, int]:
@@ -76,79 +73,19 @@ def select_match_end(path: Sequence[TreeNode], hybrid: bool) -> tuple[int, int]:
     if not hybrid:
         d = -1
         for i, node in enumerate(path):  # device nodes are closed under parent
-            if node.device is None:
+            if node._device is None:
                 break
             d = i
         return d, len(path) - 1
     e = -1
     for i, node in enumerate(path):
-        if node.state_device or node.state_host:
+        if node._state_device or node._state_host:
             e = i
     d = -1
     for i in range(e + 1):
         node = path[i]
-        if node.device is None:
+        if node._device is None:
             break
-        if node.state_device:
+        if node._state_device:
             d = i
     return d, e
-
-
-class SnapshotMixin:
-    """State-snapshot bookkeeping of `HiRadixCache` (attach, free, evict on their own)."""
-
-    def _attach_snapshot(self, node: TreeNode, snap: dict[str, torch.Tensor]) -> bool:
-        """Give ``node`` a device snapshot; False (and ``snap`` freed) if it has one or cannot take one.
-
-        A node whose history is not on the device, or with a load in flight (which may bring
-        a snapshot), takes none; a backup in flight does not matter (it does not cover it).
-        """
-        loading = node.pending is not None and self._pending[node.pending].kind == "load"
-        if node.state_device is not None or loading or node.device is None:
-            for name, slots in snap.items():
-                if node.state_device is None or not torch.equal(node.state_device[name], slots):
-                    self.device_tier.free(name, slots)
-            return False
-        self.device_tier.set_snapshot(node, dict(snap))
-        return True
-
-    def _first_state_root(self) -> str:
-        if not self.state_sizes:
-            raise ValueError("evict_states: this stack has no state pools")
-        return next(iter(self.state_sizes))
-
-    def evict_states(self, num_slots: int) -> int:
-        """Drop device snapshots, least recently used first, until ``num_slots`` are free.
-
-        The nodes keep their history (and any host snapshot). Locked or in-flight nodes
-        are skipped. Mutates the tree; not thread-safe.
-
-        Returns:
-            Slots freed in the first state root pool (``swa``).
-        Raises:
-            ValueError: the stack has no state pools.
-        """
-        return self._evict_snapshots(self.device_tier, num_slots)
-
-    def evict_host_states(self, num_slots: int) -> int:
-        """Free host snapshots (LRU, never of a node in use); the history chain stays.
-
-        Returns:
-            Host slots freed in the first state root pool.
-        """
-        return self._evict_snapshots(self.host_tier, num_slots)
-
-    def _evict_snapshots(self, tier: Tier, num_slots: int) -> int:
-        """LRU snapshots of ``tier`` go; host ones are written to storage first under its
-        write-back policy (device ones are dropped: their history stays and a later
-        insert brings a new snapshot)."""
-        per = self.state_sizes[self._first_state_root()]
-        heap = [(n.last_access, n.id, n) for n in tier.states if n.evictable]
-        heapq.heapify(heap)
-        victims = [heapq.heappop(heap)[2] for _ in range(min(len(heap), -(-num_slots // per)))]
-        if tier is self.host_tier and self._writes_back(tier):
-            self._store_now([n for n in victims if not n.state_stored])
-        for node in victims:
-            tier.free_snapshot(node)
-        self.counters["states_evicted"] += len(victims)
-        return len(victims) * per

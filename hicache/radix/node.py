@@ -25,6 +25,11 @@ on a tier only while the history is, and can also be evicted on its own):
 A transfer in flight (``pending`` = its op id) freezes the node: it is never evicted on
 any tier and takes no second transfer. The tier changes only when the ack arrives; a
 failed ack leaves the node exactly as it was before the transfer.
+
+The slots live in private fields (``_device``...); a caller reads them through the
+properties ``device``, ``host``, ``state_device`` and ``state_host``, which hand out
+copies: no tensor the tree holds is ever handed out, so no edit in place reaches it.
+Token ids are int64 keys (`hicache.tokens`: ids outside int64 are refused).
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from host_pools.allocator import is_integer_dtype
+from hicache.tokens import int64_token_ids
 
 _ids = itertools.count()
 
@@ -44,7 +49,13 @@ EMPTY_SLOTS = torch.empty(0, dtype=torch.int64)
 
 @dataclass(slots=True, eq=False)
 class TreeNode:
-    """One radix-tree node (identity-hashed; hot mutable record).
+    """One radix-tree node (identity-hashed; hot mutable record): the handle a caller
+    gets back from a match or an insert, to lock, load back and read.
+
+    The slot fields are the tree's own (``_device``, ``_host``, ``_state_device``,
+    ``_state_host``); a caller reads them through the properties of the same public
+    names, which hand out copies, so an edit in place never rewrites the tree. Every
+    other field is the tree's to change (read them, never assign them).
 
     Attributes:
         key: the node's token ids (whole pages) as the bytes of an int64 array: a walk
@@ -52,8 +63,8 @@ class TreeNode:
         end: prefix length in tokens at the end of this node (its boundary).
         parent: ``None`` only for the root.
         children: child nodes keyed by the bytes of their first page.
-        device / host: anchor token slots of the node's pages on each tier, or ``None``.
-        state_device / state_host: snapshot slots at ``end`` per state root pool, or ``None``.
+        _device / _host: anchor token slots of the node's pages on each tier, or ``None``.
+        _state_device / _state_host: snapshot slots at ``end`` per state root pool, or ``None``.
         lock_ref: users of the node (a lock covers the path to the root); locked nodes are
             never evicted on any tier.
         hit_count: inserts that went through the node (``write_through_selective``).
@@ -69,10 +80,10 @@ class TreeNode:
     end: int
     parent: "TreeNode | None" = None
     children: dict = field(default_factory=dict)
-    device: torch.Tensor | None = None
-    host: torch.Tensor | None = None
-    state_device: dict | None = None
-    state_host: dict | None = None
+    _device: torch.Tensor | None = None
+    _host: torch.Tensor | None = None
+    _state_device: dict | None = None
+    _state_host: dict | None = None
     lock_ref: int = 0
     hit_count: int = 0
     last_access: int = 0
@@ -82,6 +93,26 @@ class TreeNode:
     stored: bool = False
     state_stored: bool = False
     id: int = field(default_factory=_ids.__next__)
+
+    @property
+    def device(self) -> torch.Tensor | None:
+        """Device anchor slots of the node's pages (a copy), or ``None``."""
+        return None if self._device is None else self._device.clone()
+
+    @property
+    def host(self) -> torch.Tensor | None:
+        """Host anchor slots of the node's pages (a copy), or ``None``."""
+        return None if self._host is None else self._host.clone()
+
+    @property
+    def state_device(self) -> dict[str, torch.Tensor] | None:
+        """Device snapshot slots at ``end`` keyed by state root pool (copies), or ``None``."""
+        return copy_slots(self._state_device)
+
+    @property
+    def state_host(self) -> dict[str, torch.Tensor] | None:
+        """Host snapshot slots at ``end`` keyed by state root pool (copies), or ``None``."""
+        return copy_slots(self._state_host)
 
     @property
     def tokens(self) -> np.ndarray:
@@ -102,18 +133,42 @@ class TreeNode:
         return self.lock_ref == 0 and self.pending is None
 
     def has_device_child(self) -> bool:
-        return any(c.device is not None for c in self.children.values())
+        return any(c._device is not None for c in self.children.values())
 
     def __repr__(self) -> str:
-        tiers = ("D" if self.device is not None else "") + ("H" if self.host is not None else "")
-        snap = ("d" if self.state_device else "") + ("h" if self.state_host else "")
+        tiers = ("D" if self._device is not None else "") + ("H" if self._host is not None else "")
+        snap = ("d" if self._state_device else "") + ("h" if self._state_host else "")
         return (f"TreeNode(id={self.id}, end={self.end}, tokens={self.num_tokens}, tiers={tiers or '-'}, "
                 f"snapshot={snap or '-'}, lock={self.lock_ref}, pending={self.pending})")
 
 
+def copy_slots(slots: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
+    """A caller's copy of slots keyed by pool (``None`` stays ``None``)."""
+    return None if slots is None else {name: s.clone() for name, s in slots.items()}
+
+
+def lock(node: TreeNode) -> None:
+    """Lock ``node`` and its ancestors: no tier of them is evicted until `unlock`."""
+    while node.parent is not None:
+        node.lock_ref += 1
+        node = node.parent
+
+
+def unlock(node: TreeNode) -> None:
+    """Undo one `lock` of ``node``. Raises RuntimeError on an unlocked node (nothing changes)."""
+    cur = node
+    while cur.parent is not None:
+        if cur.lock_ref <= 0:
+            raise RuntimeError(f"dec_lock_ref: {cur!r} is not locked")
+        cur = cur.parent
+    while node.parent is not None:
+        node.lock_ref -= 1
+        node = node.parent
+
+
 def new_root() -> TreeNode:
     """The root: an empty key that is on every tier and holds the (empty) initial state."""
-    root = TreeNode(key=b"", end=0, device=EMPTY_SLOTS, host=EMPTY_SLOTS)
+    root = TreeNode(key=b"", end=0, _device=EMPTY_SLOTS, _host=EMPTY_SLOTS)
     root.lock_ref = 1  # the root is never evicted
     return root
 
@@ -144,37 +199,25 @@ class InsertResult(NamedTuple):
 
 
 def as_key(token_ids, page_size: int, strict: bool) -> np.ndarray:
-    """Token ids as a contiguous int64 array of whole pages.
+    """Token ids as a contiguous int64 array of whole pages (`hicache.tokens`: ids must fit int64).
 
     Args:
         strict: raise on a partial trailing page (insert) instead of dropping it (match).
     Raises:
         TypeError: ids that are not integers (floats and bools are refused, never cast).
-        ValueError: not 1-D, or (strict) not a multiple of ``page_size``.
+        ValueError: not 1-D, an id outside int64, or (strict) not a multiple of ``page_size``.
     """
     if type(token_ids) is np.ndarray and token_ids.dtype == np.int64 and token_ids.ndim == 1 \
             and token_ids.flags.c_contiguous:  # the common case: nothing to convert
         key = token_ids
     else:
-        key = _as_int64(token_ids)
+        key = int64_token_ids(token_ids)
+        if key.ndim != 1:
+            raise ValueError(f"token_ids: need a 1-D sequence, got shape {key.shape}")
     extra = key.size % page_size
     if extra and strict:
         raise ValueError(f"token_ids: length {key.size} is not a multiple of page_size={page_size}")
     return key[:key.size - extra] if extra else key
-
-
-def _as_int64(token_ids) -> np.ndarray:
-    if isinstance(token_ids, torch.Tensor):
-        if token_ids.numel() and not is_integer_dtype(token_ids.dtype):
-            raise TypeError(f"token_ids: need integer token ids, got dtype {token_ids.dtype}")
-        token_ids = token_ids.detach().cpu().numpy()
-    arr = np.asarray(token_ids)
-    if arr.dtype.kind not in "iu" and arr.size:  # an empty list is float64 to numpy: fine
-        raise TypeError(f"token_ids: need integer token ids, got dtype {arr.dtype}")
-    key = np.ascontiguousarray(arr, dtype=np.int64)
-    if key.ndim != 1:
-        raise ValueError(f"token_ids: need a 1-D sequence, got shape {key.shape}")
-    return key
 
 
 def common_pages(a: bytes, b: bytes, page_size: int) -> int:

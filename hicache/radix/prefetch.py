@@ -24,6 +24,10 @@ boundary (or, with fewer host slots, the deepest one that fits). History read wi
 snapshot is still published (a later snapshot makes it usable), but adds nothing to the
 match now.
 
+A stack without history data pools (a DeepSeek-V4 stack of sliding-window layers only)
+stores only snapshots: every page of the prompt is "found" (its history holds no data)
+and the lookup and the read are the snapshots'.
+
 Policies (``--hicache-storage-prefetch-policy``): ``wait_complete`` reads everything found;
 ``timeout`` stops reading at ``--hicache-storage-prefetch-timeout`` seconds after the start;
 ``best_effort`` runs until the scheduler takes the request (`stop_prefetch`). A stopped
@@ -34,13 +38,18 @@ from __future__ import annotations
 
 import enum
 import time
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 import torch
 
-from hicache.radix.node import EMPTY_SLOTS, TreeNode, as_key
+from hicache.radix.landing import StorageEdits
+from hicache.radix.node import EMPTY_SLOTS, TreeNode
+
+if TYPE_CHECKING:
+    from hicache.radix.store import TierStore
 
 
 class PrefetchOutcome(enum.Enum):
@@ -83,174 +92,166 @@ class Prefetch:
     """One prompt's prefetch (returned by `HiRadixCache.prefetch`; poll until ``done``).
 
     Attributes:
-        key: the prompt's whole pages.
         start: tokens of the prompt the tree held when the prefetch started.
-        lock: the node locked meanwhile (the end of that coverage).
-        hashes: page hashes of ``key[start:]``.
-        deadline: ``time.monotonic()`` past which it stops (``timeout`` policy), or ``None``.
         state: where it is in its life (module docstring).
-        job: the store job in flight.
-        found: pages found usable; bounds: pages (from ``start``) with a snapshot at their end.
-        host / snap: host slots of the pages being read and of the snapshot.
-        stop: why it was asked to stop early, if it was.
         result: set once ``done``.
+    The other fields are the tree's (a copy of the prompt's pages, the locked node, page
+    hashes, the store job, host slots being read): never handed out.
     """
 
-    key: np.ndarray
     start: int
-    lock: TreeNode
-    hashes: list
-    deadline: float | None
+    _key: np.ndarray
+    _lock: TreeNode
+    _hashes: list
+    _deadline: float | None  # time.monotonic() past which it stops (``timeout`` policy)
     state: PrefetchState = PrefetchState.LOOKUP
-    job: Any = None
-    found: int = 0
-    bounds: tuple = ()
-    host: torch.Tensor = EMPTY_SLOTS
-    snap: dict | None = None
-    stop: PrefetchOutcome | None = None
     result: PrefetchResult | None = None
+    _job: Any = None
+    _found: int = 0  # pages found usable
+    _bounds: tuple = ()  # pages (from ``start``) with a snapshot at their end
+    _host: torch.Tensor = EMPTY_SLOTS
+    _snap: dict | None = None
+    _stop: PrefetchOutcome | None = None
 
     @property
     def done(self) -> bool:
         return self.state is PrefetchState.DONE
 
+    @property
+    def host_tokens(self) -> int:
+        """Tokens being read into host slots now (0 before the reads and once done)."""
+        return int(self._host.numel())
 
-class PrefetchMixin:
-    """`prefetch`, `stop_prefetch` and `wait_prefetch` of `HiRadixCache`, advanced by `poll`."""
 
-    def prefetch(self, token_ids: Any) -> Prefetch | None:
-        """Start reading the part of ``token_ids`` past the tree from storage into host slots.
+class Prefetches:
+    """The prefetches in flight of one tree: started, advanced by finished store jobs,
+    ended; they change the tree only through `StorageEdits` (scheduler thread).
 
-        Locks the node where the tree's coverage of the prompt ends until the prefetch is
-        done. Under the write-through policies it starts only where that node is on the
-        host (backed-up nodes stay a prefix from the root). Mutates the tree; not
-        thread-safe; the I/O runs on the store's threads.
+    Args:
+        store: the storage tier; edits: the calls that change the tree.
+        hashes_of: page hashes of a node's pages (cached on the node).
+        host_pools: the host pools by name; state_sizes: slots of one snapshot per state root.
+        counters: the tree's counters.
+    """
 
-        Returns:
-            A `Prefetch` to poll (`poll` advances it; ``done`` then ``result``), or ``None``:
-            no storage tier or host tier, or nothing past the tree.
-        Raises:
-            TypeError / ValueError: token ids that are not a 1-D integer sequence.
-        """
-        if self.storage is None or not self.host_enabled:
-            return None
-        key = as_key(token_ids, self.page_size, strict=False)
-        path, partial = self._walk(key)
-        lock = partial[0] if partial is not None else (path[-1] if path else self.root)
+    def __init__(self, store: TierStore, edits: StorageEdits, hashes_of: Callable[[TreeNode], list[str]],
+                 host_pools: Mapping[str, Any], state_sizes: Mapping[str, int], counters: Counter) -> None:
+        self.store, self.edits, self.hashes_of, self.counters = store, edits, hashes_of, counters
+        self.host_pools, self.state_sizes, self.hybrid = host_pools, state_sizes, bool(state_sizes)
+        self.page_size, self.anchor = store.page_size, store.stack.anchor.name
+        self.active: set[Prefetch] = set()
+
+    def start(self, key: np.ndarray, may_start: Callable[[TreeNode], bool]) -> Prefetch | None:
+        """Start reading the part of ``key`` (whole pages) past the tree; ``None`` when nothing
+        is past it or ``may_start(node)`` refuses the node where the tree's coverage ends."""
+        path, partial = self.edits.walk(key)
+        lock = partial[0] if partial is not None else (path[-1] if path else self.edits.root)
         start = (path[-1].end if path else 0) + (partial[1] if partial is not None else 0)
         if start >= key.size:
             return None
-        if lock.host is None and self.policy != "write_back":
+        if not may_start(lock):
             self.counters["prefetch_skipped"] += 1
             return None
         prior = None
         if start:
             node, taken = (partial[0], partial[1]) if partial is not None else (path[-1], path[-1].num_tokens)
-            prior = self._node_hashes(node)[taken // self.page_size - 1]
-        hashes = self.storage.page_hashes(key[start:], prior)
-        policy = self.storage.prefetch_policy
-        deadline = time.monotonic() + self.storage.prefetch_timeout_s if policy == "timeout" else None
-        p = Prefetch(key, start, lock, hashes, deadline)
-        self.inc_lock_ref(lock)
-        p.job = self.storage.lookup(hashes, self.hybrid, p)
-        self._prefetches.add(p)
+            prior = self.hashes_of(node)[taken // self.page_size - 1]
+        hashes = self.store.page_hashes(key[start:], prior)
+        deadline = time.monotonic() + self.store.prefetch_timeout_s if self.store.prefetch_policy == "timeout" else None
+        p = Prefetch(start, key.copy(), lock, hashes, deadline)  # the caller's array may change later
+        self.edits.lock(lock)
+        p._job = self.store.lookup(hashes, self.hybrid, p)
+        self.active.add(p)
         self.counters["prefetches"] += 1
         return p
 
-    def stop_prefetch(self, p: Prefetch) -> None:
+    def stop(self, p: Prefetch, why: PrefetchOutcome = PrefetchOutcome.STOPPED) -> None:
         """Ask ``p`` to stop: it keeps what is read so far and is ``done`` within one I/O chunk."""
-        if not p.done and p.stop is None:
-            p.stop = PrefetchOutcome.STOPPED
-            p.job.cancel()
+        if not p.done and p._stop is None:
+            p._stop = why
+            p._job.cancel()
 
-    def wait_prefetch(self, p: Prefetch, poll_s: float = 0.0005) -> PrefetchResult:
-        """Poll until ``p`` is done, as the policy says (a tool's and a test's helper; a
-        server polls between steps instead). ``best_effort`` takes what is there now."""
-        if self.storage.prefetch_policy == "best_effort":
-            self.poll()
-            self.stop_prefetch(p)
-        while not p.done:
-            self.poll()
-            if not p.done:
-                time.sleep(poll_s)
-        return p.result
-
-    # ---- driven by poll -----------------------------------------------------------------
-    def _check_deadlines(self) -> None:
+    def check_deadlines(self) -> None:
         now = time.monotonic()
-        for p in self._prefetches:
-            if p.deadline is not None and now >= p.deadline and p.stop is None:
-                p.stop = PrefetchOutcome.TIMEOUT
-                p.job.cancel()
+        for p in self.active:
+            if p._deadline is not None and now >= p._deadline:
+                self.stop(p, PrefetchOutcome.TIMEOUT)
 
-    def _advance(self, p: Prefetch) -> None:
+    def advance(self, p: Prefetch) -> None:
         """The job of ``p`` finished: read what was found, or publish what was read."""
         if p.state is PrefetchState.LOOKUP:
             self._start_reading(p)
         else:
-            self._publish_prefetch(p)
+            self._publish(p)
 
     def _start_reading(self, p: Prefetch) -> None:
-        res = p.job.results
-        run = res["history"].hit_pages
+        res = p._job.results
+        run = res["history"].hit_pages if "history" in res else len(p._hashes)  # no history data: all there
         present = res["state"].ok if "state" in res else ()
-        p.bounds = tuple(i + 1 for i, ok in enumerate(present) if ok and i < run)
-        p.found = self._usable_pages(p, run)
-        if p.stop is not None or not p.found:
-            return self._finish_prefetch(p, p.stop or PrefetchOutcome.NOT_FOUND, 0, 0)
+        p._bounds = tuple(i + 1 for i, ok in enumerate(present) if ok and i < run)
+        p._found = self._usable_pages(p, run)
+        if p._stop is not None or not p._found:
+            return self._finish(p, p._stop or PrefetchOutcome.NOT_FOUND, 0, 0)
         ps = self.page_size
-        self._make_room(self.host_tier, p.found * ps, self.hybrid)
-        pages = self._usable_pages(p, min(p.found, self.host_pool.available() // ps))
-        host = self.host_pool.alloc(pages * ps) if pages else None
+        self.edits.make_host_room(p._found * ps, self.hybrid)
+        pages = self._usable_pages(p, min(p._found, self.host_pools[self.anchor].available() // ps))
+        host = self.host_pools[self.anchor].alloc(pages * ps) if pages else None
         snap = self._alloc_snapshot() if host is not None and self.hybrid else None
         if host is None or (self.hybrid and snap is None):
             if host is not None:
-                self.host_tier.free(self.anchor, host)
-            return self._finish_prefetch(p, PrefetchOutcome.HOST_SHORT, 0, 0)
-        p.host, p.snap, p.state = host, snap, PrefetchState.READING
-        timeout_s = None if p.deadline is None else max(0.0, p.deadline - time.monotonic())
-        p.job = self.storage.read(p.hashes[:pages], host, snap, timeout_s, p)
+                self.store.free_host(self.anchor, host)
+            return self._finish(p, PrefetchOutcome.HOST_SHORT, 0, 0)
+        p._host, p._snap, p.state = host, snap, PrefetchState.READING
+        timeout_s = None if p._deadline is None else max(0.0, p._deadline - time.monotonic())
+        p._job = self.store.read(p._hashes[:pages], host, snap, timeout_s, p)
 
     def _usable_pages(self, p: Prefetch, run: int) -> int:
         """Pages of a leading run of ``run`` a match can use (hybrid: to the deepest snapshot)."""
         if not self.hybrid:
             return run
-        return max((b for b in p.bounds if b <= run), default=0)
+        return max((b for b in p._bounds if b <= run), default=0)
 
     def _alloc_snapshot(self) -> dict[str, torch.Tensor] | None:
         snap = {}
         for name, size in self.state_sizes.items():
-            slots = self.host_tier.pools[name].alloc(size)
+            slots = self.host_pools[name].alloc(size)
             if slots is None:
                 for n, s in snap.items():
-                    self.host_tier.free(n, s)
+                    self.store.free_host(n, s)
                 return None
             snap[name] = slots
         return snap
 
-    def _publish_prefetch(self, p: Prefetch) -> None:
-        res, ps = p.job.results, self.page_size
-        wanted = p.host.numel() // ps
-        read = min(res[name].hit_pages for name in self.storage.history)
-        snap_ok = p.snap is not None and all(res[name].ok[0] for name in self.storage.state)
-        snap = p.snap if snap_ok and read == wanted else None
-        if snap is None and p.snap is not None:
-            for name, slots in p.snap.items():
-                self.host_tier.free(name, slots)
+    def _publish(self, p: Prefetch) -> None:
+        res, ps = p._job.results, self.page_size
+        wanted = p._host.numel() // ps
+        read = min((res[name].hit_pages for name in self.store.history), default=wanted)
+        snap_ok = p._snap is not None and all(res[name].ok[0] for name in self.store.state)
+        snap = p._snap if snap_ok and read == wanted else None
+        if snap is None and p._snap is not None:
+            for name, slots in p._snap.items():
+                self.store.free_host(name, slots)
         if read < wanted:
-            self.host_tier.free(self.anchor, p.host[read * ps:])
-        added = self._adopt(p, read, snap) if read else 0
+            self.store.free_host(self.anchor, p._host[read * ps:])
+        added = 0
+        if read:
+            end = p.start + read * ps
+            added = self.edits.land(p._key, p.start, end, p._host[:read * ps], snap, p._hashes[:read])
         if read < wanted or (self.hybrid and snap is None):
-            outcome = p.stop or PrefetchOutcome.READ_FAILED
+            outcome = p._stop or PrefetchOutcome.READ_FAILED
         else:
-            outcome = PrefetchOutcome.HOST_SHORT if wanted < p.found else PrefetchOutcome.COMPLETE
-        self._finish_prefetch(p, outcome, read * ps, added)
+            outcome = PrefetchOutcome.HOST_SHORT if wanted < p._found else PrefetchOutcome.COMPLETE
+        self._finish(p, outcome, read * ps, added)
 
-    def _finish_prefetch(self, p: Prefetch, outcome: PrefetchOutcome, read: int, added: int) -> None:
-        p.state, p.job, p.host, p.snap = PrefetchState.DONE, None, EMPTY_SLOTS, None
-        p.result = PrefetchResult(outcome, p.found * self.page_size, read, added)
-        self._prefetches.discard(p)
-        self.dec_lock_ref(p.lock)
+    def _finish(self, p: Prefetch, outcome: PrefetchOutcome, read: int, added: int) -> None:
+        p.state, p._job, p._host, p._snap = PrefetchState.DONE, None, EMPTY_SLOTS, None
+        p.result = PrefetchResult(outcome, p._found * self.page_size, read, added)
+        self.active.discard(p)
+        self.edits.unlock(p._lock)
         self.counters[f"prefetch_{outcome.name.lower()}"] += 1
         self.counters["prefetch_read_tokens"] += read
         self.counters["prefetch_added_tokens"] += added
+
+    def in_flight_slots(self) -> list[tuple[str, torch.Tensor]]:
+        """Host slots the prefetches read into now, by pool (for `check_tree`)."""
+        return [(name, s) for p in self.active for name, s in [(self.anchor, p._host), *(p._snap or {}).items()]]

@@ -40,7 +40,8 @@ class TierStore:
         backends: an open `StorageBackend` per data pool of the stack.
         config: ``storage_prefetch_policy``, ``storage_prefetch_timeout_s`` and
             ``storage_write_policy`` are read from it (default: ``cache.config``).
-        io: the I/O threads (default: two of them, owned and closed by the store).
+        io: the I/O threads (default: two of them, owned and closed by the store); one
+            `StorageIO` may serve several stores: each polls only its own results.
         cache_salt: per-tenant salt of the page hash chain.
     Raises:
         ValueError: a backend missing for a data pool, or one of another namespace shape.
@@ -62,6 +63,7 @@ class TierStore:
         self._check_backends()
         self._own_io = io is None
         self.io = StorageIO() if io is None else io
+        self._results = self.io.channel()  # this store's results only: an ``io`` may be shared
         self.clocks = {LOOKUP: BusyClock(), READ: BusyClock(), WRITE: BusyClock()}
         self._jobs: dict[int, tuple[StoreJob, str]] = {}  # StorageIO op id -> (job, pool)
         self.pins = HostPins({r: self.host_pools[r] for r in (anchor, *(self.stack.root_of(n).name
@@ -114,11 +116,20 @@ class TierStore:
 
     # ---- jobs ---------------------------------------------------------------------------
     def lookup(self, hashes: Sequence[str], snapshots: bool, owner: Any) -> StoreJob:
-        """Leading run of ``hashes`` present (first history pool), and with ``snapshots``
-        which boundaries have one (first state pool)."""
-        ops = {"history": self.io.query(self.backends[self.history[0]], hashes)}
+        """Leading run of ``hashes`` present (first history pool; a stack without history
+        data pools has no ``"history"`` result: every page is there), and with
+        ``snapshots`` which boundaries have one (first state pool).
+
+        Raises:
+            ValueError: nothing to look up (no history data pool, and no snapshots asked).
+        """
+        ops = {}
+        if self.history:
+            ops["history"] = self.io.query(self.backends[self.history[0]], hashes, channel=self._results)
         if snapshots and self.state:
-            ops["state"] = self.io.presence(self.backends[self.state[0]], hashes)
+            ops["state"] = self.io.presence(self.backends[self.state[0]], hashes, channel=self._results)
+        if not ops:
+            raise ValueError("snapshots: a stack without history data pools is looked up by its snapshots")
         return self._track(StoreJob(LOOKUP, ops, owner))
 
     def read(self, hashes: Sequence[str], anchor_slots: torch.Tensor, snapshot: dict[str, torch.Tensor] | None,
@@ -130,10 +141,10 @@ class TierStore:
         for name in self.state if snapshot else ():
             root = self.stack.root_of(name).name
             ops[name] = self.io.prefetch(self.backends[name], [hashes[-1]], self.objects(name, snapshot[root]),
-                                         timeout_s=timeout_s)
+                                         timeout_s=timeout_s, channel=self._results)
         for name in self.history:
             ops[name] = self.io.prefetch(self.backends[name], hashes, self.objects(name, anchor_slots),
-                                         timeout_s=timeout_s)
+                                         timeout_s=timeout_s, channel=self._results)
         return self._track(StoreJob(READ, ops, owner))
 
     def write(self, hashes: Sequence[str], anchor_slots: torch.Tensor, snap_hashes: Sequence[str],
@@ -144,12 +155,16 @@ class TierStore:
         ops = {}
         if hashes:
             for name in self.history:
-                ops[name] = self.io.backup(self.backends[name], hashes, self.objects(name, anchor_slots))
+                ops[name] = self.io.backup(self.backends[name], hashes, self.objects(name, anchor_slots),
+                                           channel=self._results)
         for name in self.state if snap_hashes else ():
             root = self.stack.root_of(name).name
-            ops[name] = self.io.backup(self.backends[name], snap_hashes, self.objects(name, snap_slots[root]))
+            ops[name] = self.io.backup(self.backends[name], snap_hashes, self.objects(name, snap_slots[root]),
+                                       channel=self._results)
+        if not ops:
+            raise ValueError("hashes, snap_hashes: nothing to write (no page of a history data pool, no snapshot)")
         job = StoreJob(WRITE, ops, owner)
-        if hashes:
+        if hashes and self.history:
             job.pins[self.stack.anchor.name] = self.pins.pin(self.stack.anchor.name, anchor_slots)
         for root, slots in snap_slots.items() if snap_hashes else ():
             job.pins[root] = self.pins.pin(root, slots)
@@ -166,11 +181,8 @@ class TierStore:
     def poll(self) -> list[StoreJob]:
         """Jobs whose every operation has finished since the last poll (non-blocking)."""
         done = []
-        for res in self.io.poll():
-            entry = self._jobs.pop(res.op_id, None)
-            if entry is None:
-                continue
-            job, name = entry
+        for res in self._results.poll():
+            job, name = self._jobs.pop(res.op_id)
             job.results[name] = res
             if job.done:
                 for root, pages in job.pins.items():

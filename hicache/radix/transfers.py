@@ -1,4 +1,14 @@
-"""Transfers of `HiRadixCache`: backups (D2H) and load-backs (H2D) through the controller.
+"""`Transfers`: the backups (D2H) and load-backs (H2D) of `HiRadixCache` through the controller.
+
+    write policy              backs a node up                       device eviction of a
+                                                                    node not backed up
+    write_through             at every insert reaching it           deletes it
+    write_through_selective   at the 2nd insert reaching it         deletes it
+    write_back                when it is evicted from the device    backs it up, then drops
+                                                                    the device copy
+
+Under both write-through policies a node is backed up only after its parent, so the
+backed-up nodes form a prefix from the root.
 
 An operation marks every node it covers ``pending = op_id`` and is remembered with its
 destination slots; nothing about the node's tiers changes until its ack:
@@ -10,17 +20,31 @@ destination slots; nothing about the node's tiers changes until its ack:
 
 A node split while in flight hands ``pending`` to its new upper half, so the chain of an
 op is "walk up from the op's node while ``pending == op``"; destination slots are dealt
-out top-down to the chain nodes that lack that tier.
+out top-down to the chain nodes that lack that tier. A load makes device room first
+(which may poll: a prefetch may land and split a node on the way) and only then reads
+the chain it loads, so the chain it marks is the chain the ack finds.
+
+Each ack is applied on its own: one that cannot be applied (a bug) is logged and counted
+(``acks_broken``), its destination slots are given back and the acks after it are
+applied as usual. This component is also what lies below the device tier for eviction
+(`hicache.radix.evict.Below`): the host, under ``write_back``.
 """
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from dataclasses import dataclass
+from typing import Callable
 
+import numpy as np
 import torch
 
 from hicache.controller import Ack
-from hicache.radix.node import EMPTY_SLOTS, TreeNode
-from hicache.radix.tiers import Tier
+from hicache.radix.index import RadixIndex
+from hicache.radix.node import EMPTY_SLOTS, TreeNode, copy_slots, lock, unlock
+from hicache.radix.tiers import SlotLedger
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -33,32 +57,81 @@ class PendingOp:
     with_state: bool  # whether the snapshot moves too
 
 
-class TransferMixin:
-    """Backup, load-back and ack routing of `HiRadixCache`."""
+class Transfers:
+    """The tree's controller operations in flight, keyed by the controller's op ids.
 
-    def _init_transfers(self) -> None:
-        # Keyed by the controller's op ids: it issues every id, so a server's ops and
-        # the tree's never collide.
-        self._pending: dict[int, PendingOp] = {}
+    Args:
+        ctrl: the controller (its ``write`` / ``load(..., trusted=True)``, ``poll``...).
+        index, ledger: the node structure and the tiers' slots.
+        counters: the tree's counters.
+        policy: the write policy; host_enabled: whether the host tier is used.
+    Attributes (wired by the tree):
+        make_room: ``make_room(tier, anchor_tokens, with_state)`` (the evictor's).
+        poll: the tree's poll (acks and storage), what `wait` repeats.
+        on_backed_up: ``(nodes, snapshot_owner)`` after a backup's ack published, or None.
+    """
 
-    # ---- backups -----------------------------------------------------------------
-    def _needs_backup(self, node: TreeNode) -> bool:
-        if node.pending is not None or node.device is None:
+    def __init__(self, ctrl, index: RadixIndex, ledger: SlotLedger, counters: Counter, *,
+                 policy: str, host_enabled: bool) -> None:
+        self.ctrl, self.index, self.ledger, self.counters = ctrl, index, ledger, counters
+        self.policy, self.host_enabled = policy, host_enabled
+        self.anchor = ledger.anchor
+        self.pending: dict[int, PendingOp] = {}
+        self.make_room: Callable[..., None] = lambda tier, tokens, with_state: None
+        self.poll: Callable[[], object] = lambda: self.apply(self.ctrl.poll())
+        self.on_backed_up: Callable[[list[TreeNode], TreeNode | None], None] | None = None
+
+    # ---- below the device (evict.Below) ---------------------------------------------------
+    @property
+    def writes_back(self) -> bool:
+        return self.policy == "write_back" and self.host_enabled
+
+    def holds(self, node: TreeNode) -> bool:
+        return node._host is not None
+
+    def save(self, nodes: list[TreeNode]) -> None:
+        """Back ``nodes`` up and wait for the acks (polls)."""
+        ops = [op for op in (self.backup(n) for n in nodes) if op is not None]
+        if ops:
+            self.wait(ops)
+
+    def save_snapshots(self, nodes: list[TreeNode]) -> None:
+        return None  # a device snapshot is dropped: its history stays, an insert brings a new one
+
+    # ---- backups ------------------------------------------------------------------------
+    def needs_backup(self, node: TreeNode) -> bool:
+        if node.pending is not None or node._device is None:
             return False
-        return node.host is None or (node.state_device is not None and node.state_host is None)
+        return node._host is None or (node._state_device is not None and node._state_host is None)
 
-    def _backup(self, node: TreeNode) -> int | None:
+    def backup_path(self, path: list[TreeNode]) -> None:
+        """Queue the backups an insert along ``path`` (whose hit counts it raised) asks for."""
+        if not self.host_enabled or self.policy == "write_back":
+            return
+        threshold = 1 if self.policy == "write_through" else 2
+        for n in path:  # top-down: a node only after its parent (prefix invariant)
+            if n._host is not None and (n._state_device is None or n._state_host is not None):
+                continue  # backed up already (most of a path): needs_backup's check, inlined
+            if n.hit_count < threshold or not self.needs_backup(n):
+                continue
+            parent = n.parent
+            parent_ok = parent._host is not None or (parent.pending is not None and
+                                                     self.pending[parent.pending].kind == "backup")
+            if not parent_ok or self.backup(n) is None:
+                break
+
+    def backup(self, node: TreeNode) -> int | None:
         """Queue a backup of ``node``'s device-only history and snapshot; its op id, or None.
 
         When the host is short, host leaves (then host snapshots) are evicted first; if a
         snapshot still does not fit, the history is backed up without it.
         """
-        anchor = node.device if node.host is None else EMPTY_SLOTS
-        state = node.state_device if node.state_host is None else None
-        if state is not None or anchor.numel() > self.host_pool.allocator.available():
-            self._make_room(self.host_tier, anchor.numel(), state is not None)
+        anchor, tokens = (node._device, node.num_tokens) if node._host is None else (EMPTY_SLOTS, 0)
+        state = node._state_device if node._state_host is None else None
+        if state is not None or tokens > self.ledger.host_pool.allocator.available():
+            self.make_room(self.ledger.host, tokens, state is not None)
         dst = self.ctrl.write(anchor, state, trusted=True)  # the tree's own slots, checked at insert
-        if dst is None and state is not None and anchor.numel():
+        if dst is None and state is not None and tokens:
             state = None
             dst = self.ctrl.write(anchor, None, trusted=True)
         if dst is None:
@@ -66,176 +139,173 @@ class TransferMixin:
             return None
         op = self.ctrl.last_op_id
         node.pending = op
-        self._pending[op] = PendingOp("backup", node, dst, state is not None)
+        self.pending[op] = PendingOp("backup", node, dst, state is not None)
         self.counters["backups"] += 1
         return op
 
-    def _make_room(self, tier: Tier, anchor_tokens: int, with_state: bool) -> None:
-        """Evict on ``tier`` until ``anchor_tokens`` (and, with state, one snapshot) fit."""
-        short = anchor_tokens - tier.anchor.available()
-        if short > 0:
-            self._evict(tier, short)
-        if with_state:
-            for name, size in self.state_sizes.items():
-                short = size - tier.pools[name].available()
-                if short > 0:
-                    self._evict_snapshots(tier, short)
-
-    # ---- loads -------------------------------------------------------------------
+    # ---- loads --------------------------------------------------------------------------
     def load_back(self, node: TreeNode) -> dict[str, torch.Tensor] | None:
-        """Queue the load of ``node``'s host-only history chain (and its host snapshot).
-
-        The chain is every host-only node from the deepest device ancestor down to
-        ``node``. Device room is made by evicting (nodes on ``node``'s path are locked
-        meanwhile). The device slots are published on the nodes when the ack arrives
-        (`poll` after ``controller.start_loading()``); ``node`` stays locked until then.
-        Mutates the tree; not thread-safe.
-
-        Returns:
-            Device slots keyed by pool name (the anchor key always present, empty when only
-            the snapshot moves), or ``None`` when the device is short or part of the chain
-            is already in flight (nothing changes then).
-        Raises:
-            ValueError: ``node`` is the root or no longer in the tree.
-        """
+        """Queue the load of ``node``'s host-only chain and host snapshot (see `HiRadixCache.load_back`)."""
         if node.is_root or node.dead:
             raise ValueError(f"node: {node!r} is the root or was evicted")
-        chain = self._host_chain(node)
-        need_state = node.state_device is None and node.state_host is not None
-        if not chain and not need_state:
-            return {self.anchor: EMPTY_SLOTS}
-        if node.pending is not None or any(n.pending is not None for n in chain):
+        if not self._load_needed(node):
+            return {self.anchor: EMPTY_SLOTS.clone()}
+        if self._in_flight(node):
             return None
-        host = torch.cat([n.host for n in chain]) if chain else EMPTY_SLOTS
-        self.inc_lock_ref(node)
-        self._make_room(self.device_tier, host.numel(), need_state)
+        lock(node)  # nothing on the path is evicted meanwhile; the ack unlocks it
         try:
-            dst = self.ctrl.load(host, node.state_host if need_state else None, trusted=True)  # acked host copies
+            dst, queued = self._queue_load(node)
         except BaseException:
-            self.dec_lock_ref(node)
+            unlock(node)
             raise
+        if not queued:
+            unlock(node)
+        return dst
+
+    def _queue_load(self, node: TreeNode) -> tuple[dict[str, torch.Tensor] | None, bool]:
+        """Make device room, then queue the load of the chain as it is after any poll
+        that made: (the caller's copy of the destination slots, or None; queued)."""
+        tokens = sum(n.num_tokens for n in _host_chain(node))
+        self.make_room(self.ledger.device, tokens, self._needs_state(node))  # may poll
+        chain, need_state = _host_chain(node), self._needs_state(node)  # read after any poll
+        if not chain and not need_state:
+            return {self.anchor: EMPTY_SLOTS.clone()}, False
+        if self._in_flight(node):
+            return None, False
+        host = torch.cat([n._host for n in chain]) if chain else EMPTY_SLOTS
+        dst = self.ctrl.load(host, node._state_host if need_state else None, trusted=True)  # acked host copies
         if dst is None:
-            self.dec_lock_ref(node)
             self.counters["loads_refused"] += 1
-            return None
+            return None, False
         op = self.ctrl.last_op_id
         if self.anchor in dst:
-            self._hold(dst[self.anchor].numpy(), 1)
+            self.ledger.hold(dst[self.anchor].numpy(), 1)
+        if need_state:
+            self.ledger.hold_snapshot({n: dst[n] for n in self.ledger.state_sizes}, 1)
         for n in (*chain, node):
             n.pending = op
-        self._pending[op] = PendingOp("load", node, dst, need_state)
+        self.pending[op] = PendingOp("load", node, dst, need_state)
         self.counters["loads"] += 1
-        return {self.anchor: dst.get(self.anchor, EMPTY_SLOTS), **dst}
+        return {self.anchor: dst.get(self.anchor, EMPTY_SLOTS).clone(), **copy_slots(dst)}, True
 
-    def _host_chain(self, node: TreeNode) -> list[TreeNode]:
-        chain = []
-        while not node.is_root and node.device is None:
-            chain.append(node)
-            node = node.parent
-        return chain[::-1]
+    @staticmethod
+    def _needs_state(node: TreeNode) -> bool:
+        return node._state_device is None and node._state_host is not None
 
-    # ---- acks --------------------------------------------------------------------
-    def poll(self) -> list[Ack]:
-        """Process every finished ack of the controller (never blocks).
+    def _load_needed(self, node: TreeNode) -> bool:
+        return node._device is None or self._needs_state(node)
 
-        Acks of this tree's ops publish (or, failed, forget) their slots; acks of ops
-        the tree did not queue are returned untouched. With a storage tier, finished
-        storage jobs are taken in too (writes marked, prefetches advanced, deadlines
-        enforced) and the write-through writes of this poll submitted. Launching is the caller's:
-        ``controller.start_writing()`` / ``start_loading()``. Mutates the tree.
+    def _in_flight(self, node: TreeNode) -> bool:
+        return node.pending is not None or any(n.pending is not None for n in _host_chain(node))
 
-        Returns:
-            All acks, in order.
-        """
-        acks = self.ctrl.poll()
+    def is_loading(self, node: TreeNode) -> bool:
+        """Whether a load (which may bring a snapshot) is in flight on ``node``."""
+        return node.pending is not None and self.pending[node.pending].kind == "load"
+
+    def rolled_back_loads(self, name: str) -> list[np.ndarray]:
+        """Destination slots of pool ``name`` of loads whose batch the controller rolled
+        back (free again) while their failed ack is not polled yet."""
+        rolled_back = self.ctrl.rolled_back_ops()
+        if not rolled_back:
+            return []
+        return [rec.dst[name].numpy() for op, rec in self.pending.items()
+                if op in rolled_back and rec.kind == "load" and name in rec.dst]
+
+    # ---- acks ---------------------------------------------------------------------------
+    def apply(self, acks: list[Ack]) -> None:
+        """Apply every ack of this tree's ops, each on its own (module docstring)."""
         for ack in acks:
-            rec = self._pending.pop(ack.op_id, None)
+            rec = self.pending.pop(ack.op_id, None)
             if rec is not None:
-                self._finish(rec, ack)
-        if self.storage is not None:
-            self._poll_storage()
-        return acks
+                self._apply(rec, ack)
+
+    def _apply(self, rec: PendingOp, ack: Ack) -> None:
+        chain = _unfreeze(rec.node, ack.op_id)
+        if rec.kind == "load":
+            unlock(rec.node)
+        if not ack.success:
+            if rec.kind == "load":  # the controller freed them: they stop counting as held
+                self._unhold(rec)
+            self.counters[f"{rec.kind}s_failed"] += 1
+            return
+        try:
+            publish = self._publish_backup if rec.kind == "backup" else self._publish_load
+            takers = publish(rec, chain)
+        except Exception as exc:  # a bug: report it, give the slots back, apply the other acks
+            self._abandon(rec, ack, exc)
+            return
+        if rec.kind == "backup" and self.on_backed_up is not None:
+            self.on_backed_up(takers, rec.node if rec.with_state else None)
+
+    def _unhold(self, rec: PendingOp) -> None:
+        if self.anchor in rec.dst:
+            self.ledger.hold(rec.dst[self.anchor].numpy(), -1)
+        if rec.with_state:
+            self.ledger.hold_snapshot({n: rec.dst[n] for n in self.ledger.state_sizes}, -1)
+
+    def _abandon(self, rec: PendingOp, ack: Ack, exc: Exception) -> None:
+        """An ack that could not be applied (nothing of it was published): its slots go back."""
+        self.counters["acks_broken"] += 1
+        logger.error("poll: the ack of op %d (%s of %r) could not be applied; its destination slots "
+                     "were given back: %s", ack.op_id, rec.kind, rec.node, exc, exc_info=exc)
+        tier = self.ledger.device if rec.kind == "load" else self.ledger.host
+        for name, slots in rec.dst.items():
+            tier.free(name, slots)  # the device tier's free also stops counting them as held
+
+    def _publish_backup(self, rec: PendingOp, chain: list[TreeNode]) -> list[TreeNode]:
+        slots = rec.dst.get(self.anchor)
+        if self.policy != "write_back" and slots is not None and chain[0].parent._host is None:
+            # The parent's backup failed meanwhile: keep backed-up nodes a prefix from the root.
+            for name, s in rec.dst.items():
+                self.ledger.host.free(name, s)
+            self.counters["backups_discarded"] += 1
+            return []
+        takers = self.ledger.deal(self.ledger.host, chain, slots) if slots is not None else []
+        if rec.with_state:
+            self.ledger.give_snapshot(self.ledger.host, rec.node, {n: rec.dst[n] for n in self.ledger.state_sizes})
+        return takers
+
+    def _publish_load(self, rec: PendingOp, chain: list[TreeNode]) -> list[TreeNode]:
+        slots = rec.dst.get(self.anchor)
+        takers = self.ledger.deal(self.ledger.device, chain, slots) if slots is not None else []
+        self.ledger.device.leaves.update(takers)
+        if rec.with_state:
+            self.ledger.give_snapshot(self.ledger.device, rec.node, {n: rec.dst[n] for n in self.ledger.state_sizes},
+                                      counted=True)
+        return takers
 
     def wait(self, ops=None) -> None:
-        """Launch what ``ops`` need and poll until they are acked (default: every op of this tree).
-
-        Launches queued writes if a backup is awaited and queued loads if a load is (the
-        whole controller queue of that direction goes). Blocks until done (CUDA: polls).
+        """Launch what ``ops`` need and poll until they are acked (default: every op in flight).
 
         Raises:
             RuntimeError: an awaited op is neither queued nor in flight in the controller.
         """
-        todo = set(self._pending) if ops is None else set(ops) & self._pending.keys()
-        kinds = {self._pending[op].kind for op in todo}
+        todo = set(self.pending) if ops is None else set(ops) & self.pending.keys()
+        kinds = {self.pending[op].kind for op in todo}
         if "backup" in kinds:
             self.ctrl.start_writing()
         if "load" in kinds:
             self.ctrl.start_loading()
-        while todo & self._pending.keys():
+        while todo & self.pending.keys():
             if not self.ctrl.pending():
-                raise RuntimeError(f"wait: ops {sorted(todo & self._pending.keys())} are unknown to the controller")
+                raise RuntimeError(f"wait: ops {sorted(todo & self.pending.keys())} are unknown to the controller")
             self.poll()
 
-    def pending_ops(self) -> int:
-        return len(self._pending)
 
-    def _chain(self, node: TreeNode, op: int) -> list[TreeNode]:
-        chain = []
-        while node is not None and node.pending == op:
-            node.pending = None
-            chain.append(node)
-            node = node.parent
-        return chain[::-1]
+def _host_chain(node: TreeNode) -> list[TreeNode]:
+    """The host-only nodes from below the deepest device ancestor down to ``node``."""
+    chain = []
+    while not node.is_root and node._device is None:
+        chain.append(node)
+        node = node.parent
+    return chain[::-1]
 
-    def _finish(self, rec: PendingOp, ack: Ack) -> None:
-        chain = self._chain(rec.node, ack.op_id)
-        if rec.kind == "load":
-            self.dec_lock_ref(rec.node)
-        if not ack.success:
-            if rec.kind == "load" and self.anchor in rec.dst:  # the controller freed them
-                self._hold(rec.dst[self.anchor].numpy(), -1)
-            self.counters[f"{rec.kind}s_failed"] += 1
-            return
-        if rec.kind == "backup":
-            self._publish_backup(rec, chain)
-        else:
-            self._publish_load(rec, chain)
 
-    def _publish_backup(self, rec: PendingOp, chain: list[TreeNode]) -> None:
-        slots = rec.dst.get(self.anchor)
-        top = chain[0]
-        if self.policy != "write_back" and slots is not None and top.parent.host is None:
-            # The parent's backup failed meanwhile: keep backed-up nodes a prefix from the root.
-            for name, s in rec.dst.items():
-                self.host_tier.free(name, s)
-            self.counters["backups_discarded"] += 1
-            return
-        takers = self._deal(chain, slots, self.host_tier) if slots is not None else []
-        if rec.with_state:
-            self.host_tier.set_snapshot(rec.node, {name: rec.dst[name] for name in self.state_sizes})
-        if self.storage is not None:
-            self._queue_store(takers, rec.node if rec.with_state else None)
-
-    def _publish_load(self, rec: PendingOp, chain: list[TreeNode]) -> None:
-        slots = rec.dst.get(self.anchor)
-        if slots is not None:
-            self.device_tier.leaves.update(self._deal(chain, slots, self.device_tier))
-        if rec.with_state:
-            self.device_tier.set_snapshot(rec.node, {name: rec.dst[name] for name in self.state_sizes})
-
-    def _deal(self, chain: list[TreeNode], slots: torch.Tensor, tier: Tier) -> list[TreeNode]:
-        """Hand ``slots`` out top-down to the chain nodes lacking a copy on ``tier``; returns them."""
-        self._epoch += 1
-        attr = tier.attr
-        takers = [n for n in chain if getattr(n, attr) is None]
-        if len(takers) == 1 and takers[0].num_tokens == slots.numel():  # the common case: no split
-            setattr(takers[0], attr, slots)
-            return takers
-        total = sum(n.num_tokens for n in takers)
-        if total != slots.numel():
-            raise RuntimeError(f"ack: {slots.numel()=} slots for {total=} tokens on {takers!r}")
-        off = 0
-        for n in takers:
-            setattr(n, attr, slots[off:off + n.num_tokens])
-            off += n.num_tokens
-        return takers
+def _unfreeze(node: TreeNode, op: int) -> list[TreeNode]:
+    """The chain of op ``op`` (walking up while ``pending == op``), unfrozen, top-down."""
+    chain = []
+    while node is not None and node.pending == op:
+        node.pending = None
+        chain.append(node)
+        node = node.parent
+    return chain[::-1]

@@ -12,6 +12,11 @@ chunks; the pages it did not reach report ``False``.
 Ownership: the host buffers of a prefetch or backup belong to the operation until its
 `IOResult` comes out of `poll` (or `StorageOp.done()` is true): a cancel or a timeout
 stops it early but a chunk already running still writes or reads them.
+
+Results go to the channel the operation was submitted with (`StorageIO.channel`; by
+default the pool's own, read by `StorageIO.poll`), so several users of one pool (two
+trees' stores) each poll only their own. A result is in its channel before the
+operation reports ``done()``.
 """
 from __future__ import annotations
 
@@ -90,6 +95,23 @@ def _leading(ok: Sequence[bool]) -> int:
     return len(ok)
 
 
+class IOChannel:
+    """Where finished operations submitted with it report (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._done: deque[IOResult] = deque()
+
+    def put(self, res: IOResult) -> None:
+        self._done.append(res)
+
+    def poll(self) -> list[IOResult]:
+        """Operations of this channel finished since the last poll, each reported once (non-blocking)."""
+        out = []
+        while self._done:
+            out.append(self._done.popleft())
+        return out
+
+
 class StorageIO:
     """A small pool of I/O threads for one or more backends.
 
@@ -104,19 +126,25 @@ class StorageIO:
         self.chunk_pages = chunk_pages
         self._pool = ThreadPoolExecutor(num_threads, thread_name_prefix="hicache-storage")
         self._ids = itertools.count()
-        self._done: deque[IOResult] = deque()
+        self._default = IOChannel()
         self._closed = False
 
-    def query(self, backend: StorageBackend, keys: Sequence[str]) -> StorageOp:
-        """Submit `batch_exists`; the result's ``hit_pages`` is the leading run present.
+    def channel(self) -> IOChannel:
+        """A new channel: operations submitted with it report there, not to `poll`."""
+        return IOChannel()
+
+    def query(self, backend: StorageBackend, keys: Sequence[str], *, channel: IOChannel | None = None) -> StorageOp:
+        """Submit `batch_exists`; the result's ``hit_pages`` is the leading run present
+        (reported to ``channel``, default: `poll`; so for every submit below).
 
         Raises:
             ValueError / TypeError: malformed keys (raised here, nothing is submitted).
         """
         backend.check_args("exists", keys)
-        return self._submit(IOKind.QUERY, backend, list(keys), [], None)
+        return self._submit(IOKind.QUERY, backend, list(keys), [], None, channel)
 
-    def presence(self, backend: StorageBackend, keys: Sequence[str]) -> StorageOp:
+    def presence(self, backend: StorageBackend, keys: Sequence[str], *,
+                 channel: IOChannel | None = None) -> StorageOp:
         """Submit a presence check of each key on its own (not a leading run).
 
         The result's ``ok[i]`` says whether key i is present, ``hit_pages`` how many are.
@@ -126,10 +154,10 @@ class StorageIO:
             ValueError / TypeError: malformed keys (raised here, nothing is submitted).
         """
         backend.check_args("exists", keys)
-        return self._submit(IOKind.PRESENCE, backend, list(keys), [], None)
+        return self._submit(IOKind.PRESENCE, backend, list(keys), [], None, channel)
 
     def prefetch(self, backend: StorageBackend, keys: Sequence[str], pages: Sequence[torch.Tensor],
-                 timeout_s: float | None = None) -> StorageOp:
+                 timeout_s: float | None = None, *, channel: IOChannel | None = None) -> StorageOp:
         """Submit `batch_get` into ``pages``; stops at the first page not read, or at the deadline.
 
         Args:
@@ -142,9 +170,10 @@ class StorageIO:
         pages = list(pages)
         backend.check_args("get", keys, pages)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        return self._submit(IOKind.PREFETCH, backend, list(keys), pages, deadline)
+        return self._submit(IOKind.PREFETCH, backend, list(keys), pages, deadline, channel)
 
-    def backup(self, backend: StorageBackend, keys: Sequence[str], pages: Sequence[torch.Tensor]) -> StorageOp:
+    def backup(self, backend: StorageBackend, keys: Sequence[str], pages: Sequence[torch.Tensor], *,
+               channel: IOChannel | None = None) -> StorageOp:
         """Submit `batch_set` from ``pages`` (every page is tried; see ``IOResult.ok``).
 
         Raises:
@@ -152,14 +181,12 @@ class StorageIO:
         """
         pages = list(pages)
         backend.check_args("set", keys, pages)
-        return self._submit(IOKind.BACKUP, backend, list(keys), pages, None)
+        return self._submit(IOKind.BACKUP, backend, list(keys), pages, None, channel)
 
     def poll(self) -> list[IOResult]:
-        """Operations finished since the last poll, each reported once (non-blocking)."""
-        out = []
-        while self._done:
-            out.append(self._done.popleft())
-        return out
+        """Operations submitted without a channel finished since the last poll, each
+        reported once (non-blocking)."""
+        return self._default.poll()
 
     def close(self, wait: bool = True) -> None:
         """Stop accepting work; queued operations finish as stopped; ``wait`` joins the threads."""
@@ -167,16 +194,16 @@ class StorageIO:
         self._pool.shutdown(wait=wait, cancel_futures=True)
 
     def _submit(self, kind: IOKind, backend: StorageBackend, keys: list[str], pages: list[torch.Tensor],
-                deadline: float | None) -> StorageOp:
+                deadline: float | None, channel: IOChannel | None) -> StorageOp:
         if self._closed:
             raise RuntimeError("StorageIO is closed")
         op = StorageOp(next(self._ids), kind, len(keys), deadline)
-        op.future.add_done_callback(lambda f: self._done.append(f.result()))
+        out = self._default if channel is None else channel
         inner = self._pool.submit(self._run, op, backend, keys, pages)
-        inner.add_done_callback(lambda f: self._finish(op, f))
+        inner.add_done_callback(lambda f: self._finish(op, f, out))
         return op
 
-    def _finish(self, op: StorageOp, inner: Future) -> None:
+    def _finish(self, op: StorageOp, inner: Future, out: IOChannel) -> None:
         if inner.cancelled():
             res = IOResult(op.op_id, op.kind, [False] * op.num_pages, 0, True)
         elif inner.exception() is not None:
@@ -184,6 +211,7 @@ class StorageIO:
             res = IOResult(op.op_id, op.kind, [False] * op.num_pages, 0, True, f"{type(e).__name__}: {e}")
         else:
             res = inner.result()
+        out.put(res)  # in the channel before the op reports done()
         op.future.set_result(res)
 
     def _run(self, op: StorageOp, backend: StorageBackend, keys: list[str], pages: list[torch.Tensor]) -> IOResult:

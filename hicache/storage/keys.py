@@ -23,6 +23,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from hicache.tokens import int64_token_ids
 from host_pools.spec import PoolKind, PoolSpec, Stack
 
 SCHEMA_VERSION = 1  # bump when the page format or the key derivation changes
@@ -174,14 +175,15 @@ def page_hashes(token_ids: Sequence[int] | np.ndarray | torch.Tensor, page_size:
         One 64-char hex hash per whole page, in order.
 
     Raises:
-        ValueError: bad page size, non-integer or non-1-D ids, a malformed prior hash, or
-            both ``prior_hash`` and ``cache_salt``.
+        ValueError: bad page size, non-integer or non-1-D ids, ids outside int64 (uint64
+            ids of 2**63 or more would share the bytes of negative ones; `hicache.tokens`),
+            a malformed prior hash, or both ``prior_hash`` and ``cache_salt``.
     """
     if page_size < 1:
         raise ValueError(f"page_size: must be >= 1, got {page_size}")
-    ids = np.asarray(token_ids.cpu() if isinstance(token_ids, torch.Tensor) else token_ids)
-    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-        raise ValueError(f"token_ids: need a 1-D integer sequence, got shape {ids.shape} dtype {ids.dtype}")
+    ids = int64_token_ids(token_ids, not_integer=ValueError)  # the tree's keys: ids beyond int64 refused
+    if ids.ndim != 1:
+        raise ValueError(f"token_ids: need a 1-D integer sequence, got shape {ids.shape}")
     if prior_hash is not None:
         if cache_salt is not None:
             raise ValueError("cache_salt: already folded into prior_hash; pass one or the other")
@@ -189,7 +191,7 @@ def page_hashes(token_ids: Sequence[int] | np.ndarray | torch.Tensor, page_size:
         prev = bytes.fromhex(prior_hash)
     else:
         prev = chain_seed(cache_salt)
-    raw = ids[: ids.size - ids.size % page_size].astype("<i8").tobytes()
+    raw = ids[: ids.size - ids.size % page_size].astype("<i8", copy=False).tobytes()
     step, out = page_size * 8, []
     for off in range(0, len(raw), step):
         prev = hashlib.sha256(prev + raw[off:off + step]).digest()

@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hicache.models import deepseek_v4, mha
+from hicache.radix.check import tree_nodes
 from hicache.replay.content import ContentModel, prefix_hashes, state_seed
 from tests.hicache.radix.test_cache import POLICIES, assert_same, fill_random, make, seq, snapshot
 
@@ -193,8 +194,23 @@ def serve(cache, tree, content, tokens) -> None:
     tree.wait()
 
 
+def reuse_snapshot(cache, tree, i: int) -> None:
+    """Insert new tokens with the device snapshot some node holds: refused, nothing taken."""
+    held = [n for n in tree_nodes(tree) if n.state_device is not None]
+    if not held:
+        return
+    kv = cache.device_pools["kv"]
+    slots = kv.alloc(PS)
+    if slots is None:
+        return
+    with pytest.raises(ValueError, match=r"extra\['swa'\].*held"):
+        tree.insert(_tokens([9]), slots, extra=held[i % len(held)].state_device)
+    kv.free(slots)
+
+
 OPS = st.one_of(
     st.tuples(st.just("serve"), st.lists(st.integers(0, 2), min_size=1, max_size=4)),
+    st.tuples(st.just("reuse_snapshot"), st.integers(0, 3)),
     st.tuples(st.just("evict"), st.integers(0, 4)),
     st.tuples(st.just("evict_host"), st.integers(0, 4)),
     st.tuples(st.just("evict_states"), st.integers(0, 3)),
@@ -210,6 +226,8 @@ def test_random_hybrid_operations_keep_every_invariant(policy, ops):
     for op, arg in ops:
         if op == "serve":
             serve(cache, tree, content, _tokens(arg))
+        elif op == "reuse_snapshot":
+            reuse_snapshot(cache, tree, arg)
         elif op in ("evict", "evict_host"):
             getattr(tree, op)(arg * PS)
         else:

@@ -217,10 +217,10 @@ def test_an_insert_after_its_match_sees_what_changed_in_between():
     #    A+B+C walks again and keeps the tree's slots
     abc = np.concatenate([ab, seq(800, 1, PS)])
     m = tree.match_prefix(abc)
-    epoch = tree._epoch
+    epoch = tree._index.epoch
     ad = np.concatenate([a[:PS], seq(900, 1, PS)])
     tree.insert(ad, torch.cat([slots[:PS], kv.alloc(PS)]))
-    assert tree._epoch > epoch  # the split made the match's walk stale
+    assert tree._index.epoch > epoch  # the split made the match's walk stale
     c_slots = kv.alloc(PS)
     res = tree.insert(abc, torch.cat([m.device_slots, c_slots]))
     assert res.cached_length == 4 * PS

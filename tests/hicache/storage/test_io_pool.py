@@ -62,6 +62,25 @@ def test_backup_query_prefetch_round_trip(tmp_path, gen, io):
     backend.close()
 
 
+def test_channels_route_each_result_to_its_submitter(tmp_path, gen, io):
+    # two users of one pool (two trees' stores): each polls only what it submitted
+    backend = FileBackend(NS, tmp_path)
+    src = random_pool(llama(1), "kv", 4, gen)
+    keys = keys_for(4, 64)
+    mine, theirs = io.channel(), io.channel()
+    # 1. one backup per channel and one on the pool's own channel, all finished
+    a = io.backup(backend, keys[:2], pages_of(src, NS, 2), channel=mine)
+    b = io.backup(backend, keys[2:], pages_of(src, NS, 2, 2), channel=theirs)
+    c = io.query(backend, keys)
+    for op in (a, b, c):
+        assert op.result(10) is not None  # done() implies its result is in its channel already
+    # 2. each channel reports its own, once; the pool's poll only the un-channelled one
+    assert [r.op_id for r in theirs.poll()] == [b.op_id] and theirs.poll() == []
+    assert [r.op_id for r in io.poll()] == [c.op_id]
+    assert [r.op_id for r in mine.poll()] == [a.op_id] and mine.poll() == []
+    backend.close()
+
+
 def test_presence_checks_each_key_alone(tmp_path, gen, io):
     # snapshots sit at scattered boundaries: which keys are present, not a leading run
     backend = FileBackend(NS, tmp_path)

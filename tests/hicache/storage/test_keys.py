@@ -31,6 +31,15 @@ def test_chain_prefix_property(gen):
     assert page_hashes(ids[128:], 64, prior_hash=full[1]) == full[2:]
 
 
+@pytest.mark.parametrize("ids", [np.full(4, 2**63, np.uint64), torch.full((4,), 2**64 - 1, dtype=torch.uint64),
+                                 [2**63, 1, 2, 3], [2**64, 1, 2, 3], [-1, 2**63, 1, 2]])
+def test_ids_beyond_int64_are_refused_not_wrapped(ids):
+    # 2**64 - 1 as uint64 has the bits of -1: hashing it as int64 would alias the two
+    with pytest.raises(ValueError, match="token_ids.*int64"):
+        page_hashes(ids, 2)
+    assert page_hashes(np.full(4, -1, np.int64), 2) != page_hashes(np.full(4, 2**63 - 1, np.int64), 2)
+
+
 def test_salt_separates_tenants(gen):
     ids = torch.randint(0, 1000, (3 * 16,), generator=gen)
     plain, a, b = (page_hashes(ids, 16, cache_salt=s) for s in (None, "tenant-a", "tenant-b"))

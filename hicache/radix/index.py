@@ -1,0 +1,181 @@
+"""`RadixIndex`: the node structure of `HiRadixCache` — the root, walks along keys, splits,
+the LRU clock and the epoch that says when a kept walk went stale.
+
+It knows nodes and keys, never which slots they hold or where: the tiers
+(`hicache.radix.tiers`) and the transfers (`hicache.radix.transfers`) change those, and
+bump the epoch when they do. A match keeps its walk so that the insert of the same
+tokens that follows continues it instead of walking again:
+
+    match_prefix(tokens)   walk, keep (key bytes, path, epoch, the device slots, their
+                           tensor version)
+    ... a split, a deletion, a copy dropped or published: epoch += 1 (the kept walk is stale)
+    insert(tokens, ...)    same epoch and the key extends the kept one: continue from its
+                           last node; otherwise walk again from the root
+
+The slots a match returns are never a node's tensor: a one-node match hands out a copy,
+a longer one the fresh concatenation (one copy, as before: a second would cost a match
+as much again). That concatenation is kept only as the insert's *hint* of what the
+tree's slots along the path are: it decides which of the caller's pages in the cached
+prefix differ (and are freed when no node holds them). An edit in place through torch
+bumps the tensor's version and the hint is dropped (the insert checks every slot); an
+edit through a numpy view is not seen, so a page the caller wrote there is not freed (it
+stays the caller's). Either way the tree's own slots, and what it holds, never change.
+
+A node matched only in part is split (non-hybrid stacks) so that a match ends on a node
+boundary; where a hybrid (DeepSeek-V4) match may end: `hicache.radix.hybrid`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hicache import fastpath
+from hicache.radix.hybrid import select_match_end
+from hicache.radix.node import EMPTY_SLOTS, TreeNode, common_pages, new_root
+
+Partial = tuple[TreeNode, int]  # a node matched only in part, and its matched tokens
+
+
+class RadixIndex:
+    """The node structure (scheduler thread only).
+
+    Args:
+        page_size: tokens per page (keys, splits and matches are whole pages).
+
+    Attributes:
+        root: the root node (empty key, on every tier, never evicted).
+        clock: the LRU clock (bumped by every match and insert).
+        epoch: bumped by every change a kept walk must not survive.
+    """
+
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
+        self.page_bytes = page_size * 8  # a child's dict key: its first page as int64 bytes
+        self.root = new_root()
+        self.clock = 0
+        self.epoch = 0
+        # the last match's (key bytes, path, epoch, device slots, their tensor version or -1)
+        self._kept: tuple | None = None
+
+    # ---- walks -------------------------------------------------------------------------
+    def walk(self, kb: bytes, node: TreeNode | None = None) -> tuple[list[TreeNode], Partial | None]:
+        """Fully matched nodes below ``node`` (default: the root), and the node matched only
+        partly with its matched tokens. ``kb`` is the whole key's bytes from the root."""
+        node = self.root if node is None else node
+        path, child = fastpath.walk(node, kb, self.page_bytes)
+        return path, self._partly(kb, path[-1] if path else node, child)
+
+    def walk_key(self, key: np.ndarray) -> tuple[list[TreeNode], Partial | None]:
+        """`walk` of an int64 key array."""
+        return self.walk(key.tobytes())
+
+    def _partly(self, kb: bytes, above: TreeNode, child: TreeNode | None) -> Partial | None:
+        """``child`` (below ``above``, matching ``kb`` only in part) with its matched tokens."""
+        if child is None:
+            return None
+        off = above.end << 3
+        return child, common_pages(child.key, kb[off:off + len(child.key)], self.page_size)
+
+    def match(self, kb: bytes, hybrid: bool) -> tuple[list[TreeNode], int, int, torch.Tensor]:
+        """The walk of a match: splits a partly matched node (non-hybrid), touches the
+        matched nodes (LRU) and keeps the walk. Returns (path, index of the last device
+        node, index of the match end, the device slots of the path up to the last device
+        node: a tensor of the caller's, never the tree's); -1 is the root."""
+        path, child = fastpath.walk(self.root, kb, self.page_bytes)
+        if hybrid:
+            d, e = select_match_end(path, True)
+            self.touch(path[:e + 1])
+        else:
+            if child is not None:
+                path.append(self.split(*self._partly(kb, path[-1] if path else self.root, child)))
+            self.clock += 1
+            clock, d, e = self.clock, -1, len(path) - 1
+            for node in path:  # touched (LRU) and counted in one pass; device nodes are closed under parent
+                node.last_access = clock
+                if node._device is not None:
+                    d += 1
+        if d > 0:  # a fresh tensor, the caller's; kept as the next insert's hint, with its version
+            slots = torch.cat([n._device for n in path[:d + 1]])
+            self._kept = (kb, path, self.epoch, slots, slots._version)
+        elif d == 0:  # the node's own tensor: kept, never handed out; the caller gets a copy
+            slots = path[0]._device.clone()
+            self._kept = (kb, path, self.epoch, path[0]._device, -1)
+        else:
+            slots = EMPTY_SLOTS.new_empty(0)
+            self._kept = (kb, path, self.epoch, EMPTY_SLOTS, -1)
+        return path, d, e, slots
+
+    def continue_walk(self, key: np.ndarray) -> tuple[bytes, list[TreeNode], Partial | None, np.ndarray | None]:
+        """The key's bytes, its walk and the tree's device slots along the kept match (read
+        only), continuing that walk when ``key`` extends the kept key and the epoch did not
+        change since; else a new walk and ``None``. The same key as the match's reuses its
+        bytes (an insert after its match: one compare instead of a copy)."""
+        kept = self._kept
+        if kept is None or kept[2] != self.epoch:
+            kb = key.tobytes()
+            return (kb, *self.walk(kb), None)
+        kkb = kept[0]
+        if key.size << 3 == len(kkb) and fastpath.same_bytes(key, np.frombuffer(kkb, np.int64)):
+            kb = kkb
+        else:
+            kb = key.tobytes()
+            if not kb.startswith(kkb):
+                return (kb, *self.walk(kb), None)
+        path, matched = kept[1], kept[3]
+        start = path[-1] if path else self.root
+        more, child = fastpath.walk(start, kb, self.page_bytes)
+        path = path + more if more else path
+        if kept[4] >= 0 and matched._version != kept[4]:
+            matched = None  # the caller edited the match's slots in place: no hint (checked in full)
+        else:
+            matched = matched.numpy()
+        return kb, path, self._partly(kb, path[-1] if path else start, child), matched
+
+    # ---- changes -----------------------------------------------------------------------
+    def changed(self) -> None:
+        """A node's copy on some tier was dropped or published: kept walks are stale."""
+        self.epoch += 1
+
+    def touch(self, nodes) -> int:
+        """Mark ``nodes`` used now (LRU); returns the clock."""
+        self.clock += 1
+        clock = self.clock
+        for n in nodes:
+            n.last_access = clock
+        return clock
+
+    def add_child(self, parent: TreeNode, node: TreeNode) -> None:
+        """File ``node`` (its ``parent`` already set) under its first page."""
+        parent.children[node.key[:self.page_bytes]] = node
+
+    def detach(self, node: TreeNode) -> None:
+        """Remove ``node`` (and so its subtree) from its parent."""
+        del node.parent.children[node.key[:self.page_bytes]]
+        self.epoch += 1
+
+    def split(self, node: TreeNode, num_tokens: int) -> TreeNode:
+        """Cut ``node`` after ``num_tokens`` (whole pages); returns the new upper half.
+
+        The upper half takes the prefix slices of both tiers (and of the page hashes) and
+        copies lock, hits, access time, any transfer in flight and whether it is stored;
+        the snapshot stays with the lower half (it belongs to the end boundary, which does
+        not move).
+        """
+        self.epoch += 1
+        parent, cut = node.parent, num_tokens << 3
+        upper = TreeNode(key=node.key[:cut], end=node.end - node.num_tokens + num_tokens,
+                         parent=parent, lock_ref=node.lock_ref, hit_count=node.hit_count,
+                         last_access=node.last_access, pending=node.pending, stored=node.stored)
+        if node._device is not None:
+            upper._device, node._device = node._device[:num_tokens], node._device[num_tokens:]
+        if node._host is not None:
+            upper._host, node._host = node._host[:num_tokens], node._host[num_tokens:]
+        if node.hashes is not None:
+            pages = num_tokens // self.page_size
+            upper.hashes, node.hashes = node.hashes[:pages], node.hashes[pages:]
+        pb = self.page_bytes
+        parent.children[upper.key[:pb]] = upper
+        node.key = node.key[cut:]
+        node.parent = upper
+        upper.children[node.key[:pb]] = node
+        return upper
