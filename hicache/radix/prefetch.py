@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from hicache.radix.node import EMPTY_SLOTS, TreeNode, as_key
+from hicache.radix.node import EMPTY_SLOTS, MatchResult, TreeNode, as_key
 
 
 class PrefetchOutcome(enum.Enum):
@@ -156,6 +156,22 @@ class PrefetchMixin:
         self._prefetches.add(p)
         self.counters["prefetches"] += 1
         return p
+
+    def match_and_prefetch(self, token_ids: Any) -> tuple[MatchResult, int]:
+        """`match_prefix`; with a storage tier, then `prefetch` of the rest, `wait_prefetch`
+        and a second match (a tool's and a test's helper: a server polls between steps).
+
+        Returns:
+            (the match, the end of the first match's host part: tokens loaded past it came
+            from storage). Mutates the tree as `match_prefix` and `prefetch` do.
+        """
+        m = self.match_prefix(token_ids)
+        first_end = m.last_host_node.end
+        p = self.prefetch(token_ids) if self.storage is not None else None
+        if p is not None:  # lands as host-only nodes; the match picks them up
+            self.wait_prefetch(p)
+            m = self.match_prefix(token_ids)
+        return m, first_end
 
     def stop_prefetch(self, p: Prefetch) -> None:
         """Ask ``p`` to stop: it keeps what is read so far and is ``done`` within one I/O chunk."""
