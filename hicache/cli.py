@@ -1,4 +1,4 @@
-"""The `hicache` command: `plan`, `replay`, `bench` and `serve-vllm` subcommands."""
+"""The `hicache` command: `plan`, `replay`, `bench`, `serve-vllm` and `verify-model` subcommands."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +10,7 @@ from typing import NoReturn
 from hicache.integrations.vllm.serve import add_serve_args, run_serve
 from hicache.plan import add_plan_args, run_plan
 from hicache.replay.cli import add_replay_args, run_replay
+from hicache.reference.cli import add_verify_args, run_verify_model  # imports torch only when run
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -32,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="start vLLM's OpenAI server, with hicache as its host tier when enabled",
         description="Unknown flags are passed to vLLM; --enable-hierarchical-cache and the "
                     "--hicache-* flags become vLLM's --kv-transfer-config."))
+    add_verify_args(sub.add_parser("verify-model", help="serve a tiny paged model through every tier and check "
+                                   "its logits against an uninterrupted recompute"))
     return parser
 
 
@@ -66,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_serve(args, extra)
         if extra:  # bench: flags after the name belong to the benchmark
             args.args = [*args.args, *extra]
-        return {"plan": run_plan, "replay": run_replay, "bench": run_bench}[args.command](args)
+        return {"plan": run_plan, "replay": run_replay, "bench": run_bench,
+                "verify-model": run_verify_model}[args.command](args)
     except ValueError as exc:  # bad flags and refusals: one clear line, no traceback
         print(f"hicache {args.command}: error: {exc}", file=sys.stderr)
         return 2
