@@ -42,7 +42,8 @@ class TierStore:
         io: the I/O threads (default: two of them, owned and closed by the store).
         cache_salt: per-tenant salt of the page hash chain.
     Raises:
-        ValueError: a backend missing for a data pool, or one of another namespace shape.
+        ValueError: a backend missing for a data pool, or one of another namespace shape; a
+            stack with no data pool rooted at the anchor (nothing to find pages by).
     """
 
     def __init__(self, cache: Any, backends: Mapping[str, StorageBackend], config: HiCacheConfig | None = None,
@@ -69,6 +70,9 @@ class TierStore:
             backend.register_buffer(self.host_pools[name].buffer)
 
     def _check_backends(self) -> None:
+        if not self.history:  # e.g. DeepSeek-V4 with sliding-window layers only
+            raise ValueError(f"stack: {self.stack.model!r} has no data pool rooted at the anchor "
+                             f"{self.stack.anchor.name!r}; the storage tier finds pages by their history rows")
         names = set(self.history) | set(self.state)
         if set(self.backends) != names:
             raise ValueError(f"backends: need one per data pool {sorted(names)}, got {sorted(self.backends)}")

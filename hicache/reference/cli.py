@@ -12,7 +12,7 @@ import argparse
 import json
 
 from hicache.config import IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES
-from hicache.reference.options import VerifyOptions
+from hicache.reference.options import TOLERANCE, VerifyOptions
 
 JSON_KEYS = ("requests", "tokens_from", "max_abs_logit_diff", "greedy_identical", "greedy_total", "ok")
 
@@ -20,6 +20,10 @@ JSON_KEYS = ("requests", "tokens_from", "max_abs_logit_diff", "greedy_identical"
 def add_verify_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The flags of ``hicache verify-model`` (defaults: `VerifyOptions`)."""
     d = VerifyOptions()
+    p.description = ("A tiny random-weight paged model (DeepSeek-V4 or GQA) served multi-turn through the "
+                     "radix tree, controller, host pools and storage; every request's logits are compared "
+                     f"with an uninterrupted recompute. Exit 0: all within {TOLERANCE:g} and greedy tokens "
+                     "identical; 1: a mismatch; 2: a bad flag.")
     p.add_argument("--arch", default=d.arch, help="deepseek-v4 (default) or mha")
     p.add_argument("--layers", type=int, default=d.layers, help="decoder layers (default 4: SWA, CSA, HCA, CSA)")
     p.add_argument("--conversations", type=int, default=d.conversations, help="conversations (default %(default)s)")
@@ -39,8 +43,10 @@ def add_verify_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--device", default=d.device, help="cpu (default) or cuda[:N]")
     p.add_argument("--io-backend", dest="io_backend", default=d.io_backend, choices=IO_BACKENDS,
                    help="transfer backend (default auto)")
-    p.add_argument("--hicache-write-policy", dest="write_policy", default=d.write_policy, choices=WRITE_POLICIES)
-    p.add_argument("--hicache-mem-layout", dest="mem_layout", default=d.mem_layout, choices=MEM_LAYOUTS)
+    p.add_argument("--hicache-write-policy", dest="write_policy", default=d.write_policy, choices=WRITE_POLICIES,
+                   help="device -> host backups (default %(default)s)")
+    p.add_argument("--hicache-mem-layout", dest="mem_layout", default=d.mem_layout, choices=MEM_LAYOUTS,
+                   help="host pool layout (default %(default)s)")
     p.add_argument("--fault", default=None, metavar="POOL",
                    help="negative control: corrupt what loads bring back for POOL; the run must fail")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from host_pools.spec import Stack
-from hicache.models.deepseek_v4 import deepseek_v4, geometry_for_dims
+from hicache.models.deepseek_v4 import V4Geometry, deepseek_v4, geometry_for_dims
 from hicache.models.dense import mha
 
 ARCHS = ("deepseek-v4", "mha")
@@ -112,7 +112,8 @@ class Dsv4Config:
                 f"-w{self.window}-p{self.page_size}-r{self.c4_ratio}x{self.hca_ratio}-k{self.index_topk}"
                 f"-v{self.vocab_size}-seed{self.seed}")
 
-    def geometry(self):
+    def geometry(self) -> V4Geometry:
+        """The stack's geometry: page, window, ratios and fp32 rows shaped by the head dims."""
         return geometry_for_dims(self.page_size, self.window, self.c4_ratio, self.hca_ratio, self.head_dim,
                                  self.index_head_dim, torch.float32)
 
@@ -170,11 +171,13 @@ def toy_config(arch: str, num_layers: int, seed: int) -> ToyConfig:
     """The default config of ``arch`` with ``num_layers`` layers and weights from ``seed``.
 
     Raises:
-        ValueError: unknown ``arch`` (naming the allowed ones) or ``num_layers`` < 1.
+        ValueError: unknown ``arch`` (naming the allowed ones), ``num_layers`` < 1 or ``seed`` < 0.
     """
     if arch not in ARCHS:
         raise ValueError(f"arch (--arch): must be one of {', '.join(ARCHS)}, got {arch!r}")
     if num_layers < 1:
         raise ValueError(f"num_layers (--layers): must be >= 1, got {num_layers}")
+    if seed < 0:
+        raise ValueError(f"seed (--seed): must be >= 0, got {seed}")
     cls = Dsv4Config if arch == "deepseek-v4" else MhaConfig
     return cls(num_layers=num_layers, seed=seed)

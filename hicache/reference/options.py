@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from hicache.config import HiCacheConfig
 
+TOLERANCE = 1e-5  # max |logit difference| (fp32; the paged models match transformers to ~4e-6)
 SWA_FULL_TOKENS_RATIO = 1.0  # device swa tokens per anchor token: room for a snapshot per page
 
 

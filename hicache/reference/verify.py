@@ -26,13 +26,12 @@ from hicache.build import build, build_device_pools
 from hicache.radix import HiRadixCache
 from hicache.reference.config import Dsv4Config, ToyConfig, toy_config
 from hicache.reference.dsv4 import Dsv4Model
-from hicache.reference.options import VerifyOptions, verify_config
+from hicache.reference.options import TOLERANCE, VerifyOptions, verify_config
 from hicache.reference.mha import MhaModel
 from hicache.reference.paged import PagedSeq
 from hicache.reference.serve import TIERS, Fault, ModelServer, Served
 from hicache.reference.workload import longest_request, schedule
 
-TOLERANCE = 1e-5  # max |logit difference| (fp32; the paged model matches transformers to ~4e-6)
 
 
 @dataclass(slots=True)
@@ -90,7 +89,11 @@ def device_tokens(opts: VerifyOptions, page_size: int) -> int:
 
 def check_options(opts: VerifyOptions, cfg: ToyConfig) -> None:
     """Flag checks `HiCacheConfig` does not make; ``ValueError`` naming the flag."""
-    pools = [p.name for p in cfg.stack().data_pools()]
+    stack = cfg.stack()
+    pools = [p.name for p in stack.data_pools()]
+    if opts.storage_backend != "none" and all(stack.root_of(p).name != stack.anchor.name for p in pools):
+        raise ValueError(f"--layers: {opts.layers} sliding-window layer(s) only: no page history for the storage "
+                         "tier to find pages by; use --layers >= 2 or --hicache-storage-backend none")
     if opts.fault is not None and opts.fault not in pools:
         raise ValueError(f"--fault: {opts.fault!r} is not a pool of the {opts.arch} model; allowed: "
                          f"{', '.join(pools)}")
@@ -129,7 +132,6 @@ def run_verify(opts: VerifyOptions, progress=None) -> VerifyReport:
         report = VerifyReport(arch=opts.arch, model=cfg.identity, fault=opts.fault)
         _serve_all(ModelServer(model, cache, tree, fault), Recompute(model, cfg, opts.device), system, turns,
                    opts.decode_tokens, report, progress)
-        tree.check_integrity()
         report.fault_rows = fault.rows_corrupted if fault else 0
     report.seconds = round(time.perf_counter() - t0, 3)
     report.ok = report.requests > 0 and report.mismatched_requests == 0
@@ -172,6 +174,7 @@ def _serve_all(server: ModelServer, recompute: Recompute, system: np.ndarray, tu
         report.greedy_identical += c.greedy_identical
         report.greedy_total += c.greedy_total
         report.mismatched_requests += int(not c.ok)
+        server.tree.check_integrity()  # every invariant of tree and allocators, between requests
         history[turn.conversation] = np.concatenate([prompt, np.asarray(served.generated, np.int64)])
         if progress is not None:
             progress(i + 1, len(turns))

@@ -60,6 +60,13 @@ def test_a_second_tree_on_the_same_store_starts_warm(tmp_path):
     tree2.close()
 
 
+def test_a_stack_without_history_pools_is_refused(tmp_path):
+    # DeepSeek-V4 with sliding-window layers only: a data-less anchor and state pools alone
+    stack = deepseek_v4([0, 0])
+    with pytest.raises(ValueError, match="no data pool rooted at the anchor 'kv'"):
+        make(stack, tmp_path)
+
+
 def test_hybrid_prefetch_stops_at_the_deepest_stored_snapshot(tmp_path):
     stack = deepseek_v4([4, 128, 0, 4])
     cache, tree = make(stack, tmp_path, device_pages=16)

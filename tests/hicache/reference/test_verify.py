@@ -50,6 +50,11 @@ def test_without_storage_nothing_comes_from_storage(arch):
     assert r.ok and r.tokens_from["storage"] == 0 and r.tokens_from["host"] > 0
 
 
+def test_sliding_window_layers_alone_without_storage():
+    r = run_verify(options("deepseek-v4", layers=1, storage_backend="none", fault="swa"))
+    assert r.fault_rows > 0 and not r.ok  # the window ring alone is state that must come back right
+
+
 @pytest.mark.parametrize("arch, pool", [(a, p) for a, pools in POOLS.items() for p in pools])
 def test_a_corrupted_pool_is_caught(tmp_path, arch, pool):
     r = run_verify(options(arch, fault=pool, storage_dir=str(tmp_path)))
@@ -74,7 +79,9 @@ def test_the_default_storage_directory_is_removed(tmp_path, monkeypatch):
     (dict(turns=0), "--turns: must be >= 1"),
     (dict(conversations=0), "--conversations: must be >= 1"),
     (dict(layers=0), r"--layers\): must be >= 1"),
+    (dict(layers=1), "--layers: 1 sliding-window layer\\(s\\) only: no page history for the storage tier"),
     (dict(arch="gpt"), r"--arch\): must be one of deepseek-v4, mha"),
+    (dict(seed=-1), r"--seed\): must be >= 0"),
     (dict(device="tpu"), "--device: must be cpu or an available cuda device"),
     (dict(hicache_ratio=0.0), r"--hicache-ratio\): must be > 0"),
 ])
