@@ -95,6 +95,9 @@ def _human(r, opts) -> str:
         f"  max |logit diff| vs an uninterrupted recompute: {r.max_abs_logit_diff:.2e} "
         f"(tolerance {r.tolerance:.0e}); greedy tokens identical: {r.greedy_identical}/{r.greedy_total}",
     ]
+    if r.topk_exercised is not None:
+        gap = "" if r.topk_min_gap is None else f", smallest score gap at the boundary {r.topk_min_gap:.1e}"
+        lines.append(f"  indexer top-k: {r.topk_exercised:.0%} of queries had more entries to choose from{gap}")
     if r.fault:
         lines.append(f"  fault: {r.fault_rows} rows of {r.fault} corrupted on loads (negative control)")
     verdict = "OK" if r.ok else f"MISMATCH in {r.mismatched_requests} of {r.requests} requests"

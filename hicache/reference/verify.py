@@ -50,6 +50,8 @@ class VerifyReport:
     model: str = ""
     fault: str | None = None
     fault_rows: int = 0
+    topk_exercised: float | None = None  # DeepSeek-V4: share of indexer queries with more entries than top-k
+    topk_min_gap: float | None = None  # and the smallest score gap at the top-k boundary (near 0: a near-tie)
     seconds: float = 0.0
 
     def as_json(self) -> dict:
@@ -133,6 +135,10 @@ def run_verify(opts: VerifyOptions, progress=None) -> VerifyReport:
         _serve_all(ModelServer(model, cache, tree, fault), Recompute(model, cfg, opts.device), system, turns,
                    opts.decode_tokens, report, progress)
         report.fault_rows = fault.rows_corrupted if fault else 0
+        topk = getattr(model, "topk", None)
+        if topk is not None and topk.queries:
+            report.topk_exercised = round(topk.exercised / topk.queries, 4)
+            report.topk_min_gap = topk.min_gap if topk.exercised else None
     report.seconds = round(time.perf_counter() - t0, 3)
     report.ok = report.requests > 0 and report.mismatched_requests == 0
     return report
