@@ -1,4 +1,4 @@
-"""The `hicache` command: `plan`, `replay`, `bench`, `serve-vllm` (and any subcommand in `SUBCOMMANDS`).
+"""The `hicache` command: `plan`, `replay`, `bench`, `serve-vllm`, `verify-model` (and any subcommand in `SUBCOMMANDS`).
 
 Start-up stays fast (``hicache --help`` well under a second) because nothing heavy is
 imported before it is needed:
@@ -46,6 +46,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         passes_extra=True, allow_abbrev=False,
         description="Unknown flags are passed to vLLM; --enable-hierarchical-cache and the "
                     "--hicache-* flags become vLLM's --kv-transfer-config."),
+    "verify-model": Subcommand(
+        "serve a tiny paged model through every tier and check its logits against an uninterrupted recompute",
+        "hicache.reference.cli:add_verify_args", "hicache.reference.cli:run_verify_model"),
 }
 
 

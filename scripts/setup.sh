@@ -38,6 +38,22 @@ MOONCAKE=$("$V" -c "import torch; c = torch.version.cuda or ''; print('mooncake-
   ('-cuda13' if c.startswith('13') else '' if c else '-non-cuda'))")
 "$V" -c "import importlib.util as u, sys; sys.exit(u.find_spec('mooncake') is None)" 2>/dev/null \
   || pipi "$MOONCAKE" || echo "setup: could not install $MOONCAKE (the Mooncake tests will skip)" >&2
+# transformers: the oracle of the reference models' tests (test-only; hicache never imports
+# it). Installed pinned when the one here lacks DeepseekV4ForCausalLM (>= 5.19), under a
+# constraint that pins the torch already installed, so pip can never replace it; checked after.
+if ! "$V" -c "from transformers import DeepseekV4ForCausalLM" 2>/dev/null; then
+  TORCH_BEFORE=$("$V" -c "import torch; print(torch.__version__)")
+  PIN=$(mktemp)
+  echo "torch==$TORCH_BEFORE" > "$PIN"
+  pipi -c "$PIN" "transformers==5.23.0" \
+    || echo "setup: could not install transformers 5.23.0 (the DeepSeek-V4 oracle tests will skip)" >&2
+  rm -f "$PIN"
+  TORCH_AFTER=$("$V" -c "import torch; print(torch.__version__)")
+  if [ "$TORCH_BEFORE" != "$TORCH_AFTER" ]; then
+    echo "setup: installing transformers changed torch $TORCH_BEFORE -> $TORCH_AFTER" >&2
+    exit 1
+  fi
+fi
 # editable install without build isolation: needs setuptools >= 64 and wheel locally; it
 # compiles hicache._fastpath in place (optional: without a C compiler it is skipped)
 "$V" -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 64)" 2>/dev/null \

@@ -140,12 +140,7 @@ class Replayer:
         st.tokens_total += req.input_length
         tokens = request_tokens(req, self.page)
         hashes = prefix_hashes(tokens, self.page) if tokens.size else []
-        m = tree.match_prefix(tokens)
-        first_end = m.last_host_node.end
-        p = tree.prefetch(tokens) if tree.storage is not None else None
-        if p is not None:  # lands as host-only nodes; the match picks them up
-            tree.wait_prefetch(p)
-            m = tree.match_prefix(tokens)
+        m, first_end = tree.match_and_prefetch(tokens)
         lock = m.last_host_node
         tree.inc_lock_ref(lock)
         try:

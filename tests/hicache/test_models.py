@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hicache.models import FLASH_RATIOS, PRESETS, PRO_RATIOS, deepseek_v4, dsa, mha, mla, preset
+from hicache.models import (FLASH_RATIOS, PRESETS, PRO_RATIOS, REAL_GEOMETRY, deepseek_v4, dsa, geometry_for_dims,
+                            mha, mla, preset)
 from hicache.models.dense import FP8
 from host_pools.spec import PoolKind
 
@@ -38,7 +39,7 @@ def test_dsv4_sources():
 
 
 @pytest.mark.parametrize("name, ratios, layers, c4, c128", [
-    ("deepseek-v4-flash", FLASH_RATIOS, 43, 20, 20),
+    ("deepseek-v4-flash", FLASH_RATIOS, 43, 21, 20),  # compress_ratios [0, 0, (4, 128) x 20, 4]
     ("deepseek-v4-pro", PRO_RATIOS, 61, 30, 31),
 ])
 def test_dsv4_preset_layer_counts(name, ratios, layers, c4, c128):
@@ -189,3 +190,49 @@ def test_preset_rejects_a_layer_count_outside_the_model(name, layers):
     with pytest.raises(ValueError, match=rf"num_layers: {name} has {total} layers; must be in \[1, {total}\]"):
         preset(name, layers)
     assert preset(name, total).num_model_layers == total
+
+
+# ---------------------------------------------------------------- DeepSeek-V4 geometry
+
+
+def test_dsv4_flash_ratios_match_the_model_config():
+    # the checkpoint's compress_ratios: [0, 0, (4, 128) x 20, 4]
+    assert FLASH_RATIOS[:2] == (0, 0) and FLASH_RATIOS[-1] == 4
+    assert FLASH_RATIOS[2:-1] == (4, 128) * 20
+    assert (FLASH_RATIOS.count(0), FLASH_RATIOS.count(4), FLASH_RATIOS.count(128)) == (2, 21, 20)
+
+
+def test_dsv4_geometry_for_dims_follows_the_dims():
+    # page 32, window 16, ratios 4 and 16: page : HCA ratio = 2, as 256 : 128 in the real model
+    g = geometry_for_dims(32, 16, 4, 16, head_dim=64, index_head_dim=32)
+    stack = deepseek_v4([0, 4, 16, 4], "toy", geometry=g)
+    shapes = {p.name: (p.tokens_per_row, p.buffers[0].row_shape, p.buffers[0].dtype) for p in stack.data_pools()}
+    f32 = torch.float32
+    assert shapes == {"swa": (16, (16, 64), f32), "c4_kv": (32, (8, 64), f32), "c4_indexer": (32, (8, 32), f32),
+                      "c128_kv": (32, (2, 64), f32), "c4_state": (16, (8, 256), f32),
+                      "c4_indexer_state": (16, (8, 128), f32)}
+    assert stack.page_size == 32 and stack.pool("c128_kv").layer_ids == (2,)
+    assert all(p.window_tokens == 16 for p in stack if p.kind is PoolKind.STATE)
+    assert {p.name: p.indices_from for p in stack} == DSV4_SOURCES
+
+
+def test_dsv4_geometry_rejects_ratios_of_another_geometry():
+    g = geometry_for_dims(32, 16, 4, 16, head_dim=64, index_head_dim=32)
+    with pytest.raises(ValueError, match=r"compress_ratios: entries must be in \(0, 4, 16\)"):
+        deepseek_v4([0, 128], geometry=g)
+
+
+@pytest.mark.parametrize("dims, match", [
+    ((32, 16, 4, 24), "page_size: 32 must be a multiple of hca_ratio=24"),
+    ((32, 12, 4, 16), "page_size: 32 must be a multiple of window=12"),
+    ((32, 16, 4, 4), "hca_ratio: must differ"),
+    ((32, 16, 0, 16), "page_size / ratios: must be >= 1"),
+])
+def test_dsv4_geometry_rejects_pages_that_cut_windows(dims, match):
+    with pytest.raises(ValueError, match=match):
+        geometry_for_dims(*dims, head_dim=64, index_head_dim=32)
+
+
+def test_dsv4_real_geometry_is_the_presets():
+    assert REAL_GEOMETRY.ratios == (0, 4, 128) and REAL_GEOMETRY.page_size == 256
+    assert deepseek_v4([4, 128]) == deepseek_v4([4, 128], geometry=REAL_GEOMETRY)

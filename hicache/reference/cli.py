@@ -1,0 +1,105 @@
+"""`hicache verify-model`: flags, the human and JSON reports, exit statuses.
+
+Importing this module imports no torch (``hicache --help`` stays fast); the run imports
+`hicache.reference.verify`.
+
+Exit status: 0 every request within tolerance, 1 a mismatch (a wrong restore, or the
+``--fault`` negative control caught), 2 a bad flag or a fault that found no load to corrupt.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from hicache.config import IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES
+from hicache.reference.options import TOLERANCE, VerifyOptions
+
+JSON_KEYS = ("requests", "tokens_from", "max_abs_logit_diff", "greedy_identical", "greedy_total", "ok")
+
+
+def add_verify_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The flags of ``hicache verify-model`` (defaults: `VerifyOptions`)."""
+    d = VerifyOptions()
+    p.description = ("A tiny random-weight paged model (DeepSeek-V4 or GQA) served multi-turn through the "
+                     "radix tree, controller, host pools and storage; every request's logits are compared "
+                     f"with an uninterrupted recompute. Exit 0: all within {TOLERANCE:g} and greedy tokens "
+                     "identical; 1: a mismatch; 2: a bad flag.")
+    p.add_argument("--arch", default=d.arch, help="deepseek-v4 (default) or mha")
+    p.add_argument("--layers", type=int, default=d.layers, help="decoder layers (default 4: SWA, CSA, HCA, CSA)")
+    p.add_argument("--conversations", type=int, default=d.conversations, help="conversations (default %(default)s)")
+    p.add_argument("--turns", type=int, default=d.turns, help="turns per conversation (default %(default)s)")
+    p.add_argument("--decode-tokens", dest="decode_tokens", type=int, default=d.decode_tokens,
+                   help="greedy tokens decoded per request (default %(default)s)")
+    p.add_argument("--seed", type=int, default=d.seed, help="weights and workload seed (default %(default)s)")
+    p.add_argument("--hicache-ratio", dest="hicache_ratio", type=float, default=d.hicache_ratio,
+                   help="host tokens per device token (default %(default)s)")
+    p.add_argument("--device-tokens", dest="device_tokens", type=int, default=d.device_tokens,
+                   help="device anchor tokens (default: one page more than the longest request)")
+    p.add_argument("--hicache-storage-backend", dest="storage_backend", default=d.storage_backend,
+                   choices=("none", "file"),
+                   help="storage tier below the host (default %(default)s)")
+    p.add_argument("--hicache-storage-dir", dest="storage_dir", default=d.storage_dir,
+                   help="directory of the file store (default: a temporary one, removed at exit)")
+    p.add_argument("--device", default=d.device, help="cpu (default) or cuda[:N]")
+    p.add_argument("--io-backend", dest="io_backend", default=d.io_backend, choices=IO_BACKENDS,
+                   help="transfer backend (default auto)")
+    p.add_argument("--hicache-write-policy", dest="write_policy", default=d.write_policy, choices=WRITE_POLICIES,
+                   help="device -> host backups (default %(default)s)")
+    p.add_argument("--hicache-mem-layout", dest="mem_layout", default=d.mem_layout, choices=MEM_LAYOUTS,
+                   help="host pool layout (default %(default)s)")
+    p.add_argument("--fault", default=None, metavar="POOL",
+                   help="negative control: corrupt what loads bring back for POOL; the run must fail")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def run_verify_model(args: argparse.Namespace) -> int:
+    """Run one verification from parsed flags; returns the exit status.
+
+    Raises:
+        ValueError: a bad flag (one line naming it; `hicache.cli` prints it, status 2).
+    """
+    import torch
+
+    from hicache.reference.verify import run_verify
+    from hicache.storage import StorageUnavailableError
+
+    fields = VerifyOptions.__dataclass_fields__
+    opts = VerifyOptions(**{k: v for k, v in vars(args).items() if k in fields})
+    if opts.device == "cpu":
+        torch.set_num_threads(1)  # the model's ops are tiny: threads only add contention
+    try:
+        report = run_verify(opts)
+    except StorageUnavailableError as exc:
+        raise ValueError(str(exc.__cause__ or exc)) from None  # the store's own message, without the
+        # --hicache-storage-optional advice of a server (verify-model has no such flag)
+    if opts.fault and not report.fault_rows:
+        raise ValueError(f"--fault {opts.fault}: no load brought that pool back, nothing was corrupted "
+                         "(use more --conversations or a smaller --hicache-ratio)")
+    if args.json:
+        print(json.dumps(report.as_json()))
+    else:
+        print(_human(report, opts))
+    return 0 if report.ok else 1
+
+
+def _human(r, opts) -> str:
+    t = r.tokens_from
+    storage = "no storage" if opts.storage_backend == "none" else f"storage {opts.storage_backend}"
+    lines = [
+        f"hicache verify-model: {r.arch}, {opts.layers} layers, seed {opts.seed}: {r.requests} requests "
+        f"({opts.conversations} conversations x {opts.turns} turns), {opts.write_policy}, {opts.mem_layout}, "
+        f"{storage}, device {opts.device}, io {opts.io_backend}",
+        f"  prompt tokens from device {t['device']}, host {t['host']}, storage {t['storage']}, "
+        f"computed {t['computed']}",
+        f"  max |logit diff| vs an uninterrupted recompute: {r.max_abs_logit_diff:.2e} "
+        f"(tolerance {r.tolerance:.0e}); greedy tokens identical: {r.greedy_identical}/{r.greedy_total}",
+    ]
+    if r.topk_exercised is not None:
+        gap = "" if r.topk_min_gap is None else f", smallest score gap at the boundary {r.topk_min_gap:.1e}"
+        lines.append(f"  indexer top-k: {r.topk_exercised:.0%} of queries had more entries to choose from{gap}")
+    if r.fault:
+        lines.append(f"  fault: {r.fault_rows} rows of {r.fault} corrupted on loads (negative control)")
+    verdict = "OK" if r.ok else f"MISMATCH in {r.mismatched_requests} of {r.requests} requests"
+    lines.append(f"  {verdict} ({r.seconds:.1f} s)")
+    return "\n".join(lines)

@@ -1,0 +1,183 @@
+"""The reference models' configs: dims, layer schedule, pool stack and identity.
+
+Two tiny random-weight models run on hicache's own device pools:
+
+    arch          pools it reads and writes                      layer schedule
+    deepseek-v4   swa, c4_kv, c4_indexer, c128_kv (HCA ratio     0 (SWA only), then 4 (CSA)
+                  16: the pool keeps the name c128_kv), c4_state, and 16 (HCA) alternating:
+                  c4_indexer_state                               [0, 4, 16, 4, 16, ...]
+    mha           kv (k and v, GQA)                              every layer full attention
+
+DeepSeek-V4 keeps the real model's proportions where they decide what a cache must hold:
+page 32 : HCA ratio 16 = 2, as 256 : 128 (a page boundary never cuts an HCA window, so the
+HCA compressor's partial window is empty there and is not offloaded: the running request
+keeps it in request-local scratch), while the CSA ratio 4 overlaps windows, so its
+compressor state (``c4_state``, ``c4_indexer_state``) is needed at every page boundary.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from host_pools.spec import Stack
+from hicache.models.deepseek_v4 import V4Geometry, deepseek_v4, geometry_for_dims
+from hicache.models.dense import mha
+
+ARCHS = ("deepseek-v4", "mha")
+
+
+def _check_positive(obj: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{type(obj).__name__}.{name}: must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Dsv4Config:
+    """A tiny DeepSeek-V4 (transformers' ``DeepseekV4Config`` fields, small dims).
+
+    Attributes:
+        num_layers: decoder layers (ratios ``[0, 4, 16, 4, 16, ...]``).
+        hidden_size / vocab_size: residual width and vocabulary.
+        num_heads / head_dim / rope_dim: query heads, the one K=V head's dim and its
+            trailing rotary slice.
+        window: sliding-window tokens; page_size: anchor tokens per page.
+        c4_ratio / hca_ratio: CSA and HCA compression ratios.
+        q_lora_rank, o_groups, o_lora_rank: low-rank query and grouped output projection.
+        index_n_heads / index_head_dim / index_topk: the Lightning indexer (top-k below the
+            number of compressed entries of a conversation, so the selection is exercised).
+        num_experts / experts_per_token / moe_intermediate / num_hash_layers: the MoE
+            (the first ``num_hash_layers`` route by a token-id table).
+        hc_mult / hc_sinkhorn_iters: hyper-connection streams and Sinkhorn iterations.
+        seed: the weights' seed.
+    """
+
+    num_layers: int = 4
+    hidden_size: int = 64
+    vocab_size: int = 256
+    num_heads: int = 2
+    head_dim: int = 64
+    rope_dim: int = 16
+    window: int = 16
+    page_size: int = 32
+    c4_ratio: int = 4
+    hca_ratio: int = 16
+    q_lora_rank: int = 32
+    o_groups: int = 2
+    o_lora_rank: int = 16
+    index_n_heads: int = 16
+    index_head_dim: int = 32
+    index_topk: int = 4
+    num_experts: int = 4
+    experts_per_token: int = 2
+    moe_intermediate: int = 32
+    num_hash_layers: int = 1
+    hc_mult: int = 4
+    hc_sinkhorn_iters: int = 20
+    rope_theta: float = 10000.0
+    compress_rope_theta: float = 160000.0
+    rms_eps: float = 1e-6
+    hc_eps: float = 1e-6
+    swiglu_limit: float = 10.0
+    routed_scaling: float = 1.5
+    seed: int = 0
+
+    arch = "deepseek-v4"
+
+    def __post_init__(self) -> None:
+        _check_positive(self, ("num_layers", "hidden_size", "vocab_size", "num_heads", "head_dim", "rope_dim",
+                               "window", "page_size", "q_lora_rank", "o_groups", "o_lora_rank", "index_n_heads",
+                               "index_head_dim", "index_topk", "num_experts", "experts_per_token",
+                               "moe_intermediate", "hc_mult", "hc_sinkhorn_iters"))
+        if self.rope_dim % 2 or self.rope_dim > min(self.head_dim, self.index_head_dim):
+            raise ValueError(f"Dsv4Config.rope_dim: must be even and <= head_dim and index_head_dim, got {self.rope_dim}")
+        if (self.num_heads * self.head_dim) % self.o_groups:
+            raise ValueError(f"Dsv4Config.o_groups: must divide num_heads * head_dim, got {self.o_groups}")
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(f"Dsv4Config.experts_per_token: must be <= num_experts={self.num_experts}")
+        self.geometry()  # page / window / ratio checks
+
+    @property
+    def compress_ratios(self) -> tuple[int, ...]:
+        """Per layer: 0 for layer 0, then the CSA and HCA ratios alternating."""
+        pattern = (self.c4_ratio, self.hca_ratio)
+        return tuple(0 if i == 0 else pattern[(i - 1) % 2] for i in range(self.num_layers))
+
+    @property
+    def identity(self) -> str:
+        """The model identity (storage namespaces): arch, dims and seed."""
+        return (f"hicache-reference/deepseek-v4-L{self.num_layers}-h{self.hidden_size}-d{self.head_dim}"
+                f"-w{self.window}-p{self.page_size}-r{self.c4_ratio}x{self.hca_ratio}-k{self.index_topk}"
+                f"-v{self.vocab_size}-seed{self.seed}")
+
+    def geometry(self) -> V4Geometry:
+        """The stack's geometry: page, window, ratios and fp32 rows shaped by the head dims."""
+        return geometry_for_dims(self.page_size, self.window, self.c4_ratio, self.hca_ratio, self.head_dim,
+                                 self.index_head_dim, torch.float32)
+
+    def stack(self) -> Stack:
+        """The hicache stack whose pools this model reads and writes."""
+        return deepseek_v4(self.compress_ratios, self.identity, geometry=self.geometry())
+
+
+@dataclass(frozen=True)
+class MhaConfig:
+    """A tiny Llama-style GQA model on an ``mha`` stack (``k`` and ``v`` per page row).
+
+    Attributes:
+        num_layers, hidden_size, vocab_size, intermediate_size: the usual.
+        num_heads / num_kv_heads / head_dim: GQA shape.
+        page_size: tokens per page (one row of the ``kv`` pool).
+        seed: the weights' seed.
+    """
+
+    num_layers: int = 4
+    hidden_size: int = 64
+    vocab_size: int = 256
+    intermediate_size: int = 128
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    page_size: int = 32
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+    seed: int = 0
+
+    arch = "mha"
+
+    def __post_init__(self) -> None:
+        _check_positive(self, ("num_layers", "hidden_size", "vocab_size", "intermediate_size", "num_heads",
+                               "num_kv_heads", "head_dim", "page_size"))
+        if self.num_heads % self.num_kv_heads or self.head_dim % 2:
+            raise ValueError(f"MhaConfig.num_kv_heads: must divide num_heads={self.num_heads} "
+                             f"(and head_dim={self.head_dim} must be even)")
+
+    @property
+    def identity(self) -> str:
+        return (f"hicache-reference/mha-L{self.num_layers}-h{self.hidden_size}-q{self.num_heads}"
+                f"-kv{self.num_kv_heads}-d{self.head_dim}-p{self.page_size}-v{self.vocab_size}-seed{self.seed}")
+
+    def stack(self) -> Stack:
+        return mha(self.num_layers, self.num_kv_heads, self.head_dim, torch.float32, page_size=self.page_size,
+                   model=self.identity)
+
+
+ToyConfig = Dsv4Config | MhaConfig
+
+
+def toy_config(arch: str, num_layers: int, seed: int) -> ToyConfig:
+    """The default config of ``arch`` with ``num_layers`` layers and weights from ``seed``.
+
+    Raises:
+        ValueError: unknown ``arch`` (naming the allowed ones), ``num_layers`` < 1 or ``seed`` < 0.
+    """
+    if arch not in ARCHS:
+        raise ValueError(f"arch (--arch): must be one of {', '.join(ARCHS)}, got {arch!r}")
+    if num_layers < 1:
+        raise ValueError(f"num_layers (--layers): must be >= 1, got {num_layers}")
+    if seed < 0:
+        raise ValueError(f"seed (--seed): must be >= 0, got {seed}")
+    cls = Dsv4Config if arch == "deepseek-v4" else MhaConfig
+    return cls(num_layers=num_layers, seed=seed)

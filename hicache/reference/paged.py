@@ -1,0 +1,157 @@
+"""`PagedSeq`: one running request's view of hicache's device pools, addressed as a server does.
+
+Every tensor the reference models read or write is a row of a `DevicePool`
+(``pools[name].tensors[layer][buffer]``), found from the request's slots through
+``stack.derive_rows`` — nothing is copied out and back:
+
+    anchor slots (whole pages)  --derive_rows-->  kv rows      (MHA: k, v of a page)
+                                                  c4_kv rows   (DSV4: page // 4 entries)
+                                                  c4_indexer rows, c128_kv rows
+    working swa slots (1 row)   --derive_rows-->  swa row      (ring: token p at p % window)
+                                                  c4_state, c4_indexer_state rows (same index;
+                                                  ring: token p at p % (2 * c4 ratio))
+
+History entries of a compressed pool: entry ``e`` (tokens ``[e*r, (e+1)*r)``) lives in the
+row of the page holding those tokens, at ``e % (page_size // r)``.
+
+The working row is the request's own ring; a *snapshot* at a page boundary is a copy of
+it (every pool rooted at ``swa``, every layer) into a fresh row (`copy_state`), which the
+tree takes with ``insert(..., extra={"swa": slots})``; resuming from a node's snapshot copies
+the other way. The HCA compressor's partial window is request-local scratch (``scratch``):
+it is empty at every page boundary (the page is a multiple of the HCA ratio), so no
+snapshot needs it.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+
+from host_pools.spec import Stack
+from hicache.device_pool import DevicePool
+
+
+@dataclass(slots=True)
+class PagedSeq:
+    """A request's slots and progress (a server's per-request state; mutable).
+
+    Attributes:
+        stack / pools: the model's stack and its device pools (keyed by name).
+        slots: anchor device slots of whole pages covering every position computed.
+        work: slots of the working ``swa`` row, or ``None`` (a stack without ``swa``).
+        length: tokens computed so far (the next token's position).
+        scratch: request-local state the pools do not hold (partial HCA windows).
+    """
+
+    stack: Stack
+    pools: Mapping[str, DevicePool]
+    slots: torch.Tensor
+    work: torch.Tensor | None = None
+    length: int = 0
+    scratch: dict = field(default_factory=dict)
+    _rows: dict = field(default_factory=dict)
+    _work_row: int = -1
+
+    def __post_init__(self) -> None:
+        device = next(p.device for p in self.pools.values())
+        own = {self.stack.anchor.name: self.slots}
+        if self.work is not None:
+            own["swa"] = self.work
+        rows = self.stack.derive_rows(own)
+        if self.work is not None:
+            self._work_row = int(rows["swa"][0])
+        self._rows = {name: r.to(device) for name, r in rows.items()}
+
+    @property
+    def capacity(self) -> int:
+        """Positions the slots cover."""
+        return int(self.slots.numel())
+
+    def positions(self, num_tokens: int, device: torch.device) -> torch.Tensor:
+        """Positions of the next ``num_tokens`` tokens (a model's forward checks its chunk here).
+
+        Raises:
+            ValueError: an empty chunk, or one past the slots the sequence holds.
+        """
+        if num_tokens < 1 or self.length + num_tokens > self.capacity:
+            raise ValueError(f"token_ids: {num_tokens} tokens at position {self.length} do not fit the "
+                             f"{self.capacity} slots of the sequence")
+        return torch.arange(self.length, self.length + num_tokens, device=device)
+
+    def tensor(self, pool: str, layer: int) -> torch.Tensor:
+        """The device tensor of model layer ``layer`` in ``pool`` (``[rows, *row_shape]``)."""
+        spec = self.pools[pool].spec
+        return self.pools[pool].tensors[spec.layer_ids.index(layer)][0]
+
+    def rows(self, pool: str) -> torch.Tensor:
+        """The request's rows of ``pool`` (device int64)."""
+        return self._rows[pool]
+
+    # ---- history: compressed entries / MHA pages ----------------------------------------
+    def read_entries(self, pool: str, layer: int, count: int) -> torch.Tensor:
+        """Entries ``[0, count)`` of a compressed pool (``[count, dim]``), read in place."""
+        t = self.tensor(pool, layer)
+        return t[self.rows(pool)].reshape(-1, t.shape[-1])[:count]
+
+    def write_entries(self, pool: str, layer: int, first: int, values: torch.Tensor) -> None:
+        """Entries ``[first, first + len(values))`` into their pages' rows."""
+        t = self.tensor(pool, layer)
+        per_row = t.shape[1]
+        e = torch.arange(first, first + values.shape[0], device=t.device)
+        t[self.rows(pool)[e // per_row], e % per_row] = values
+
+    # ---- rings: the working swa row and its sidecars ------------------------------------
+    def ring(self, pool: str, layer: int) -> torch.Tensor:
+        """The working row of a ring pool (a view: writes land in the pool)."""
+        return self.tensor(pool, layer)[self._work_row]
+
+    def read_ring(self, pool: str, layer: int, start: int, end: int) -> torch.Tensor:
+        """Tokens ``[start, end)`` of a ring (``start >= end - ring size``)."""
+        ring = self.ring(pool, layer)
+        return ring[torch.arange(start, end, device=ring.device) % ring.shape[0]]
+
+    def write_ring(self, pool: str, layer: int, start: int, values: torch.Tensor) -> None:
+        """Tokens ``[start, start + len(values))``; only the last ring-size of them stay."""
+        ring = self.ring(pool, layer)
+        keep = min(values.shape[0], ring.shape[0])
+        end = start + values.shape[0]
+        ring[torch.arange(end - keep, end, device=ring.device) % ring.shape[0]] = values[-keep:]
+
+
+def copy_state(stack: Stack, pools: Mapping[str, DevicePool], src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copy the ``swa`` row ``src`` (slots) and every pool derived from it to row ``dst``,
+    all layers, in place: a snapshot (working row -> fresh row) or a resume (snapshot ->
+    working row)."""
+    src_rows, dst_rows = stack.derive_rows({"swa": src}), stack.derive_rows({"swa": dst})
+    for name, rows in src_rows.items():
+        pool = pools[name]
+        s, d = rows.to(pool.device), dst_rows[name].to(pool.device)
+        for bufs in pool.tensors:
+            for t in bufs:
+                t[d] = t[s]
+
+
+class PagedModel(abc.ABC):
+    """A reference model whose state lives in hicache's pools (subclasses give `_logits`)."""
+
+    device: torch.device
+
+    @torch.no_grad()
+    def forward(self, seq: PagedSeq, token_ids: torch.Tensor) -> torch.Tensor:
+        """Logits ``[n, vocab]`` of the next ``n`` tokens of ``seq``; writes their state into
+        the pools and advances ``seq.length``.
+
+        Raises:
+            ValueError: the chunk runs past the slots ``seq`` holds, or is empty.
+        """
+        ids = token_ids.to(self.device)
+        logits = self._logits(seq, ids, seq.positions(ids.numel(), self.device))
+        seq.length += ids.numel()
+        return logits
+
+    @abc.abstractmethod
+    def _logits(self, seq: PagedSeq, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Logits of tokens ``ids`` at positions ``pos`` (``seq.length`` is still the first)."""
+

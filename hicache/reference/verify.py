@@ -1,0 +1,183 @@
+"""`run_verify`: a multi-turn workload served through the hierarchy, every request's logits
+checked against an uninterrupted recompute.
+
+    for each turn (conversations interleaved at random, `hicache.reference.workload`):
+        served    = ModelServer.serve(prompt, decode)   restored prefix + computed rest + decode
+        reference = the whole sequence in one prefill on private pools (nothing restored)
+        check     max |served - reference| over the served positions <= TOLERANCE, and
+                  every greedy token == the reference's argmax at its position
+
+The cache is sized small (``--device-tokens``, ``--hicache-ratio``) so prefixes leave the
+device for the host and the host for storage, and come back at arbitrary turns. The
+storage tier defaults to a file store in a temporary directory removed at the end.
+"""
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from hicache.build import build, build_device_pools
+from hicache.radix import HiRadixCache
+from hicache.reference.config import Dsv4Config, ToyConfig, toy_config
+from hicache.reference.dsv4 import Dsv4Model
+from hicache.reference.options import TOLERANCE, VerifyOptions, verify_config
+from hicache.reference.mha import MhaModel
+from hicache.reference.paged import PagedSeq
+from hicache.reference.serve import TIERS, Fault, ModelServer, Served
+from hicache.reference.workload import longest_request, schedule
+
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    """Totals of one run (``tokens_from`` counts prompt tokens; greedy counts decoded tokens)."""
+
+    requests: int = 0
+    tokens_from: dict = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
+    max_abs_logit_diff: float = 0.0
+    greedy_identical: int = 0
+    greedy_total: int = 0
+    ok: bool = False
+    tolerance: float = TOLERANCE
+    mismatched_requests: int = 0
+    arch: str = ""
+    model: str = ""
+    fault: str | None = None
+    fault_rows: int = 0
+    topk_exercised: float | None = None  # DeepSeek-V4: share of indexer queries with more entries than top-k
+    topk_min_gap: float | None = None  # and the smallest score gap at the top-k boundary (near 0: a near-tie)
+    seconds: float = 0.0
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+def make_model(cfg: ToyConfig, device: str) -> Dsv4Model | MhaModel:
+    return Dsv4Model(cfg, device) if isinstance(cfg, Dsv4Config) else MhaModel(cfg, device)
+
+
+class Recompute:
+    """The reference: a whole sequence in one prefill on private device pools."""
+
+    def __init__(self, model: Dsv4Model | MhaModel, cfg: ToyConfig, device: str) -> None:
+        self.model, self.stack, self.device = model, cfg.stack(), torch.device(device)
+        self.window = getattr(cfg, "window", 0)
+        self.pools, self.capacity = None, 0
+
+    def logits(self, tokens: np.ndarray) -> torch.Tensor:
+        page = self.stack.page_size
+        if tokens.size > self.capacity:  # grow to whole pages (doubling, to rebuild rarely)
+            self.capacity = max(-(-tokens.size // page) * page, 2 * self.capacity)
+            roots = {self.stack.anchor.name: self.capacity, "swa": self.window}
+            rows = {p.name: roots[self.stack.root_of(p.name).name] // p.tokens_per_row for p in self.stack}
+            self.pools = build_device_pools(self.stack, rows, self.device)
+        work = torch.arange(self.window) if self.window else None
+        seq = PagedSeq(self.stack, self.pools, torch.arange(self.capacity), work)
+        return self.model.forward(seq, torch.from_numpy(tokens)).cpu()
+
+
+def device_tokens(opts: VerifyOptions, page_size: int) -> int:
+    """``--device-tokens``, or by default one page more than the longest request needs."""
+    if opts.device_tokens:
+        return opts.device_tokens
+    return (-(-longest_request(opts.turns, opts.decode_tokens) // page_size) + 1) * page_size
+
+
+def check_options(opts: VerifyOptions, cfg: ToyConfig) -> None:
+    """Flag checks `HiCacheConfig` does not make; ``ValueError`` naming the flag."""
+    stack = cfg.stack()
+    pools = [p.name for p in stack.data_pools()]
+    if opts.fault is not None and opts.fault not in pools:
+        raise ValueError(f"--fault: {opts.fault!r} is not a pool of the {opts.arch} model; allowed: "
+                         f"{', '.join(pools)}")
+    if opts.storage_backend not in ("none", "file"):
+        raise ValueError(f"--hicache-storage-backend: must be one of none, file, got {opts.storage_backend!r}")
+    if opts.decode_tokens < 1:
+        raise ValueError(f"--decode-tokens: must be >= 1, got {opts.decode_tokens}")
+    need = -(-longest_request(opts.turns, opts.decode_tokens) // cfg.page_size) * cfg.page_size
+    if opts.device_tokens and opts.device_tokens < need:
+        raise ValueError(f"--device-tokens: the longest request of {opts.turns} turns may take {need} tokens "
+                         f"(whole pages); got {opts.device_tokens}")
+    if opts.device != "cpu" and not (opts.device.startswith("cuda") and torch.cuda.is_available()):
+        raise ValueError(f"--device: must be cpu or an available cuda device, got {opts.device!r}")
+
+
+def run_verify(opts: VerifyOptions, progress=None) -> VerifyReport:
+    """Serve the workload and check every request (module docstring).
+
+    Raises:
+        ValueError: a bad option (naming its flag), or a cache too small for one request.
+    """
+    cfg = toy_config(opts.arch, opts.layers, opts.seed)
+    check_options(opts, cfg)
+    system, turns = schedule(opts.conversations, opts.turns, cfg.vocab_size, opts.seed)
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        if opts.storage_backend == "file" and not opts.storage_dir:
+            opts = replace(opts, storage_dir=stack.enter_context(tempfile.TemporaryDirectory(prefix="hicache-verify-")))
+        cache = build(cfg.stack(), device_tokens(opts, cfg.page_size), verify_config(opts, cfg.identity),
+                      opts.device)
+        stack.callback(cache.close)
+        tree = HiRadixCache(cache)
+        stack.callback(tree.close)
+        model = make_model(cfg, opts.device)
+        fault = Fault(cache, opts.fault, opts.seed) if opts.fault else None
+        report = VerifyReport(arch=opts.arch, model=cfg.identity, fault=opts.fault)
+        _serve_all(ModelServer(model, cache, tree, fault), Recompute(model, cfg, opts.device), system, turns,
+                   opts.decode_tokens, report, progress)
+        report.fault_rows = fault.rows_corrupted if fault else 0
+        topk = getattr(model, "topk", None)
+        if topk is not None and topk.queries:
+            report.topk_exercised = round(topk.exercised / topk.queries, 4)
+            report.topk_min_gap = topk.min_gap if topk.exercised else None
+    report.seconds = round(time.perf_counter() - t0, 3)
+    report.ok = report.requests > 0 and report.mismatched_requests == 0
+    return report
+
+
+class Comparison(NamedTuple):
+    """A served request against the reference: max |logit diff| and greedy tokens identical."""
+
+    max_abs_logit_diff: float
+    greedy_identical: int
+    greedy_total: int
+
+    @property
+    def ok(self) -> bool:
+        return self.max_abs_logit_diff <= TOLERANCE and self.greedy_identical == self.greedy_total
+
+
+def compare(recompute: Recompute, prompt: np.ndarray, served: Served) -> Comparison:
+    """Check ``served`` (a request of ``prompt``) against the uninterrupted recompute of its sequence."""
+    full = np.concatenate([prompt, np.asarray(served.generated[:-1], np.int64)])
+    reference = recompute.logits(full)
+    diff = float((served.logits - reference[served.start:]).abs().max())
+    greedy = reference[prompt.size - 1:].argmax(dim=-1).tolist()
+    same = sum(a == b for a, b in zip(greedy, served.generated))
+    return Comparison(diff, same, len(served.generated))
+
+
+def _serve_all(server: ModelServer, recompute: Recompute, system: np.ndarray, turns, decode: int,
+               report: VerifyReport, progress) -> None:
+    history: dict[int, np.ndarray] = {}
+    for i, turn in enumerate(turns):
+        prompt = np.concatenate([history.get(turn.conversation, system), turn.user])
+        served = server.serve(prompt, decode)
+        c = compare(recompute, prompt, served)
+        report.requests += 1
+        for tier, n in served.tokens_from.items():
+            report.tokens_from[tier] += n
+        report.max_abs_logit_diff = max(report.max_abs_logit_diff, c.max_abs_logit_diff)
+        report.greedy_identical += c.greedy_identical
+        report.greedy_total += c.greedy_total
+        report.mismatched_requests += int(not c.ok)
+        server.tree.check_integrity()  # every invariant of tree and allocators, between requests
+        history[turn.conversation] = np.concatenate([prompt, np.asarray(served.generated, np.int64)])
+        if progress is not None:
+            progress(i + 1, len(turns))
