@@ -12,7 +12,6 @@ has ``index_topk`` >= every entry count.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import pytest
@@ -24,11 +23,10 @@ from hicache.reference.config import Dsv4Config, MhaConfig
 from hicache.reference.dsv4 import Dsv4Model
 from hicache.reference.paged import PagedSeq
 from hicache.reference.verify import make_model
+from tests.set_up import needs
 
 WHY_NOT = oracle.missing()
-if WHY_NOT is not None and os.environ.get("CI"):  # CI must prove the set-up, not skip it
-    pytest.fail(f"DeepSeek-V4 oracle missing in CI (scripts/setup.sh installs it): {WHY_NOT}", pytrace=False)
-pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"oracle: {WHY_NOT}")
+pytestmark = needs(WHY_NOT, "DeepSeek-V4 oracle", "scripts/setup.sh installs it")
 
 TOL = 1e-5
 TOKENS = 80  # 2.5 pages: 20 CSA entries, 5 HCA entries

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ from hicache.models import preset
 from hicache.storage import StorageNamespace, page_hashes, page_view
 from host_pools.pools import HostPool
 from host_pools.spec import Stack
+from tests.set_up import require
 
 
 def dsv4() -> Stack:
@@ -45,9 +45,7 @@ def mooncake_or_skip() -> None:
     try:
         import mooncake.store  # noqa: F401
     except ImportError as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"Mooncake client missing in CI (scripts/setup.sh installs it): {e}")
-        pytest.skip(f"Mooncake client not installed (run scripts/setup.sh): {e}")
+        require(str(e), "Mooncake client", "scripts/setup.sh installs it")
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ when the set-up could not build the environment or the model (fails under ``CI``
 """
 from __future__ import annotations
 
-import os
 import sys
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -22,13 +21,12 @@ from hicache.integrations.vllm import env
 from hicache.integrations.vllm.client import VllmServer, free_port
 from hicache.integrations.vllm.config import null_kv_transfer_config
 from hicache.integrations.vllm.workload import run_turns
+from tests.set_up import needs
 
 MODEL = env.swa_model_dir()
 WHY_NOT = env.missing() or (None if (MODEL / ".hicache-model").exists()
                             else f"no sliding-window model at {MODEL} (run scripts/setup_vllm.sh)")
-if WHY_NOT is not None and os.environ.get("CI"):  # CI must prove the set-up, not skip it
-    pytest.fail(f"vLLM environment missing in CI (make test builds it): {WHY_NOT}", pytrace=False)
-pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"vLLM integration: {WHY_NOT}")
+pytestmark = needs(WHY_NOT, "vLLM integration", "make test builds it")
 
 CONVERSATIONS, TURNS, SENTENCES, MAX_TOKENS = 3, 2, 40, 6
 # 16 blocks of 128 tokens shared by both groups: one request needs its prefix's full

@@ -10,13 +10,13 @@ the set-up log's tail as the reason, when an environment could not be built here
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from hicache.integrations.vllm import env
+from tests.set_up import require
 
 HERE = Path(__file__).parent
 FILES = ("test_vllm_adapters.py", "test_vllm_hybrid.py")
@@ -29,11 +29,7 @@ RELEASES = {
 @pytest.mark.parametrize("release", sorted(RELEASES))
 def test_adapters_pass_in_the_vllm_environment(release):
     python, why_not = RELEASES[release]()
-    if why_not is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"vLLM {release} environment missing in CI (make test builds it): {why_not}",
-                        pytrace=False)
-        pytest.skip(f"vLLM {release}: {why_not}")
+    require(why_not, f"vLLM {release} environment", "make test builds it")
     if release == "0.32" and importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is importable here: the core run collects the vLLM-typed tests itself")
     proc = subprocess.run(
