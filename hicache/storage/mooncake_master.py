@@ -57,7 +57,8 @@ class MooncakeMaster:
     Args:
         port: RPC port; ``None`` picks a free one.
         extra_args: more ``--flag=value`` arguments for the master.
-        log_dir: where ``mooncake_master.log`` goes (default: a temporary directory).
+        log_dir: where ``mooncake_master.log`` goes (default: a temporary directory of
+            its own, removed by `stop`).
     """
 
     def __init__(self, port: int | None = None, extra_args: tuple[str, ...] = (),
@@ -67,6 +68,7 @@ class MooncakeMaster:
         self.host = "127.0.0.1"
         self.port = port or free_port()
         self.extra_args = tuple(extra_args)
+        self._own_log_dir = log_dir is None
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="hicache-mooncake-"))
         self.proc: subprocess.Popen | None = None
 
@@ -88,6 +90,7 @@ class MooncakeMaster:
         args = [master_binary(), f"--rpc_port={self.port}", f"--rpc_address={self.host}",
                 f"--metrics_port={free_port()}", f"--metrics_host={self.host}",
                 "--enable_metric_reporting=false", *self.extra_args]
+        self.log_dir.mkdir(parents=True, exist_ok=True)  # again after a `stop` removed its own
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s
@@ -97,8 +100,9 @@ class MooncakeMaster:
             if port_open(self.host, self.port, 0.2):
                 return self
             time.sleep(0.05)
-        self.stop()
+        self._end()
         tail = self.log_path.read_text(errors="replace")[-2000:]
+        self.stop()
         raise RuntimeError(f"mooncake_master did not start on {self.address}; log tail:\n{tail}")
 
     def kill(self) -> None:
@@ -108,7 +112,13 @@ class MooncakeMaster:
             self.proc.wait(timeout=10)
 
     def stop(self) -> None:
-        """Terminate the master (SIGTERM, then SIGKILL after 5 s); idempotent."""
+        """Terminate the master (SIGTERM, then SIGKILL after 5 s) and remove its log
+        directory if it made it; idempotent."""
+        self._end()
+        if self._own_log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def _end(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.terminate()
