@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import importlib.util
 
+import torch
+
 from transfer_kernels import tuning
 from transfer_kernels.base import CopyBackend, PreparedPlan
 from transfer_kernels.copy_engine import CopyEngineBackend
 from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
+from transfer_kernels.quant import execute_split, prepare_split
 from transfer_kernels.staged import StagedBackend, host_side, page_piece_bytes
 from transfer_kernels.torch_ref import TorchBackend
 from transfer_kernels.triton_backend import TritonBackend
@@ -80,6 +83,9 @@ class AutoBackend(CopyBackend):
         """Route, then run each inner backend once on its jobs (see :class:`CopyBackend`)."""
         if plan.is_empty:
             return
+        if plan.has_quant:  # converting jobs: to the quant backend (transfer_kernels.quant)
+            execute_split(self, plan)
+            return
         routed = self._route(plan)
         subplans = {n: plan.subset(plan.jobs[j] for j in js) for n, (js, _) in routed.items()}
         for n, sub in subplans.items():  # check all before copying anything
@@ -94,6 +100,8 @@ class AutoBackend(CopyBackend):
 
     def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
         """Route every job once, then prepare each inner backend on its jobs' groups."""
+        if plan.has_quant:
+            return prepare_split(self, plan, groups)
         routed = self._route(plan)
         local = {j: (n, i) for n, (js, _) in routed.items() for i, j in enumerate(js)}
         sub_groups: dict[str, list[list[tuple[int, int]]]] = {n: [] for n in routed}
@@ -110,6 +118,12 @@ class AutoBackend(CopyBackend):
         prepared = [self.inner[n].prepare(subplans[n], sub_groups[n], routed[n][1]) if n == "dma"
                     else self.inner[n].prepare(subplans[n], sub_groups[n]) for n in routed]
         return AutoLaunches(self, prepared, len(groups))
+
+    def _make_quant_backend(self, device: torch.device) -> CopyBackend:
+        """Converting jobs: the fused kernel on CUDA (bounded like this backend's), torch on CPU."""
+        if device.type == "cuda" and triton_available():
+            return self.inner["triton"].quant_backend(device)
+        return self.inner["torch"].quant_backend(device)
 
     def _execute(self, plan: CopyPlan) -> None:  # pragma: no cover - execute overrides
         raise NotImplementedError

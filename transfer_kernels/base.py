@@ -5,6 +5,8 @@ from abc import ABC, abstractmethod
 
 from typing import Sequence
 
+import torch
+
 from transfer_kernels.plan import CopyPlan, LaunchGroups
 
 
@@ -22,9 +24,13 @@ class CopyBackend(ABC):
     """
 
     name: str = "abstract"
+    # True for a backend that runs converting jobs (`codec`) itself; every other one hands
+    # them to its quant backend (`transfer_kernels.quant`).
+    converts: bool = False
 
     def __init__(self) -> None:
         self.launches = 0
+        self._quant: dict[str, CopyBackend] = {}
 
     def execute(self, plan: CopyPlan) -> None:
         """Copy every job of ``plan``; returns once the work is enqueued.
@@ -37,6 +43,10 @@ class CopyBackend(ABC):
                 for ``"triton"`` on CUDA); raised before anything is copied.
         """
         if plan.is_empty:
+            return
+        if not self.converts and plan.has_quant:
+            from transfer_kernels.quant import execute_split
+            execute_split(self, plan)
             return
         self.check(plan)
         self.launches += 1
@@ -64,8 +74,30 @@ class CopyBackend(ABC):
         Raises:
             ValueError: the plan cannot run on this backend (see :meth:`check`).
         """
+        if not self.converts and plan.has_quant:
+            from transfer_kernels.quant import prepare_split
+            return prepare_split(self, plan, groups)
         self.check(plan)
         return GroupLaunches(self, plan, groups)
+
+    def quant_backend(self, device: torch.device) -> CopyBackend:
+        """The backend that runs this backend's converting jobs on ``device`` (built once).
+
+        The default: the fused Triton kernel on CUDA when triton is importable, else the
+        pure-torch reference (a backend that cannot convert, the copy engine, routes here).
+        """
+        built = self.__dict__.setdefault("_quant", {})  # also for a subclass that skipped __init__
+        if device.type not in built:
+            built[device.type] = self._make_quant_backend(device)
+        return built[device.type]
+
+    def _make_quant_backend(self, device: torch.device) -> CopyBackend:
+        from transfer_kernels.quant_torch import TorchQuantBackend
+        if device.type == "cuda":
+            from transfer_kernels.quant_kernel import TritonQuantBackend, triton_importable
+            if triton_importable():
+                return TritonQuantBackend()
+        return TorchQuantBackend()
 
     @abstractmethod
     def _execute(self, plan: CopyPlan) -> None:

@@ -32,6 +32,7 @@ from transfer_kernels import tuning
 from transfer_kernels.base import CopyBackend, PreparedPlan
 from transfer_kernels.copy_engine import _cut_at_chunks
 from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
+from transfer_kernels.quant import prepare_split
 from transfer_kernels.rows import runs
 from transfer_kernels.table import RowTable
 
@@ -136,10 +137,16 @@ class StagedBackend(CopyBackend):
             sides: per job, the side to stage (``None``: straight to the kernel); by
                 default :meth:`sides` (``"auto"`` passes the choice it made).
         """
+        if plan.has_quant:  # converting jobs go to the kernel's quant backend (not staged)
+            return prepare_split(self, plan, groups)
         self.check(plan)
         kernel_plan, stages = self._split(plan, sides)
         return StagedLaunches(self, self.kernel.prepare(kernel_plan, groups), stages,
                               plan.device, len(groups))
+
+    def _make_quant_backend(self, device: torch.device) -> CopyBackend:
+        """The kernel backend's: int8 pages are not staged (module docstring of `quant`)."""
+        return self.kernel.quant_backend(device)
 
     def _split(self, plan: CopyPlan, sides: Sequence[str | None] | None
                ) -> tuple[CopyPlan, list[_Stage]]:

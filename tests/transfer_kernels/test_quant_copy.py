@@ -1,0 +1,180 @@
+"""Quantizing / dequantizing copies (int8 host rows) of every backend, byte-exact against
+`quant_ref` on random data with zeros, NaN, inf, huge and tiny values mixed in.
+
+Backends run on the CPU (``triton`` and ``dma`` under the Triton interpreter, tiny sizes),
+and on the GPU when there is one (the same tests, device side on CUDA, pinned host)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from transfer_kernels import CopyJob, FaultyBackend, RowTable, copy_rows, copy_rows_batch, get_backend
+from transfer_kernels.codec import Int8Codec
+from transfer_kernels.quant_ref import dequantize_int8_ref, quantize_int8_ref
+from tests.transfer_kernels.pools import DEVICE, sync
+
+BACKENDS = ("torch", "triton", "dma", "copy_engine", "auto")
+# (row_shape, dtype) per device buffer: MHA k/v at several heads/head_dims, the MLA latent
+GEOMETRIES = [
+    ([(2, 2, 64), (2, 2, 64)], torch.bfloat16),
+    ([(1, 3, 128), (1, 3, 128)], torch.bfloat16),
+    ([(4, 1, 16), (4, 1, 16)], torch.float16),
+    ([(1, 576)], torch.bfloat16),
+    ([(2, 1, 8)], torch.bfloat16),  # a vector shorter than the kernel's block
+]
+
+
+def special_values(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """``x`` (float32, [..., D]) with whole zero vectors, NaN, +-inf, huge and tiny values."""
+    flat = x.view(-1, x.shape[-1])
+    n = flat.shape[0]
+    flat[0] = 0.0
+    flat[1 % n, 0] = float("nan")
+    flat[2 % n, -1] = float("inf")
+    flat[3 % n, 1 % flat.shape[1]] = -float("inf")
+    flat[4 % n] *= 1e30  # near the top of bf16's range
+    flat[5 % n] *= 1e-38  # subnormal territory: stored as zeros when absmax < 2**-121
+    flat[6 % n] *= 1e-36
+    flat[7 % n, 0] = 3.0e38
+    return x
+
+
+class Side:
+    """A device table of random rows and a page_first int8 host table, with their views."""
+
+    def __init__(self, shapes, dtype, rows: int, layers: int, gen: torch.Generator,
+                 device: str = DEVICE) -> None:
+        self.codec = Int8Codec.of_shapes(dtype, shapes)
+        self.dev = [[special_values(torch.randn((rows, *s), generator=gen) * 3, gen).to(dtype).to(device)
+                     for s in shapes] for _ in range(layers)]
+        host_bytes = self.codec.host_row_bytes
+        host = torch.randint(0, 256, (rows, layers, sum(host_bytes)), dtype=torch.uint8, generator=gen)
+        self.host = host.pin_memory() if device == "cuda" else host
+        offs = [sum(host_bytes[:i]) for i in range(len(host_bytes))]
+        self.host_views = [[self.host[:, l, o:o + n] for o, n in zip(offs, host_bytes)] for l in range(layers)]
+        dev_views = [[t.view(rows, -1).view(torch.uint8) for t in ts] for ts in self.dev]
+        self.dev_table = RowTable.from_views(dev_views, "dev")
+        self.host_table = RowTable.from_views(self.host_views, "host", codec=self.codec)
+
+    def host_qs(self, layer: int, b: int, rows: torch.Tensor, shape) -> tuple[torch.Tensor, torch.Tensor]:
+        q = self.host_views[layer][2 * b][rows].view(torch.int8).view(len(rows), *shape)
+        s = self.host_views[layer][2 * b + 1][rows].view(torch.float32).view(len(rows), *shape[:-1])
+        return q, s
+
+
+def _rows(n: int, total: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.randperm(total, generator=gen)[:n], torch.randperm(total, generator=gen)[:n])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("geom", range(len(GEOMETRIES)))
+def test_quantize_then_dequantize_matches_ref(backend, geom, gen):
+    shapes, dtype = GEOMETRIES[geom]
+    side = Side(shapes, dtype, rows=9, layers=2, gen=gen)
+    for n in (1, 5):  # boundary row counts: one row, several
+        src, dst = _rows(n, 9, gen)
+        dev_before = [[t.clone() for t in ts] for ts in side.dev]
+        host_before = side.host.clone()
+        copy_rows(side.dev_table, side.host_table, src, dst, backend=backend)
+        sync()
+        for l in range(2):
+            for b, shape in enumerate(shapes):
+                q_ref, s_ref = quantize_int8_ref(side.dev[l][b][src].cpu())
+                q, s = side.host_qs(l, b, dst, shape)
+                assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)), (l, b)
+                assert torch.equal(s.view(torch.uint8), s_ref.view(torch.uint8)), (l, b)
+                assert torch.equal(side.dev[l][b].view(torch.uint8), dev_before[l][b].view(torch.uint8))
+        untouched = torch.ones(9, dtype=torch.bool)
+        untouched[dst] = False
+        assert torch.equal(side.host[untouched], host_before[untouched])
+        # back: dequantize host rows into other device rows
+        back_dst = torch.randperm(9, generator=gen)[:n]
+        host_before = side.host.clone()
+        dev_before = [[t.clone() for t in ts] for ts in side.dev]
+        copy_rows(side.host_table, side.dev_table, dst, back_dst, backend=backend)
+        sync()
+        keep = torch.ones(9, dtype=torch.bool)
+        keep[back_dst] = False
+        for l in range(2):
+            for b, shape in enumerate(shapes):
+                q, s = side.host_qs(l, b, dst, shape)
+                want = dequantize_int8_ref(q, s, dtype)
+                got = side.dev[l][b][back_dst].cpu()
+                assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (l, b)
+                assert torch.equal(side.dev[l][b][keep].cpu().view(torch.uint8),
+                                   dev_before[l][b][keep].cpu().view(torch.uint8))
+        assert torch.equal(side.host, host_before)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_mixes_exact_and_quantized_jobs_in_one_call(backend, gen):
+    shapes = [(2, 2, 32), (2, 2, 32)]
+    side = Side(shapes, torch.bfloat16, rows=6, layers=2, gen=gen)
+    plain_dev = torch.randint(0, 256, (6, 2, 40), dtype=torch.uint8, generator=gen).to(DEVICE)
+    plain_host = torch.randint(0, 256, (6, 2, 40), dtype=torch.uint8, generator=gen)
+    plain_host = plain_host.pin_memory() if DEVICE == "cuda" else plain_host
+    dev_t = RowTable.from_views([[plain_dev[:, l]] for l in range(2)], "plain.dev")
+    host_t = RowTable.from_views([[plain_host[:, l]] for l in range(2)], "plain.host")
+    src, dst = torch.tensor([0, 3, 4]), torch.tensor([5, 1, 2])
+    copy_rows_batch([CopyJob(side.dev_table, side.host_table, src, dst),
+                     CopyJob(dev_t, host_t, src, dst)], backend=backend)
+    sync()
+    assert torch.equal(plain_host[dst], plain_dev[src].cpu())
+    q_ref, s_ref = quantize_int8_ref(side.dev[1][0][src].cpu())
+    q, s = side.host_qs(1, 0, dst, shapes[0])
+    assert torch.equal(q, q_ref) and torch.equal(s.view(torch.int32), s_ref.view(torch.int32))
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton", "auto"])
+def test_prepared_groups_convert_per_layer_group(backend, gen):
+    """A load prepared as launch groups (the controller's path) dequantizes each group."""
+    from transfer_kernels.plan import make_plan
+    shapes = [(2, 1, 16)]
+    side = Side(shapes, torch.bfloat16, rows=5, layers=3, gen=gen)
+    src, dst = torch.tensor([4, 0]), torch.tensor([1, 2])
+    plan = make_plan([CopyJob(side.host_table, side.dev_table, src, dst)])
+    prepared = get_backend(backend, fresh=True).prepare(plan, [[(0, 0), (0, 2)], [(0, 1)]])
+    assert prepared.num_groups == 2
+    prepared.launch(1)
+    sync()
+    q, s = side.host_qs(1, 0, src, shapes[0])
+    assert torch.equal(side.dev[1][0][dst].cpu().view(torch.int16),
+                       dequantize_int8_ref(q, s, torch.bfloat16).view(torch.int16))
+    q0, s0 = side.host_qs(0, 0, src, shapes[0])
+    assert not torch.equal(side.dev[0][0][dst].cpu().view(torch.int16),
+                           dequantize_int8_ref(q0, s0, torch.bfloat16).view(torch.int16))
+
+
+def test_faulty_backend_counts_quantized_launches(gen):
+    side = Side([(2, 1, 16)], torch.bfloat16, rows=4, layers=1, gen=gen)
+    before = side.host.clone()
+    faulty = FaultyBackend("torch", fail_on_launch=1)
+    with pytest.raises(RuntimeError, match="injected fault"):
+        copy_rows(side.dev_table, side.host_table, [0, 1], [2, 3], backend=faulty)
+    assert torch.equal(side.host, before)
+
+
+def test_layout_checks_name_the_codec(gen):
+    side = Side([(2, 1, 16)], torch.bfloat16, rows=4, layers=1, gen=gen)
+    plain = RowTable.from_views(side.host_views, "plain")  # the same bytes, no codec
+    with pytest.raises(ValueError, match="decoded from int8 host rows"):
+        copy_rows(plain, side.host_table, [0], [1], backend="torch")
+    with pytest.raises(ValueError, match="int8 host rows"):
+        RowTable.from_views(side.host_views, "bad", codec=Int8Codec(torch.bfloat16, (64,), (16,)))
+    with pytest.raises(ValueError, match="dtype"):
+        Int8Codec(torch.float32, (32,), (16,))
+    with pytest.raises(ValueError, match="vecs"):
+        Int8Codec(torch.bfloat16, (32,), (5,))
+    # two coded tables of one codec copy bytes exactly (host to host)
+    other = Side([(2, 1, 16)], torch.bfloat16, rows=4, layers=1, gen=gen)
+    copy_rows(side.host_table, other.host_table, [0, 1], [3, 2], backend="torch")
+    assert torch.equal(other.host[[3, 2]], side.host[[0, 1]])
+
+
+def test_codec_sizes():
+    codec = Int8Codec.of_shapes(torch.bfloat16, [(64, 8, 128), (64, 8, 128)])
+    assert codec.device_row_bytes == (131072, 131072)
+    assert codec.host_row_bytes == (65536, 2048, 65536, 2048)
+    assert math.isclose(sum(codec.device_row_bytes) / sum(codec.host_row_bytes), 1.9393939, rel_tol=1e-6)

@@ -1,0 +1,172 @@
+"""The fused int8 quantize / dequantize copy: one Triton pass from bf16/fp16 device rows to
+int8 + fp32-scale host rows (D2H) and back (H2D), compiled for CUDA and interpreted for CPU.
+
+Same bytes as `quant_ref` (tests compare bytes), which takes care in three places:
+
+* division: the compiled ``/`` of fp32 is approximate (``div.full``); the kernel uses
+  ``tl.math.div_rn`` there and ``/`` under the interpreter (numpy's fp32 division is IEEE,
+  its ``div_rn`` is not);
+* rounding: round-half-even as ``(y + 1.5 * 2**23) - 1.5 * 2**23`` (exact for |y| < 2**22;
+  here |y| <= 127) with FMA contraction off (``enable_fp_fusion=False``), so ``f * inv`` is
+  rounded once, as torch rounds it;
+* the bf16 cast: round-to-nearest-even on the fp32 bits (the interpreter truncates).
+
+A *segment* is one (job, layer, device buffer): device rows of ``vpr`` vectors of ``VEC``
+values, host int8 rows and fp32 scale rows. Program (s, p) handles vectors
+``[p * BV, (p + 1) * BV)`` of segment ``s``, then every ``grid[1]``-th block after. One
+launch per (group, mode, dtype, vector length): one for a whole MHA or MLA load group.
+
+``meta`` (int64): per segment ``SEG`` fields, then the row indices::
+
+    0 dev_base  1 dev_stride (elements)  2 q_base  3 q_stride (bytes)  4 s_base
+    5 s_stride (fp32 elements)  6 dev_idx  7 host_idx (offsets in meta)  8 vpr  9 n_vec
+"""
+from __future__ import annotations
+
+import importlib.util
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import torch
+
+from transfer_kernels import tuning
+from transfer_kernels.base import CopyBackend, PreparedPlan
+from transfer_kernels.plan import CopyPlan, LaunchGroups
+from transfer_kernels.quant_ref import TINY
+
+SEG = 10
+MAX_BLOCKS = 4096  # grid bound along a segment (programs then stride over its blocks)
+
+
+def triton_importable() -> bool:
+    """True when the ``triton`` package can be imported."""
+    return importlib.util.find_spec("triton") is not None
+
+
+class _Launch(NamedTuple):
+    """One kernel launch: its segments in ``meta`` and its constants."""
+
+    seg_at: int
+    num_segs: int
+    max_vec: int  # the largest segment's vectors (sets the grid)
+    quantize: bool
+    bf16: bool
+    vec: int
+
+
+class TritonQuantBackend(CopyBackend):
+    """The fused quant kernel for converting jobs (`transfer_kernels.quant`)."""
+
+    name = "triton_quant"
+    converts = True
+
+    def __init__(self, max_programs: int | None = None) -> None:
+        """Args:
+            max_programs: bound on the programs along a segment (``None``: the tuned grid
+                of the copy kernel times 8 on CUDA, 1 block per program under the
+                interpreter's tuned grid).
+        """
+        super().__init__()
+        self.max_programs = max_programs
+
+    def check(self, plan: CopyPlan) -> None:
+        """``ValueError`` when a CUDA plan's host side is not pinned, or a scale buffer is not
+        4-byte aligned (the kernel stores fp32 scales)."""
+        for i, job in enumerate(plan.jobs):
+            host = job.dst if job.mode == "quantize" else job.src
+            scale_align = int(np.gcd.reduce(np.append(host.ptrs[:, 1::2].numpy().ravel(),
+                                                       list(host.row_strides[1::2]))))
+            if scale_align % 4:
+                raise ValueError(f"jobs[{i}]: scale rows of {host.name} are not 4-byte aligned "
+                                 f"for the triton quant kernel")
+            if plan.device.type == "cuda" and not host.is_pinned:
+                raise ValueError(f"jobs[{i}]: host table {host.name} must be pinned memory for the "
+                                 f"triton quant kernel (read through UVA)")
+
+    def _execute(self, plan: CopyPlan) -> None:
+        pairs = [(j, layer) for j, job in enumerate(plan.jobs) if job.num_rows for layer in job.layers]
+        QuantLaunches(self, plan, [pairs]).launch(0)
+
+    def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
+        """Every group's segments and indices staged in one copy; a launch reads its part."""
+        self.check(plan)
+        return QuantLaunches(self, plan, groups)
+
+    def grid_cap(self, device: torch.device) -> int:
+        if self.max_programs is not None:
+            return self.max_programs
+        return tuning.TRITON_MAX_PROGRAMS * 8 if device.type == "cuda" else MAX_BLOCKS
+
+
+class QuantLaunches(PreparedPlan):
+    """The launches of every group of one plan, sharing one ``meta`` buffer."""
+
+    def __init__(self, backend: TritonQuantBackend, plan: CopyPlan, groups: LaunchGroups) -> None:
+        self.backend, self.device = backend, plan.device
+        parts: list[torch.Tensor] = []
+        offsets = {}
+        at = 0
+        for j, job in enumerate(plan.jobs):  # each job's rows once
+            if job.num_rows:
+                dev_rows, host_rows = ((job.src_rows, job.dst_rows) if job.mode == "quantize"
+                                       else (job.dst_rows, job.src_rows))
+                offsets[j] = (at, at + job.num_rows)
+                parts += [dev_rows.cpu(), host_rows.cpu()]
+                at += 2 * job.num_rows
+        self.groups: list[list[_Launch]] = []
+        tables: list[np.ndarray] = []
+        for group in groups:
+            launches = []
+            for key, segs in _segments(plan, group, offsets).items():
+                launches.append(_Launch(at, len(segs), max(int(s[9]) for s in segs), *key))
+                tables.append(np.asarray(segs, dtype=np.int64).reshape(-1))
+                at += len(segs) * SEG
+            self.groups.append(launches)
+        idx = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+        seg = torch.from_numpy(np.concatenate(tables)) if tables else torch.empty(0, dtype=torch.int64)
+        meta = torch.cat([idx, seg]).to(torch.int64)
+        self.meta = meta if self.device.type == "cpu" else meta.pin_memory().to(self.device, non_blocking=True)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.groups)
+
+    def launch(self, group: int) -> None:
+        if not self.groups[group]:
+            return
+        self.backend.launches += 1
+        cap = self.backend.grid_cap(self.device)
+        for lau in self.groups[group]:
+            launch_quant(self.meta, lau, cap)
+
+
+def _segments(plan: CopyPlan, group: Sequence[tuple[int, int]],
+              offsets: dict[int, tuple[int, int]]) -> dict[tuple, list[list[int]]]:
+    """The group's segments keyed by launch constants (mode, bf16, vector length)."""
+    out: dict[tuple, list[list[int]]] = {}
+    for j, layer in group:
+        job = plan.jobs[j]
+        if not job.num_rows:
+            continue
+        quantize = job.mode == "quantize"
+        dev, host = (job.src, job.dst) if quantize else (job.dst, job.src)
+        codec = host.codec
+        item = codec.dtype.itemsize
+        for b, (elems, vec) in enumerate(zip(codec.elems, codec.vecs)):
+            vpr = elems // vec
+            out.setdefault((quantize, codec.dtype == torch.bfloat16, vec), []).append([
+                int(dev.ptrs[layer, b]), dev.row_strides[b] // item,
+                int(host.ptrs[layer, 2 * b]), host.row_strides[2 * b],
+                int(host.ptrs[layer, 2 * b + 1]), host.row_strides[2 * b + 1] // 4,
+                offsets[j][0], offsets[j][0] + job.num_rows, vpr, vpr * job.num_rows])
+    return out
+
+
+def launch_quant(meta: torch.Tensor, lau: _Launch, cap: int) -> None:
+    """Enqueue one launch (CUDA: the current stream; CPU: interpreted, done on return)."""
+    from transfer_kernels import quant_triton
+    block_d = 1 << max(0, (lau.vec - 1).bit_length())
+    bv = max(1, 4096 // block_d)
+    blocks = min(-(-lau.max_vec // bv), max(1, cap))
+    quant_triton.run(meta, lau.seg_at, (lau.num_segs, blocks), quantize=lau.quantize, bf16=lau.bf16,
+                     vec=lau.vec, block_d=block_d, bv=bv, tiny=TINY)
