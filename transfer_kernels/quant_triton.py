@@ -12,7 +12,9 @@ from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
 SEG = 10
-ROUND = 12582912.0  # 1.5 * 2**23: (y + ROUND) - ROUND rounds |y| < 2**22 half to even
+# no FMA contraction: f * inv is rounded once before the rounding add (as torch rounds it)
+COMPILE_OPTIONS = {"enable_fp_fusion": False, "num_warps": 4}
+ROUND = tl.constexpr(12582912.0)  # 1.5 * 2**23: (y + ROUND) - ROUND rounds |y| < 2**22 half to even
 
 
 def _quant_rows(meta_ptr, seg_at, TINY: tl.constexpr, QUANTIZE: tl.constexpr, BF16: tl.constexpr,
@@ -80,7 +82,24 @@ def _quant_rows(meta_ptr, seg_at, TINY: tl.constexpr, QUANTIZE: tl.constexpr, BF
 
 
 _compiled = JITFunction(_quant_rows, do_not_specialize=["seg_at"])
+SIGNATURE = {"meta_ptr": "*i64", "seg_at": "i64", **{c: "constexpr" for c in (
+    "TINY", "QUANTIZE", "BF16", "VEC", "BLOCK_D", "BV", "INTERP")}}
 _interpreted = InterpretedFunction(_quant_rows)
+
+
+def compile_ptx(quantize: bool, bf16: bool, vec: int = 128, arch: int = 90) -> str:
+    """The PTX of one compiled variant for ``sm_<arch>``, built without a GPU (tests check its
+    arithmetic: IEEE division, no fused multiply-add)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from transfer_kernels.quant_ref import TINY
+    block_d = 1 << max(0, (vec - 1).bit_length())
+    src = ASTSource(fn=_compiled, signature=SIGNATURE, constexprs=dict(
+        TINY=TINY, QUANTIZE=quantize, BF16=bf16, VEC=vec, BLOCK_D=block_d, BV=max(1, 4096 // block_d),
+        INTERP=False))
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=COMPILE_OPTIONS).asm["ptx"]
 
 
 def run(meta: torch.Tensor, seg_at: int, grid: tuple[int, int], *, quantize: bool, bf16: bool,
@@ -91,5 +110,4 @@ def run(meta: torch.Tensor, seg_at: int, grid: tuple[int, int], *, quantize: boo
         _interpreted[grid](meta, seg_at, INTERP=True, **consts)
         return
     with torch.cuda.device(meta.device):
-        # no FMA contraction: f * inv is rounded once before the rounding add (as in torch)
-        _compiled[grid](meta, seg_at, INTERP=False, enable_fp_fusion=False, num_warps=4, **consts)
+        _compiled[grid](meta, seg_at, INTERP=False, **COMPILE_OPTIONS, **consts)

@@ -178,3 +178,19 @@ def test_codec_sizes():
     assert codec.device_row_bytes == (131072, 131072)
     assert codec.host_row_bytes == (65536, 2048, 65536, 2048)
     assert math.isclose(sum(codec.device_row_bytes) / sum(codec.host_row_bytes), 1.9393939, rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_compiled_kernel_uses_ieee_division_and_no_fma(bf16):
+    """What the GPU runs (compiled for sm_90 here, no GPU needed): the quantize divides with
+    div.rn (not the approximate '/'), no multiply-add is fused (it would round f * inv
+    differently), the fp16 cast rounds to nearest."""
+    pytest.importorskip("triton")
+    from transfer_kernels.quant_triton import compile_ptx
+    quant = compile_ptx(quantize=True, bf16=bf16)
+    assert "div.rn.f32" in quant and "div.full" not in quant and "div.approx" not in quant
+    assert "fma." not in quant
+    deq = compile_ptx(quantize=False, bf16=bf16)
+    assert "fma." not in deq and "mul.rn.f32" in deq
+    if not bf16:
+        assert "cvt.rn.f16.f32" in deq
