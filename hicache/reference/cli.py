@@ -12,9 +12,11 @@ import argparse
 import json
 
 from hicache.config import IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES
-from hicache.reference.options import TOLERANCE, VerifyOptions
+from hicache.reference.options import (HOST_DTYPES, KV_DTYPES, MAX_KL_TOLERANCE, MEAN_KL_TOLERANCE, TOLERANCE,
+                                       TOP1_TOLERANCE, VerifyOptions)
 
-JSON_KEYS = ("requests", "tokens_from", "max_abs_logit_diff", "greedy_identical", "greedy_total", "ok")
+JSON_KEYS = ("requests", "tokens_from", "max_abs_logit_diff", "greedy_identical", "greedy_total", "ok",
+             "mean_kl", "max_kl", "top1_agreement", "criterion")
 
 
 def add_verify_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -23,7 +25,10 @@ def add_verify_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.description = ("A tiny random-weight paged model (DeepSeek-V4 or GQA) served multi-turn through the "
                      "radix tree, controller, host pools and storage; every request's logits are compared "
                      f"with an uninterrupted recompute. Exit 0: all within {TOLERANCE:g} and greedy tokens "
-                     "identical; 1: a mismatch; 2: a bad flag.")
+                     "identical (a bf16 kv pool, e.g. with --hicache-host-dtype int8: mean KL <= "
+                     f"{MEAN_KL_TOLERANCE:g} and top-1 agreement >= {TOP1_TOLERANCE:g} over requests restored "
+                     f"from host/storage, every request's max KL <= {MAX_KL_TOLERANCE:g}); 1: a mismatch; "
+                     "2: a bad flag.")
     p.add_argument("--arch", default=d.arch, help="deepseek-v4 (default) or mha")
     p.add_argument("--layers", type=int, default=d.layers, help="decoder layers (default 4: SWA, CSA, HCA, CSA)")
     p.add_argument("--conversations", type=int, default=d.conversations, help="conversations (default %(default)s)")
@@ -47,6 +52,12 @@ def add_verify_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="device -> host backups (default %(default)s)")
     p.add_argument("--hicache-mem-layout", dest="mem_layout", default=d.mem_layout, choices=MEM_LAYOUTS,
                    help="host pool layout (default %(default)s)")
+    p.add_argument("--hicache-host-dtype", dest="host_dtype", default=d.host_dtype, choices=HOST_DTYPES,
+                   help="host tier format: auto (the device dtype, byte-exact; default) or int8 (int8 rows + "
+                        "an fp32 scale per token and head; judged by KL and top-1 agreement, see above)")
+    p.add_argument("--kv-dtype", dest="kv_dtype", default=d.kv_dtype, choices=KV_DTYPES,
+                   help="the mha toy's kv pool: auto (bfloat16 with --hicache-host-dtype int8, else "
+                        "float32; default), float32 or bfloat16 (judged by KL and top-1 agreement)")
     p.add_argument("--fault", default=None, metavar="POOL",
                    help="negative control: corrupt what loads bring back for POOL; the run must fail")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -93,8 +104,16 @@ def _human(r, opts) -> str:
         f"  prompt tokens from device {t['device']}, host {t['host']}, storage {t['storage']}, "
         f"computed {t['computed']}",
         f"  max |logit diff| vs an uninterrupted recompute: {r.max_abs_logit_diff:.2e} "
-        f"(tolerance {r.tolerance:.0e}); greedy tokens identical: {r.greedy_identical}/{r.greedy_total}",
+        + (f"(tolerance {r.tolerance:.0e})" if r.criterion == "exact" else "(a bf16 pool: judged by KL below)")
+        + f"; greedy tokens identical: {r.greedy_identical}/{r.greedy_total}",
     ]
+    if r.criterion == "distribution":
+        restored = "no request restored from host or storage" if r.mean_kl is None else (
+            f"{r.restored_requests} requests restored from host/storage: mean KL {r.mean_kl:.2e} (tolerance "
+            f"{MEAN_KL_TOLERANCE:g}), max KL {r.max_kl:.2e}, top-1 agreement {r.top1_agreement:.4f} "
+            f"(tolerance {TOP1_TOLERANCE:g})")
+        lines.append(f"  kv {r.kv_dtype}, host {r.host_dtype}: {restored}; every request's max KL <= "
+                     f"{MAX_KL_TOLERANCE:g}")
     if r.topk_exercised is not None:
         gap = "" if r.topk_min_gap is None else f", smallest score gap at the boundary {r.topk_min_gap:.1e}"
         lines.append(f"  indexer top-k: {r.topk_exercised:.0%} of queries had more entries to choose from{gap}")

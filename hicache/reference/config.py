@@ -25,6 +25,8 @@ from hicache.models.deepseek_v4 import V4Geometry, deepseek_v4, geometry_for_dim
 from hicache.models.dense import mha
 
 ARCHS = ("deepseek-v4", "mha")
+KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # the MHA toy's kv pool (--kv-dtype)
+KV_DTYPE_NAMES = {v: k for k, v in KV_DTYPES.items()}
 
 
 def _check_positive(obj: object, names: tuple[str, ...]) -> None:
@@ -131,6 +133,8 @@ class MhaConfig:
         num_heads / num_kv_heads / head_dim: GQA shape.
         page_size: tokens per page (one row of the ``kv`` pool).
         seed: the weights' seed.
+        kv_dtype: the ``kv`` pool's dtype: fp32 (default), or bf16 (a server's KV, the one an
+            int8 host tier quantizes); the model computes in fp32 either way.
     """
 
     num_layers: int = 4
@@ -144,6 +148,7 @@ class MhaConfig:
     rope_theta: float = 10000.0
     rms_eps: float = 1e-6
     seed: int = 0
+    kv_dtype: torch.dtype = torch.float32
 
     arch = "mha"
 
@@ -153,25 +158,32 @@ class MhaConfig:
         if self.num_heads % self.num_kv_heads or self.head_dim % 2:
             raise ValueError(f"MhaConfig.num_kv_heads: must divide num_heads={self.num_heads} "
                              f"(and head_dim={self.head_dim} must be even)")
+        if self.kv_dtype not in KV_DTYPES.values():
+            raise ValueError(f"MhaConfig.kv_dtype: must be one of {tuple(KV_DTYPES.values())}, got {self.kv_dtype}")
 
     @property
     def identity(self) -> str:
+        """The model identity (storage namespaces); a bf16 pool's pages differ, so it says so."""
+        kv = "" if self.kv_dtype == torch.float32 else "-" + KV_DTYPE_NAMES[self.kv_dtype]
         return (f"hicache-reference/mha-L{self.num_layers}-h{self.hidden_size}-q{self.num_heads}"
-                f"-kv{self.num_kv_heads}-d{self.head_dim}-p{self.page_size}-v{self.vocab_size}-seed{self.seed}")
+                f"-kv{self.num_kv_heads}-d{self.head_dim}-p{self.page_size}-v{self.vocab_size}-seed{self.seed}{kv}")
 
     def stack(self) -> Stack:
-        return mha(self.num_layers, self.num_kv_heads, self.head_dim, torch.float32, page_size=self.page_size,
+        return mha(self.num_layers, self.num_kv_heads, self.head_dim, self.kv_dtype, page_size=self.page_size,
                    model=self.identity)
 
 
 ToyConfig = Dsv4Config | MhaConfig
 
 
-def toy_config(arch: str, num_layers: int, seed: int) -> ToyConfig:
+def toy_config(arch: str, num_layers: int, seed: int, kv_dtype: str = "float32") -> ToyConfig:
     """The default config of ``arch`` with ``num_layers`` layers and weights from ``seed``.
 
+    Args:
+        kv_dtype: the MHA toy's ``kv`` pool dtype, a key of `KV_DTYPES` (DeepSeek-V4: float32 only).
     Raises:
-        ValueError: unknown ``arch`` (naming the allowed ones), ``num_layers`` < 1 or ``seed`` < 0.
+        ValueError: unknown ``arch`` or ``kv_dtype`` (naming the allowed ones), ``num_layers`` < 1
+            or ``seed`` < 0.
     """
     if arch not in ARCHS:
         raise ValueError(f"arch (--arch): must be one of {', '.join(ARCHS)}, got {arch!r}")
@@ -179,5 +191,10 @@ def toy_config(arch: str, num_layers: int, seed: int) -> ToyConfig:
         raise ValueError(f"num_layers (--layers): must be >= 1, got {num_layers}")
     if seed < 0:
         raise ValueError(f"seed (--seed): must be >= 0, got {seed}")
-    cls = Dsv4Config if arch == "deepseek-v4" else MhaConfig
-    return cls(num_layers=num_layers, seed=seed)
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype (--kv-dtype): must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+    if arch == "deepseek-v4":
+        if kv_dtype != "float32":
+            raise ValueError(f"kv_dtype (--kv-dtype): {kv_dtype} is for --arch mha; deepseek-v4's pools are float32")
+        return Dsv4Config(num_layers=num_layers, seed=seed)
+    return MhaConfig(num_layers=num_layers, seed=seed, kv_dtype=KV_DTYPES[kv_dtype])

@@ -51,10 +51,11 @@ class MhaModel(PagedModel):
         page = k_buf.shape[1]
         rows = seq.rows("kv")
         at = torch.arange(seq.length, seq.length + n, device=x.device)
-        k_buf[rows[at // page], at % page] = k
-        v_buf[rows[at // page], at % page] = v
+        k_buf[rows[at // page], at % page] = k.to(k_buf.dtype)
+        v_buf[rows[at // page], at % page] = v.to(v_buf.dtype)
         end = seq.length + n
-        keys = k_buf[rows].reshape(-1, cfg.num_kv_heads, d)[:end]
-        values = v_buf[rows].reshape(-1, cfg.num_kv_heads, d)[:end]
+        # a bf16 pool is read back as fp32: the model computes in fp32 whatever the pool holds
+        keys = k_buf[rows].reshape(-1, cfg.num_kv_heads, d)[:end].to(q.dtype)
+        values = v_buf[rows].reshape(-1, cfg.num_kv_heads, d)[:end].to(q.dtype)
         out = gqa_attention(q, keys, values, bias).reshape(n, -1)
         return out @ w[f"{p}.o_proj.weight"].T

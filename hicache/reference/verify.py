@@ -24,9 +24,10 @@ import torch
 
 from hicache.build import build, build_device_pools
 from hicache.radix import HiRadixCache
+from hicache.reference.agreement import Agreement
 from hicache.reference.config import Dsv4Config, ToyConfig, toy_config
 from hicache.reference.dsv4 import Dsv4Model
-from hicache.reference.options import TOLERANCE, VerifyOptions, verify_config
+from hicache.reference.options import MAX_KL_TOLERANCE, TOLERANCE, VerifyOptions, pool_kv_dtype, verify_config
 from hicache.reference.mha import MhaModel
 from hicache.reference.paged import PagedSeq
 from hicache.reference.serve import TIERS, Fault, ModelServer, Served
@@ -36,7 +37,13 @@ from hicache.reference.workload import longest_request, schedule
 
 @dataclass(slots=True)
 class VerifyReport:
-    """Totals of one run (``tokens_from`` counts prompt tokens; greedy counts decoded tokens)."""
+    """Totals of one run (``tokens_from`` counts prompt tokens; greedy counts decoded tokens).
+
+    ``mean_kl`` / ``max_kl`` / ``top1_agreement``: over requests restored from host or storage
+    (`hicache.reference.agreement`; ``None`` when none was). ``criterion``: ``exact`` (an fp32
+    pool: every logit within ``tolerance``, greedy tokens identical) or ``distribution`` (a
+    bf16 pool: the KL and top-1 tolerances of `hicache.reference.options`).
+    """
 
     requests: int = 0
     tokens_from: dict = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
@@ -52,6 +59,13 @@ class VerifyReport:
     fault_rows: int = 0
     topk_exercised: float | None = None  # DeepSeek-V4: share of indexer queries with more entries than top-k
     topk_min_gap: float | None = None  # and the smallest score gap at the top-k boundary (near 0: a near-tie)
+    host_dtype: str = "auto"
+    kv_dtype: str = "float32"
+    criterion: str = "exact"
+    mean_kl: float | None = None
+    max_kl: float | None = None
+    top1_agreement: float | None = None
+    restored_requests: int = 0
     seconds: float = 0.0
 
     def as_json(self) -> dict:
@@ -114,7 +128,8 @@ def run_verify(opts: VerifyOptions, progress=None) -> VerifyReport:
     Raises:
         ValueError: a bad option (naming its flag), or a cache too small for one request.
     """
-    cfg = toy_config(opts.arch, opts.layers, opts.seed)
+    kv_dtype = pool_kv_dtype(opts)
+    cfg = toy_config(opts.arch, opts.layers, opts.seed, kv_dtype)
     check_options(opts, cfg)
     system, turns = schedule(opts.conversations, opts.turns, cfg.vocab_size, opts.seed)
     t0 = time.perf_counter()
@@ -128,9 +143,13 @@ def run_verify(opts: VerifyOptions, progress=None) -> VerifyReport:
         stack.callback(tree.close)
         model = make_model(cfg, opts.device)
         fault = Fault(cache, opts.fault, opts.seed) if opts.fault else None
-        report = VerifyReport(arch=opts.arch, model=cfg.identity, fault=opts.fault)
+        report = VerifyReport(arch=opts.arch, model=cfg.identity, fault=opts.fault, host_dtype=opts.host_dtype,
+                              kv_dtype=kv_dtype, criterion="exact" if kv_dtype == "float32" else "distribution")
+        agreement = Agreement()
         _serve_all(ModelServer(model, cache, tree, fault), Recompute(model, cfg, opts.device), system, turns,
-                   opts.decode_tokens, report, progress)
+                   opts.decode_tokens, report, agreement, progress)
+        for key, value in agreement.as_json().items():
+            setattr(report, key, value)
         report.fault_rows = fault.rows_corrupted if fault else 0
         topk = getattr(model, "topk", None)
         if topk is not None and topk.queries:
@@ -138,38 +157,49 @@ def run_verify(opts: VerifyOptions, progress=None) -> VerifyReport:
             report.topk_min_gap = topk.min_gap if topk.exercised else None
     report.seconds = round(time.perf_counter() - t0, 3)
     report.ok = report.requests > 0 and report.mismatched_requests == 0
+    if report.criterion == "distribution":
+        report.ok = report.ok and agreement.within_tolerance()
     return report
 
 
 class Comparison(NamedTuple):
-    """A served request against the reference: max |logit diff| and greedy tokens identical."""
+    """A served request against the reference: max |logit diff|, greedy tokens identical, its
+    max KL per position, and which criterion judges it (`VerifyReport.criterion`)."""
 
     max_abs_logit_diff: float
     greedy_identical: int
     greedy_total: int
+    max_kl: float = 0.0
+    criterion: str = "exact"
 
     @property
     def ok(self) -> bool:
+        if self.criterion == "distribution":  # a bf16 pool: rounding moves logits, not distributions
+            return self.max_kl <= MAX_KL_TOLERANCE
         return self.max_abs_logit_diff <= TOLERANCE and self.greedy_identical == self.greedy_total
 
 
-def compare(recompute: Recompute, prompt: np.ndarray, served: Served) -> Comparison:
-    """Check ``served`` (a request of ``prompt``) against the uninterrupted recompute of its sequence."""
+def compare(recompute: Recompute, prompt: np.ndarray, served: Served, agreement: Agreement | None = None,
+            criterion: str = "exact") -> Comparison:
+    """Check ``served`` (a request of ``prompt``) against the uninterrupted recompute of its
+    sequence; its KL and top-1 agreement are accounted in ``agreement`` (a fresh one if ``None``)."""
     full = np.concatenate([prompt, np.asarray(served.generated[:-1], np.int64)])
     reference = recompute.logits(full)
     diff = float((served.logits - reference[served.start:]).abs().max())
     greedy = reference[prompt.size - 1:].argmax(dim=-1).tolist()
     same = sum(a == b for a, b in zip(greedy, served.generated))
-    return Comparison(diff, same, len(served.generated))
+    restored = served.tokens_from["host"] + served.tokens_from["storage"] > 0
+    max_kl = (agreement or Agreement()).add(reference[served.start:], served.logits, restored)
+    return Comparison(diff, same, len(served.generated), max_kl, criterion)
 
 
 def _serve_all(server: ModelServer, recompute: Recompute, system: np.ndarray, turns, decode: int,
-               report: VerifyReport, progress) -> None:
+               report: VerifyReport, agreement: Agreement, progress) -> None:
     history: dict[int, np.ndarray] = {}
     for i, turn in enumerate(turns):
         prompt = np.concatenate([history.get(turn.conversation, system), turn.user])
         served = server.serve(prompt, decode)
-        c = compare(recompute, prompt, served)
+        c = compare(recompute, prompt, served, agreement, report.criterion)
         report.requests += 1
         for tier, n in served.tokens_from.items():
             report.tokens_from[tier] += n
