@@ -162,3 +162,21 @@ def test_codecs_for_the_vllm_mover():
     assert codec.host_row_bytes == tuple(b.row_bytes for b in host_spec(spec, "int8").buffers) == (16 * 576, 64)
     assert int8_codec(mha(1, 1, 16, kv_quant="fp8").anchor) is None
     assert codec_of(spec, spec) is None
+
+
+def test_plan_cli_counts_int8_bytes_and_refuses_in_one_line(capsys):
+    import json
+
+    from hicache.cli import main
+    argv = ["plan", "--model", "llama-3.1-8b", "--device-tokens", "65536", "--json"]
+    main(argv)
+    bf16 = json.loads(capsys.readouterr().out)
+    main(argv + ["--hicache-host-dtype", "int8"])
+    int8 = json.loads(capsys.readouterr().out)
+    assert int8["pools"][0]["host_row_bytes"] == 135168 and bf16["pools"][0]["host_row_bytes"] == 262144
+    assert int8["pools"][0]["host_rows"] == bf16["pools"][0]["host_rows"]
+    main(argv[:-1] + ["--hicache-host-dtype", "int8"])
+    assert "host B/layer" in capsys.readouterr().out
+    assert main(["plan", "--model", "deepseek-v4-flash", "--hicache-host-dtype", "int8"]) == 2
+    err = capsys.readouterr().err
+    assert "--hicache-host-dtype" in err and "Traceback" not in err and err.count("\n") == 1
