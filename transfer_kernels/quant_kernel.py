@@ -79,7 +79,7 @@ class TritonQuantBackend(CopyBackend):
             if scale_align % 4:
                 raise ValueError(f"jobs[{i}]: scale rows of {host.name} are not 4-byte aligned "
                                  f"for the triton quant kernel")
-            if plan.device.type == "cuda" and not host.is_pinned:
+            if plan.device.type == "cuda" and host.device.type == "cpu" and not host.is_pinned:
                 raise ValueError(f"jobs[{i}]: host table {host.name} must be pinned memory for the "
                                  f"triton quant kernel (read through UVA)")
 
