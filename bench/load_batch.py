@@ -65,6 +65,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--host-gib", type=float, default=None, help="host pool cap per model (default 8; quick 0.5)")
     p.add_argument("--max-programs", type=int, default=None, help="grid cap of the triton kernels")
     p.add_argument("--group-bytes", type=int, default=None, help="load launch group size (bytes)")
+    p.add_argument("--hicache-host-dtype", dest="host_dtype", default="auto",
+                   help="host format: auto (the device's) or int8 (loads dequantize, backups quantize; "
+                        "bytes are the host format's: compare tokens/s with an auto run)")
     p.add_argument("--no-extra", action="store_true", help="skip steady state, per pool and compute")
     p.add_argument("--out", type=Path, default=None, help="JSON path")
     args = p.parse_args(argv)
@@ -190,14 +193,15 @@ def _model_rows(args: argparse.Namespace, model: str, layers: int | None, layout
     backends = make_backends(args.backends, args.device, args.max_programs)
     cap_pages = int(args.host_gib * (1 << 30) // max(1, _page_bytes(model, layers)))
     bench = LoadBench(model, layers, layout, min(4096, max(4 * max(args.pages), cap_pages)),
-                      max(args.pages), max(args.ops), args.device, next(iter(backends.values())))
+                      max(args.pages), max(args.ops), args.device, next(iter(backends.values())),
+                      host_dtype=args.host_dtype)
     if args.group_bytes is not None:
         bench.ctrl.load_groups.min_bytes = args.group_bytes
     rows = []
     for direction in args.directions:
         for pages, ops in cases(args):
             base = dict(model=f"{model}:{bench.stack.num_model_layers}", layout=layout, dir=direction,
-                        pages=pages, ops=ops)
+                        pages=pages, ops=ops, host_dtype=args.host_dtype)
             got = run_case(bench, backends, args, base)
             print(harness.format_table(got, COLUMNS + (("mode",) if args.null else ())), flush=True)
             rows += got

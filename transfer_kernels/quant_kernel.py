@@ -15,6 +15,9 @@ A *segment* is one (job, layer, device buffer): device rows of ``vpr`` vectors o
 values, host int8 rows and fp32 scale rows. Program (s, p) handles vectors
 ``[p * BV, (p + 1) * BV)`` of segment ``s``, then every ``grid[1]``-th block after. One
 launch per (group, mode, dtype, vector length): one for a whole MHA or MLA load group.
+The grid is about the copy kernel's program budget in all (``max(cap, segments)``
+programs, ``tuning.TRITON_MAX_PROGRAMS`` by default on CUDA): a conversion takes no more
+SMs from the model than a copy. (Not tuned on a GPU yet.)
 
 ``meta`` (int64): per segment ``SEG`` fields, then the row indices::
 
@@ -35,7 +38,6 @@ from transfer_kernels.plan import CopyPlan, LaunchGroups
 from transfer_kernels.quant_ref import TINY
 
 SEG = 10
-MAX_BLOCKS = 4096  # grid bound along a segment (programs then stride over its blocks)
 
 
 def triton_importable() -> bool:
@@ -62,9 +64,9 @@ class TritonQuantBackend(CopyBackend):
 
     def __init__(self, max_programs: int | None = None) -> None:
         """Args:
-            max_programs: bound on the programs along a segment (``None``: the tuned grid
-                of the copy kernel times 8 on CUDA, 1 block per program under the
-                interpreter's tuned grid).
+            max_programs: programs of one launch, at least one per segment (``None``: the
+                copy kernel's tuned grid, ``tuning.TRITON_MAX_PROGRAMS`` on CUDA and
+                ``tuning.TRITON_INTERPRET_MAX_PROGRAMS`` under the interpreter).
         """
         super().__init__()
         self.max_programs = max_programs
@@ -79,7 +81,7 @@ class TritonQuantBackend(CopyBackend):
             if scale_align % 4:
                 raise ValueError(f"jobs[{i}]: scale rows of {host.name} are not 4-byte aligned "
                                  f"for the triton quant kernel")
-            if plan.device.type == "cuda" and not host.is_pinned:
+            if plan.device.type == "cuda" and host.device.type == "cpu" and not host.is_pinned:
                 raise ValueError(f"jobs[{i}]: host table {host.name} must be pinned memory for the "
                                  f"triton quant kernel (read through UVA)")
 
@@ -93,9 +95,10 @@ class TritonQuantBackend(CopyBackend):
         return QuantLaunches(self, plan, groups)
 
     def grid_cap(self, device: torch.device) -> int:
+        """Programs one launch may take on ``device`` (see ``max_programs``)."""
         if self.max_programs is not None:
             return self.max_programs
-        return tuning.TRITON_MAX_PROGRAMS * 8 if device.type == "cuda" else MAX_BLOCKS
+        return tuning.TRITON_MAX_PROGRAMS if device.type == "cuda" else tuning.TRITON_INTERPRET_MAX_PROGRAMS
 
 
 class QuantLaunches(PreparedPlan):
@@ -152,12 +155,13 @@ def _segments(plan: CopyPlan, group: Sequence[tuple[int, int]],
         dev, host = (job.src, job.dst) if quantize else (job.dst, job.src)
         codec = host.codec
         item = codec.dtype.itemsize
+        dev_ptrs, host_ptrs = dev.ptrs.numpy()[layer].tolist(), host.ptrs.numpy()[layer].tolist()
         for b, (elems, vec) in enumerate(zip(codec.elems, codec.vecs)):
             vpr = elems // vec
             out.setdefault((quantize, codec.dtype == torch.bfloat16, vec), []).append([
-                int(dev.ptrs[layer, b]), dev.row_strides[b] // item,
-                int(host.ptrs[layer, 2 * b]), host.row_strides[2 * b],
-                int(host.ptrs[layer, 2 * b + 1]), host.row_strides[2 * b + 1] // 4,
+                dev_ptrs[b], dev.row_strides[b] // item,
+                host_ptrs[2 * b], host.row_strides[2 * b],
+                host_ptrs[2 * b + 1], host.row_strides[2 * b + 1] // 4,
                 offsets[j][0], offsets[j][0] + job.num_rows, vpr, vpr * job.num_rows])
     return out
 
@@ -167,6 +171,6 @@ def launch_quant(meta: torch.Tensor, lau: _Launch, cap: int) -> None:
     from transfer_kernels import quant_triton
     block_d = 1 << max(0, (lau.vec - 1).bit_length())
     bv = max(1, 4096 // block_d)
-    blocks = min(-(-lau.max_vec // bv), max(1, cap))
+    blocks = min(-(-lau.max_vec // bv), max(1, cap // lau.num_segs))
     quant_triton.run(meta, lau.seg_at, (lau.num_segs, blocks), quantize=lau.quantize, bf16=lau.bf16,
                      vec=lau.vec, block_d=block_d, bv=bv, tiny=TINY)

@@ -43,7 +43,7 @@ def convert_job(job: PlannedJob, layers: Iterable[int]) -> None:
         codec, dev, host = job.src.codec, job.dst, job.src
         dev_rows, host_rows = job.dst_rows, job.src_rows
     dev_idx = dev_rows.to(dev.device, non_blocking=dev.device.type != "cpu")
-    host_idx = host_rows.to("cpu")
+    host_idx = host_rows.to(host.device, non_blocking=host.device.type != "cpu")
     for layer in layers:
         for b in range(len(codec.elems)):
             d_view = dev.views[layer][b]
@@ -65,8 +65,8 @@ def _quantize(codec: Int8Codec, b: int, d_view: torch.Tensor, dev_idx: torch.Ten
     q, s = quantize_int8_ref(x)
     n = host_idx.numel()
     # Blocking D2H: the host rows must hold the values once this returns.
-    q_view.index_copy_(0, host_idx, q.view(n, -1).view(torch.uint8).to("cpu"))
-    s_view.index_copy_(0, host_idx, s.view(n, -1).view(torch.uint8).to("cpu"))
+    q_view.index_copy_(0, host_idx, q.view(n, -1).view(torch.uint8).to(q_view.device))
+    s_view.index_copy_(0, host_idx, s.view(n, -1).view(torch.uint8).to(s_view.device))
 
 
 def _dequantize(codec: Int8Codec, b: int, d_view: torch.Tensor, dev_idx: torch.Tensor,

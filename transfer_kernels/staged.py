@@ -137,7 +137,7 @@ class StagedBackend(CopyBackend):
             sides: per job, the side to stage (``None``: straight to the kernel); by
                 default :meth:`sides` (``"auto"`` passes the choice it made).
         """
-        if plan.has_quant:  # converting jobs go to the kernel's quant backend (not staged)
+        if plan.has_quant:  # converting jobs: staged int8 pages (transfer_kernels.quant_staged)
             return prepare_split(self, plan, groups)
         self.check(plan)
         kernel_plan, stages = self._split(plan, sides)
@@ -145,8 +145,9 @@ class StagedBackend(CopyBackend):
                               plan.device, len(groups))
 
     def _make_quant_backend(self, device: torch.device) -> CopyBackend:
-        """The kernel backend's: int8 pages are not staged (module docstring of `quant`)."""
-        return self.kernel.quant_backend(device)
+        """int8 host pages staged by DMA, converted by the kernel (`quant_staged`)."""
+        from transfer_kernels.quant_staged import StagedQuantBackend
+        return StagedQuantBackend(self, device)
 
     def _split(self, plan: CopyPlan, sides: Sequence[str | None] | None
                ) -> tuple[CopyPlan, list[_Stage]]:

@@ -21,7 +21,7 @@ BIG = HostBudget(1 << 40, None, 0, 1, 1 << 40)
 
 
 def _cache(stack, backend="torch", host_dtype="int8", pages=4, **kw):
-    config = HiCacheConfig(host_dtype=host_dtype, io_backend="torch", hicache_ratio=2.0, **kw)
+    config = HiCacheConfig(host_dtype=host_dtype, io_backend="torch", hicache_ratio=2.0, **{"mem_layout": "page_first", **kw})
     return build(stack, pages * stack.page_size, config, device="cpu", budget=BIG, backend=backend)
 
 
@@ -88,11 +88,12 @@ def test_sizing_counts_int8_bytes():
     assert i.host_bytes_total <= 10e9 and b.host_bytes_total <= 10e9
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton", "auto", "copy_engine"])
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("backend", ["torch", "triton", "auto", "copy_engine", "dma"])
 @pytest.mark.parametrize("stack", [lambda: mha(2, 2, 16, page_size=4), lambda: mla(2, 128, 64, page_size=4),
                                    lambda: mha(1, 1, 32, dtype=torch.float16, page_size=2)])
-def test_round_trip_through_the_controller_matches_ref(backend, stack, gen):
-    cache = _cache(stack(), backend=backend)
+def test_round_trip_through_the_controller_matches_ref(backend, stack, layout, gen):
+    cache = _cache(stack(), backend=backend, mem_layout=layout)
     _fill(cache, gen)
     ctrl, dev = cache.controller, cache.device_pools["kv"]
     spec, t = dev.spec, dev.spec.tokens_per_row
@@ -162,3 +163,21 @@ def test_codecs_for_the_vllm_mover():
     assert codec.host_row_bytes == tuple(b.row_bytes for b in host_spec(spec, "int8").buffers) == (16 * 576, 64)
     assert int8_codec(mha(1, 1, 16, kv_quant="fp8").anchor) is None
     assert codec_of(spec, spec) is None
+
+
+def test_plan_cli_counts_int8_bytes_and_refuses_in_one_line(capsys):
+    import json
+
+    from hicache.cli import main
+    argv = ["plan", "--model", "llama-3.1-8b", "--device-tokens", "65536", "--json"]
+    main(argv)
+    bf16 = json.loads(capsys.readouterr().out)
+    main(argv + ["--hicache-host-dtype", "int8"])
+    int8 = json.loads(capsys.readouterr().out)
+    assert int8["pools"][0]["host_row_bytes"] == 135168 and bf16["pools"][0]["host_row_bytes"] == 262144
+    assert int8["pools"][0]["host_rows"] == bf16["pools"][0]["host_rows"]
+    main(argv[:-1] + ["--hicache-host-dtype", "int8"])
+    assert "host B/layer" in capsys.readouterr().out
+    assert main(["plan", "--model", "deepseek-v4-flash", "--hicache-host-dtype", "int8"]) == 2
+    err = capsys.readouterr().err
+    assert "--hicache-host-dtype" in err and "Traceback" not in err and err.count("\n") == 1

@@ -194,3 +194,22 @@ def test_compiled_kernel_uses_ieee_division_and_no_fma(bf16):
     assert "fma." not in deq and "mul.rn.f32" in deq
     if not bf16:
         assert "cvt.rn.f16.f32" in deq
+
+
+def test_dma_stages_int8_pages_then_converts_on_the_device(gen):
+    """The dma backend DMAs whole int8 host pages into its staging table and dequantizes
+    from there (quantizes into it, then DMAs, for D2H): one DMA call per direction."""
+    from transfer_kernels import StagedBackend
+    side = Side([(2, 2, 16), (2, 2, 16)], torch.bfloat16, rows=6, layers=2, gen=gen)
+    dma = StagedBackend()
+    src, dst = torch.tensor([0, 1, 4]), torch.tensor([3, 4, 5])
+    copy_rows(side.dev_table, side.host_table, src, dst, backend=dma)
+    assert dma.copies == 1 and dma.pieces == 1  # host rows 3..5: one run, one piece
+    q_ref, s_ref = quantize_int8_ref(side.dev[1][1][src].cpu())
+    q, s = side.host_qs(1, 1, dst, (2, 2, 16))
+    assert torch.equal(q, q_ref) and torch.equal(s.view(torch.int32), s_ref.view(torch.int32))
+    back = torch.tensor([2, 0, 1])
+    copy_rows(side.host_table, side.dev_table, dst, back, backend=dma)
+    assert dma.copies == 2
+    want = dequantize_int8_ref(q, s, torch.bfloat16)
+    assert torch.equal(side.dev[1][1][back].cpu().view(torch.int16), want.view(torch.int16))
