@@ -30,6 +30,14 @@ def test_int8_host_restores_within_the_tolerances():
     assert r.top1_agreement >= TOP1_TOLERANCE
 
 
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_int8_host_and_storage_restore_within_the_tolerances(tmp_path, policy):
+    kw = {**SMALL, "conversations": 6 if policy == "write_back" else 5, "seed": int(policy == "write_back")}
+    r = run_verify(VerifyOptions(**kw, host_dtype="int8", write_policy=policy, storage_dir=str(tmp_path)))
+    assert r.ok and r.tokens_from["host"] > 0 and r.tokens_from["storage"] > 0, r
+    assert 0 < r.mean_kl <= MEAN_KL_TOLERANCE and r.top1_agreement >= TOP1_TOLERANCE
+
+
 def test_int8_quantizes_what_the_bf16_host_keeps_exact():
     # same bf16 pool, byte-exact host: restored requests are the recompute's up to rounding
     exact = run_verify(VerifyOptions(**SMALL, kv_dtype="bfloat16", storage_backend="none"))
