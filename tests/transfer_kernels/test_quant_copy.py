@@ -213,3 +213,20 @@ def test_dma_stages_int8_pages_then_converts_on_the_device(gen):
     assert dma.copies == 2
     want = dequantize_int8_ref(q, s, torch.bfloat16)
     assert torch.equal(side.dev[1][1][back].cpu().view(torch.int16), want.view(torch.int16))
+
+
+def test_which_backend_converts_for_each_backend():
+    """torch: the reference; triton: the fused kernel (interpreted on CPU); dma: staged int8
+    pages + the kernel; copy_engine and auto cannot convert by copying: torch on a CPU plan
+    (the fused kernel on CUDA)."""
+    from transfer_kernels.quant_kernel import TritonQuantBackend
+    from transfer_kernels.quant_staged import StagedQuantBackend
+    from transfer_kernels.quant_torch import TorchQuantBackend
+    cpu = torch.device("cpu")
+    kinds = {name: type(get_backend(name, fresh=True).quant_backend(cpu)) for name in BACKENDS}
+    assert kinds == {"torch": TorchQuantBackend, "triton": TritonQuantBackend, "dma": StagedQuantBackend,
+                     "copy_engine": TorchQuantBackend, "auto": TorchQuantBackend}
+    if torch.cuda.is_available():
+        cuda = torch.device("cuda")
+        assert isinstance(get_backend("auto", fresh=True).quant_backend(cuda), TritonQuantBackend)
+        assert isinstance(get_backend("copy_engine", fresh=True).quant_backend(cuda), TritonQuantBackend)
