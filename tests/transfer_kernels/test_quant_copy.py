@@ -230,3 +230,24 @@ def test_which_backend_converts_for_each_backend():
         cuda = torch.device("cuda")
         assert isinstance(get_backend("auto", fresh=True).quant_backend(cuda), TritonQuantBackend)
         assert isinstance(get_backend("copy_engine", fresh=True).quant_backend(cuda), TritonQuantBackend)
+
+
+@pytest.mark.parametrize("max_programs", [1, 3, 64])
+def test_kernel_programs_stride_over_many_blocks(max_programs, gen):
+    """More vectors than one block per program (a grid-stride loop with a masked tail)."""
+    from transfer_kernels.quant_kernel import TritonQuantBackend
+    shapes = [(16, 2, 16)]
+    side = Side(shapes, torch.bfloat16, rows=20, layers=2, gen=gen)
+    src, dst = _rows(17, 20, gen)  # 17 rows x 32 vectors: 3 blocks of 256, the last one masked
+    orig = [side.dev[layer][0][src].cpu() for layer in range(2)]
+    kernel = TritonQuantBackend(max_programs=max_programs)
+    copy_rows(side.dev_table, side.host_table, src, dst, backend=kernel)
+    back = torch.randperm(20, generator=gen)[:17]
+    copy_rows(side.host_table, side.dev_table, dst, back, backend=kernel)
+    sync()
+    for layer in range(2):
+        q_ref, s_ref = quantize_int8_ref(orig[layer])
+        q, s = side.host_qs(layer, 0, dst, shapes[0])
+        assert torch.equal(q, q_ref) and torch.equal(s.view(torch.int32), s_ref.view(torch.int32))
+        assert torch.equal(side.dev[layer][0][back].cpu().view(torch.int16),
+                           dequantize_int8_ref(q, s, torch.bfloat16).view(torch.int16))
