@@ -251,3 +251,17 @@ def test_kernel_programs_stride_over_many_blocks(max_programs, gen):
         assert torch.equal(q, q_ref) and torch.equal(s.view(torch.int32), s_ref.view(torch.int32))
         assert torch.equal(side.dev[layer][0][back].cpu().view(torch.int16),
                            dequantize_int8_ref(q, s, torch.bfloat16).view(torch.int16))
+
+
+def test_quant_ref_pinned_values():
+    """The definition on hand-checked vectors: half-even rounding, IEEE quotients, non-finite
+    values as 0, vectors below 2**-121 as zeros with scale 0."""
+    import numpy as np
+    x = torch.tensor([[2.0, 1.0, -0.5, 0.0], [float("nan"), 4.0, float("-inf"), -1.0],
+                      [1e-37, -5e-38, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], dtype=torch.bfloat16)
+    q, s = quantize_int8_ref(x)
+    assert q.tolist() == [[127, 64, -32, 0], [0, 127, 0, -32], [0, 0, 0, 0], [0, 0, 0, 0]]
+    want_s = [np.float32(2) / np.float32(127), np.float32(4) / np.float32(127), 0.0, 0.0]
+    assert s.numpy().tolist() == [float(v) for v in want_s]
+    assert torch.equal(dequantize_int8_ref(q, s, torch.bfloat16)[0],
+                       (q[0].float() * s[0]).to(torch.bfloat16))
