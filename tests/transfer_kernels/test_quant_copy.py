@@ -134,6 +134,7 @@ def test_prepared_groups_convert_per_layer_group(backend, gen):
     shapes = [(2, 1, 16)]
     side = Side(shapes, torch.bfloat16, rows=5, layers=3, gen=gen)
     src, dst = torch.tensor([4, 0]), torch.tensor([1, 2])
+    copy_rows(side.dev_table, side.host_table, src, src, backend="torch")  # real int8 rows to load
     plan = make_plan([CopyJob(side.host_table, side.dev_table, src, dst)])
     prepared = get_backend(backend, fresh=True).prepare(plan, [[(0, 0), (0, 2)], [(0, 1)]])
     assert prepared.num_groups == 2
@@ -265,3 +266,28 @@ def test_quant_ref_pinned_values():
     assert s.numpy().tolist() == [float(v) for v in want_s]
     assert torch.equal(dequantize_int8_ref(q, s, torch.bfloat16)[0],
                        (q[0].float() * s[0]).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prepared_groups_with_exact_and_quantized_jobs(backend, gen):
+    """A load of an int8 pool and an exact pool, prepared as two launch groups: each group
+    converts its layers of the one and copies its layers of the other."""
+    from transfer_kernels.plan import make_plan
+    side = Side([(2, 1, 16)], torch.bfloat16, rows=4, layers=2, gen=gen)
+    plain_dev = torch.randint(0, 256, (4, 2, 24), dtype=torch.uint8, generator=gen).to(DEVICE)
+    plain_host = torch.randint(0, 256, (4, 2, 24), dtype=torch.uint8, generator=gen)
+    plain_host = plain_host.pin_memory() if DEVICE == "cuda" else plain_host
+    dev_t = RowTable.from_views([[plain_dev[:, l]] for l in range(2)], "plain.dev")
+    host_t = RowTable.from_views([[plain_host[:, l]] for l in range(2)], "plain.host")
+    src, dst = torch.tensor([3, 0]), torch.tensor([1, 2])
+    copy_rows(side.dev_table, side.host_table, src, src, backend="torch")  # real int8 rows to load
+    plan = make_plan([CopyJob(side.host_table, side.dev_table, src, dst), CopyJob(host_t, dev_t, src, dst)])
+    prepared = get_backend(backend, fresh=True).prepare(plan, [[(0, 0), (1, 0)], [(0, 1), (1, 1)]])
+    for g in range(prepared.num_groups):
+        prepared.launch(g)
+    sync()
+    assert torch.equal(plain_dev[dst].cpu(), plain_host[src])
+    for layer in range(2):
+        q, s = side.host_qs(layer, 0, src, (2, 1, 16))
+        assert torch.equal(side.dev[layer][0][dst].cpu().view(torch.int16),
+                           dequantize_int8_ref(q, s, torch.bfloat16).view(torch.int16))
