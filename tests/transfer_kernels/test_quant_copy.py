@@ -218,8 +218,8 @@ def test_dma_stages_int8_pages_then_converts_on_the_device(gen):
 
 def test_which_backend_converts_for_each_backend():
     """torch: the reference; triton: the fused kernel (interpreted on CPU); dma: staged int8
-    pages + the kernel; copy_engine and auto cannot convert by copying: torch on a CPU plan
-    (the fused kernel on CUDA)."""
+    pages + the kernel; copy_engine cannot convert by copying: torch on a CPU plan, the fused
+    kernel on CUDA; auto: torch on a CPU plan, the dma path's on CUDA."""
     from transfer_kernels.quant_kernel import TritonQuantBackend
     from transfer_kernels.quant_staged import StagedQuantBackend
     from transfer_kernels.quant_torch import TorchQuantBackend
@@ -229,7 +229,7 @@ def test_which_backend_converts_for_each_backend():
                      "copy_engine": TorchQuantBackend, "auto": TorchQuantBackend}
     if torch.cuda.is_available():
         cuda = torch.device("cuda")
-        assert isinstance(get_backend("auto", fresh=True).quant_backend(cuda), TritonQuantBackend)
+        assert isinstance(get_backend("auto", fresh=True).quant_backend(cuda), StagedQuantBackend)
         assert isinstance(get_backend("copy_engine", fresh=True).quant_backend(cuda), TritonQuantBackend)
 
 
