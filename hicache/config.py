@@ -270,7 +270,9 @@ def add_hicache_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                    help=f"one of {', '.join(MEM_LAYOUTS)}")
     g.add_argument("--hicache-host-dtype", dest="host_dtype", default=d.host_dtype,
                    help=f"host format, one of {', '.join(HOST_DTYPES)}: auto = the device dtype (byte-exact), "
-                        "int8 = bf16/fp16 KV as int8 + fp32 scale per token and head (~0.53x the bytes, lossy)")
+                        "int8 = bf16/fp16 history KV as int8 + fp32 scale per token and head (~0.52x the bytes, "
+                        "lossy; --hicache-ratio stays host tokens per device token, --hicache-size then holds "
+                        "~1.9x the tokens)")
     g.add_argument("--swa-full-tokens-ratio", dest="swa_full_tokens_ratio", type=float,
                    default=d.swa_full_tokens_ratio, help="device SWA tokens per full token (DeepSeek-V4)")
     g.add_argument("--hicache-ranks-per-host", dest="ranks_per_host", type=int, default=d.ranks_per_host,

@@ -120,9 +120,11 @@ class AutoBackend(CopyBackend):
         return AutoLaunches(self, prepared, len(groups))
 
     def _make_quant_backend(self, device: torch.device) -> CopyBackend:
-        """Converting jobs: the fused kernel on CUDA (bounded like this backend's), torch on CPU."""
+        """Converting jobs: on CUDA the dma path's (int8 pages staged where this backend would
+        stage a job, ``tuning.DMA_MIN_PIECE_BYTES``; the fused kernel reads the others), torch
+        on CPU."""
         if device.type == "cuda" and triton_available():
-            return self.inner["triton"].quant_backend(device)
+            return self.inner["dma"].quant_backend(device)
         return self.inner["torch"].quant_backend(device)
 
     def _execute(self, plan: CopyPlan) -> None:  # pragma: no cover - execute overrides

@@ -19,7 +19,9 @@ class CopyBackend(ABC):
     Attributes:
         name: the public backend name (``"triton"``, ``"copy_engine"``, ``"torch"``...).
         launches: how many launches this instance issued: one per executed non-empty plan
-            (for ``"triton"`` exactly one kernel launch). Mutated by :meth:`execute`;
+            (for ``"triton"`` exactly one kernel launch). Converting jobs (int8 host rows,
+            `transfer_kernels.codec`) run on the backend's `quant_backend`, which counts its
+            own launches. Mutated by :meth:`execute`;
             instances are not thread-safe.
     """
 
@@ -30,7 +32,6 @@ class CopyBackend(ABC):
 
     def __init__(self) -> None:
         self.launches = 0
-        self._quant: dict[str, CopyBackend] = {}
 
     def execute(self, plan: CopyPlan) -> None:
         """Copy every job of ``plan``; returns once the work is enqueued.
@@ -92,6 +93,7 @@ class CopyBackend(ABC):
         return built[device.type]
 
     def _make_quant_backend(self, device: torch.device) -> CopyBackend:
+        """Build the quant backend (subclasses pick theirs; see `quant_backend`)."""
         from transfer_kernels.quant_torch import TorchQuantBackend
         if device.type == "cuda":
             from transfer_kernels.quant_kernel import TritonQuantBackend, triton_importable

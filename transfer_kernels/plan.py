@@ -159,7 +159,8 @@ def trusted_plan(jobs: Iterable[CopyJob], device: torch.device) -> CopyPlan:
     themselves from indices they validated once (the public path is :func:`make_plan`).
 
     The caller guarantees everything :func:`make_plan` would check: ``src``/``dst`` are
-    RowTables of the same layout and layer count whose devices run on ``device`` (see
+    RowTables of the same layout (or one holds the int8 host rows of the other's, `codec`)
+    and layer count whose devices run on ``device`` (see
     :func:`exec_device`); rows are 1-D int64 CPU tensors of equal length, in range; no
     ``(dst table, layer, row)`` is written twice and none is both read and written.
     Each job's ``layers`` must be ``None``: every layer of the job is copied.

@@ -56,15 +56,16 @@ def quantize_int8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"x: must be one of {QUANTIZABLE}, got {x.dtype}")
     if x.dim() < 1:
         raise ValueError("x: needs at least one dimension (the quantized vector)")
-    f = x.float()
-    f = torch.where(torch.isfinite(f), f, torch.zeros((), dtype=f.dtype, device=f.device))
+    # One pass each, in place on the fp32 copy (x.float() copies: x is never written):
+    # nan_to_num(0, 0, 0) is where(isfinite(f), f, 0); round_ is round-half-even.
+    f = torch.nan_to_num(x.float(), nan=0.0, posinf=0.0, neginf=0.0)
     absmax = f.abs().amax(dim=-1)
     absmax = torch.where(absmax >= TINY, absmax, torch.zeros_like(absmax))
     qmax = torch.full_like(absmax, QMAX)
     s = absmax / qmax
     inv = torch.where(absmax > 0, qmax / torch.where(absmax > 0, absmax, torch.ones_like(absmax)),
                       torch.zeros_like(absmax))
-    q = torch.round(f * inv.unsqueeze(-1)).clamp_(-QMAX, QMAX).to(torch.int8)
+    q = f.mul_(inv.unsqueeze(-1)).round_().clamp_(-QMAX, QMAX).to(torch.int8)
     return q, s
 
 

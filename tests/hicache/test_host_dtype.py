@@ -140,6 +140,24 @@ def test_load_rolls_back_when_a_later_launch_group_fails(gen):
     cache.close()
 
 
+@pytest.mark.parametrize("inner", ["torch", "triton"])
+def test_failed_backup_frees_its_host_pages_and_publishes_nothing(inner, gen):
+    cache = _cache(mha(2, 2, 16, page_size=4), backend=FaultyBackend(inner, fail_on_launch=1))
+    _fill(cache, gen)
+    ctrl, host = cache.controller, cache.host_group.pools["kv"]
+    free_before = host.available()
+    slots = cache.device_pools["kv"].alloc(8)
+    got = ctrl.write(slots)
+    assert got is not None and host.available() == free_before - 8
+    ctrl.start_writing()
+    acks = ctrl.poll()
+    assert [a.success for a in acks] == [False] and host.available() == free_before
+    with pytest.raises(ValueError, match="not allocated"):
+        ctrl.load(got["kv"])  # never published: not loadable
+    ctrl.check_integrity()
+    cache.close()
+
+
 def test_default_host_dtype_keeps_device_bytes(gen):
     stack = mha(2, 2, 16, page_size=4)
     cache = _cache(stack, host_dtype="auto")

@@ -134,6 +134,7 @@ def test_prepared_groups_convert_per_layer_group(backend, gen):
     shapes = [(2, 1, 16)]
     side = Side(shapes, torch.bfloat16, rows=5, layers=3, gen=gen)
     src, dst = torch.tensor([4, 0]), torch.tensor([1, 2])
+    copy_rows(side.dev_table, side.host_table, src, src, backend="torch")  # real int8 rows to load
     plan = make_plan([CopyJob(side.host_table, side.dev_table, src, dst)])
     prepared = get_backend(backend, fresh=True).prepare(plan, [[(0, 0), (0, 2)], [(0, 1)]])
     assert prepared.num_groups == 2
@@ -213,3 +214,80 @@ def test_dma_stages_int8_pages_then_converts_on_the_device(gen):
     assert dma.copies == 2
     want = dequantize_int8_ref(q, s, torch.bfloat16)
     assert torch.equal(side.dev[1][1][back].cpu().view(torch.int16), want.view(torch.int16))
+
+
+def test_which_backend_converts_for_each_backend():
+    """torch: the reference; triton: the fused kernel (interpreted on CPU); dma: staged int8
+    pages + the kernel; copy_engine cannot convert by copying: torch on a CPU plan, the fused
+    kernel on CUDA; auto: torch on a CPU plan, the dma path's on CUDA."""
+    from transfer_kernels.quant_kernel import TritonQuantBackend
+    from transfer_kernels.quant_staged import StagedQuantBackend
+    from transfer_kernels.quant_torch import TorchQuantBackend
+    cpu = torch.device("cpu")
+    kinds = {name: type(get_backend(name, fresh=True).quant_backend(cpu)) for name in BACKENDS}
+    assert kinds == {"torch": TorchQuantBackend, "triton": TritonQuantBackend, "dma": StagedQuantBackend,
+                     "copy_engine": TorchQuantBackend, "auto": TorchQuantBackend}
+    if torch.cuda.is_available():
+        cuda = torch.device("cuda")
+        assert isinstance(get_backend("auto", fresh=True).quant_backend(cuda), StagedQuantBackend)
+        assert isinstance(get_backend("copy_engine", fresh=True).quant_backend(cuda), TritonQuantBackend)
+
+
+@pytest.mark.parametrize("max_programs", [1, 3, 64])
+def test_kernel_programs_stride_over_many_blocks(max_programs, gen):
+    """More vectors than one block per program (a grid-stride loop with a masked tail)."""
+    from transfer_kernels.quant_kernel import TritonQuantBackend
+    shapes = [(16, 2, 16)]
+    side = Side(shapes, torch.bfloat16, rows=20, layers=2, gen=gen)
+    src, dst = _rows(17, 20, gen)  # 17 rows x 32 vectors: 3 blocks of 256, the last one masked
+    orig = [side.dev[layer][0][src].cpu() for layer in range(2)]
+    kernel = TritonQuantBackend(max_programs=max_programs)
+    copy_rows(side.dev_table, side.host_table, src, dst, backend=kernel)
+    back = torch.randperm(20, generator=gen)[:17]
+    copy_rows(side.host_table, side.dev_table, dst, back, backend=kernel)
+    sync()
+    for layer in range(2):
+        q_ref, s_ref = quantize_int8_ref(orig[layer])
+        q, s = side.host_qs(layer, 0, dst, shapes[0])
+        assert torch.equal(q, q_ref) and torch.equal(s.view(torch.int32), s_ref.view(torch.int32))
+        assert torch.equal(side.dev[layer][0][back].cpu().view(torch.int16),
+                           dequantize_int8_ref(q, s, torch.bfloat16).view(torch.int16))
+
+
+def test_quant_ref_pinned_values():
+    """The definition on hand-checked vectors: half-even rounding, IEEE quotients, non-finite
+    values as 0, vectors below 2**-121 as zeros with scale 0."""
+    import numpy as np
+    x = torch.tensor([[2.0, 1.0, -0.5, 0.0], [float("nan"), 4.0, float("-inf"), -1.0],
+                      [1e-37, -5e-38, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], dtype=torch.bfloat16)
+    q, s = quantize_int8_ref(x)
+    assert q.tolist() == [[127, 64, -32, 0], [0, 127, 0, -32], [0, 0, 0, 0], [0, 0, 0, 0]]
+    want_s = [np.float32(2) / np.float32(127), np.float32(4) / np.float32(127), 0.0, 0.0]
+    assert s.numpy().tolist() == [float(v) for v in want_s]
+    assert torch.equal(dequantize_int8_ref(q, s, torch.bfloat16)[0],
+                       (q[0].float() * s[0]).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prepared_groups_with_exact_and_quantized_jobs(backend, gen):
+    """A load of an int8 pool and an exact pool, prepared as two launch groups: each group
+    converts its layers of the one and copies its layers of the other."""
+    from transfer_kernels.plan import make_plan
+    side = Side([(2, 1, 16)], torch.bfloat16, rows=4, layers=2, gen=gen)
+    plain_dev = torch.randint(0, 256, (4, 2, 24), dtype=torch.uint8, generator=gen).to(DEVICE)
+    plain_host = torch.randint(0, 256, (4, 2, 24), dtype=torch.uint8, generator=gen)
+    plain_host = plain_host.pin_memory() if DEVICE == "cuda" else plain_host
+    dev_t = RowTable.from_views([[plain_dev[:, l]] for l in range(2)], "plain.dev")
+    host_t = RowTable.from_views([[plain_host[:, l]] for l in range(2)], "plain.host")
+    src, dst = torch.tensor([3, 0]), torch.tensor([1, 2])
+    copy_rows(side.dev_table, side.host_table, src, src, backend="torch")  # real int8 rows to load
+    plan = make_plan([CopyJob(side.host_table, side.dev_table, src, dst), CopyJob(host_t, dev_t, src, dst)])
+    prepared = get_backend(backend, fresh=True).prepare(plan, [[(0, 0), (1, 0)], [(0, 1), (1, 1)]])
+    for g in range(prepared.num_groups):
+        prepared.launch(g)
+    sync()
+    assert torch.equal(plain_dev[dst].cpu(), plain_host[src])
+    for layer in range(2):
+        q, s = side.host_qs(layer, 0, src, (2, 1, 16))
+        assert torch.equal(side.dev[layer][0][dst].cpu().view(torch.int16),
+                           dequantize_int8_ref(q, s, torch.bfloat16).view(torch.int16))
