@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     config = {k: str(v) for k, v in vars(args).items()} | {
         "requests": len(requests), "seconds": round(time.perf_counter() - t0, 1)}
     write_json(args.out, rows, config, torch.device("cpu"))
-    title = (f"{args.trace.name}, {len(requests)} requests: {args.device_tokens} device tokens, "
-             f"{args.host_gb:g} GB host, {args.kv_heads} x {args.head_dim} bf16 KV")
+    title = (f"{args.trace.name}, {len(requests)} requests\n{args.device_tokens} device tokens, "
+             f"{args.host_gb:g} GB host, {args.kv_heads} x {args.head_dim} bf16 KV per layer")
     plot(rows, args.out.with_suffix(".png"), title)
     print(format_table(rows, ("run", "host_tokens", "host_capacity_bytes", "hit_rate", "device_hit_rate",
                               "host_hit_rate", "mismatches", "wall_s")))
