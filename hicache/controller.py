@@ -38,7 +38,8 @@ from hicache.layer_sync import LayerDoneCounter, OnStream
 from hicache.queueing import QueueingMixin
 from hicache.slots import free_all
 from hicache.stats import TransferStats, volume_table
-from transfer_kernels import AutoBackend, CopyBackend, RowTable, TritonBackend, get_backend, tuning
+from transfer_kernels import (AutoBackend, CopyBackend, RowTable, TritonBackend, get_backend, runtime,
+                              tuning)
 from transfer_kernels.plan import exec_device, trusted_plan
 
 AllocFn = Callable[[int], "torch.Tensor | None"]
@@ -107,6 +108,9 @@ class HybridCacheController(QueueingMixin):
         self.write_stream = _copy_stream(self.device) if self._cuda else None
         self.load_stream = _copy_stream(self.device) if self._cuda else None
         self.layer_done = LayerDoneCounter(self.stack.num_model_layers, self.device)
+        self.layer_done.stream = self.load_stream  # resolved once: records look nothing up
+        self._streams = {"d2h": self.write_stream, "h2d": self.load_stream}
+        self._spare_events: list = []  # batch events whose batch was acked: recorded again
         self._tables: dict[tuple[str, str], RowTable] = {}
         self._anchor = self.stack.anchor.name
         # What a batch needs, computed once: per direction, each data pool's (source,
@@ -204,15 +208,19 @@ class HybridCacheController(QueueingMixin):
         else:
             groups = self.load_groups.groups(tuple(name for name, _ in jobs),
                                              tuple(job.num_rows for job in plan.jobs))
+            # on the CPU too: the same runtime calls (a record of no event), one per group
             consumer, record = batch.consumer, self.layer_done.record_span
-            launch_load(plan, groups, self.backend,
-                        (lambda first, end: record(first, end, consumer)) if self._cuda else None)
+            launch_load(plan, groups, self.backend, lambda first, end: record(first, end, consumer))
         self._record_event(batch)
 
     def _record_event(self, batch: Batch) -> None:
-        if self._cuda:
-            batch.event = torch.cuda.Event()
-            batch.event.record()
+        """One record of the batch's event on its stream (through ``runtime.record``, a
+        record of no event on the CPU): an event of an acked batch is reused."""
+        if not self._cuda:
+            runtime.record(None, None)
+            return
+        batch.event = self._spare_events.pop() if self._spare_events else torch.cuda.Event()
+        runtime.record(batch.event, self._streams[batch.direction])
 
     def _rollback(self, batch: Batch, exc: BaseException, outer: Any = None) -> None:
         """Fail the batch; on CUDA it runs on the batch's stream and ``outer`` is the
@@ -229,7 +237,7 @@ class HybridCacheController(QueueingMixin):
             self.layer_done.record_all(batch.consumer)
         if outer is not None:
             # Whatever the compute stream runs next (with these slots) runs after that too.
-            outer.wait_stream(torch.cuda.current_stream(self.device))
+            outer.wait_stream(self._streams[batch.direction])
         self._record_event(batch)
         if outer is None:
             self._free_destinations(batch)
@@ -254,7 +262,11 @@ class HybridCacheController(QueueingMixin):
         acks: list[Ack] = []
         for queue in self._inflight.values():
             while queue and (queue[0].event is None or queue[0].event.query()):
-                acks.extend(self._finish(queue.popleft()))
+                batch = queue.popleft()
+                acks.extend(self._finish(batch))
+                if batch.event is not None:  # completed: free to record for a later batch
+                    self._spare_events.append(batch.event)
+                    batch.event = None
         return acks
 
     def _finish(self, batch: Batch) -> list[Ack]:

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from transfer_kernels import runtime
+
 
 class LayerDoneCounter:
     """Ring of per-layer event sets shared by the load stream and the compute stream.
@@ -43,6 +45,9 @@ class LayerDoneCounter:
         self._waits = [list(events) for events in self._events] if self._cuda else None
         self._next = 0
         self.consumer = 0
+        # The stream records go to (the controller's load stream), resolved once: a record
+        # then looks nothing up. None: the current stream.
+        self.stream: Any = None
 
     def begin(self) -> int:
         """Take the next ring slot for a new batch; returns its consumer index."""
@@ -55,12 +60,18 @@ class LayerDoneCounter:
         self.record_span(layer, layer + 1, index)
 
     def record_span(self, first: int, end: int, index: int) -> None:
-        """Mark layers ``[first, end)`` of batch ``index`` done on the current (load)
-        stream: one event record for all of them."""
-        if self._cuda and end > first:
-            event = self._events[index][first]
-            event.record()
-            self._waits[index][first:end] = (event,) * (end - first)
+        """Mark layers ``[first, end)`` of batch ``index`` done on ``stream`` (the load
+        stream; ``None``: the current one): one event record for all of them, made through
+        ``runtime.record`` on the CPU too (a record of no event), so the call count is
+        the same on every device."""
+        if end <= first:
+            return
+        if not self._cuda:
+            runtime.record(None, None)
+            return
+        event = self._events[index][first]
+        runtime.record(event, self.stream)
+        self._waits[index][first:end] = (event,) * (end - first)
 
     def record_all(self, index: int) -> None:
         """Mark every layer of batch ``index`` done now (a rolled-back batch: waiters
