@@ -110,6 +110,7 @@ class HybridCacheController(QueueingMixin):
         self.layer_done = LayerDoneCounter(self.stack.num_model_layers, self.device)
         self.layer_done.stream = self.load_stream  # resolved once: records look nothing up
         self._streams = {"d2h": self.write_stream, "h2d": self.load_stream}
+        self._on_stream = {d: OnStream(s) for d, s in self._streams.items()}  # built once
         self._spare_events: list = []  # batch events whose batch was acked: recorded again
         self._tables: dict[tuple[str, str], RowTable] = {}
         self._anchor = self.stack.anchor.name
@@ -180,7 +181,7 @@ class HybridCacheController(QueueingMixin):
         if direction == "h2d":
             batch.consumer = self.layer_done.begin()
         if self._cuda:
-            on_stream = OnStream(self.write_stream if direction == "d2h" else self.load_stream)
+            on_stream = self._on_stream[direction]
             with on_stream:
                 self._launch_or_rollback(batch, on_stream.outer)
         else:

@@ -105,20 +105,42 @@ class LayerDoneCounter:
 
 
 class OnStream:
-    """``torch.cuda.stream(s)`` that first orders ``s`` after the current stream (kept as
-    ``outer``); a no-op on CPU."""
+    """Make ``stream`` current, ordered after the current stream (kept as ``outer``), and
+    restore ``outer`` on exit; a no-op on CPU (``stream`` is ``None``).
+
+    Reusable, not re-entrant (the controller keeps one per copy stream): its ordering
+    event is created once and recorded anew on each entry (a wait sees the latest record
+    made before it). When the current device is the stream's, entering costs one stream
+    lookup, one record, one wait and one ``set_stream`` (``torch.cuda.stream()`` and
+    ``wait_stream`` would add a lookup, a set and an event creation); on another device it
+    falls back to ``torch.cuda.stream``.
+    """
 
     def __init__(self, stream: Any) -> None:
         self.stream, self.ctx, self.outer = stream, None, None
+        self._order = torch.cuda.Event() if stream is not None else None
 
     def __enter__(self) -> "OnStream":
-        if self.stream is not None:
-            self.outer = torch.cuda.current_stream(self.stream.device)
-            self.stream.wait_stream(self.outer)
+        if self.stream is None:
+            return self
+        outer = torch.cuda.current_stream()
+        if outer.device != self.stream.device:  # another device is current: the full switch
+            outer = torch.cuda.current_stream(self.stream.device)
             self.ctx = torch.cuda.stream(self.stream)
+        self.outer = outer
+        runtime.record(self._order, outer)
+        self.stream.wait_event(self._order)
+        if self.ctx is not None:
             self.ctx.__enter__()
+        else:
+            torch.cuda.set_stream(self.stream)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self.stream is None:
+            return
         if self.ctx is not None:
-            self.ctx.__exit__(*exc)
+            ctx, self.ctx = self.ctx, None
+            ctx.__exit__(*exc)
+        else:
+            torch.cuda.set_stream(self.outer)
