@@ -123,3 +123,26 @@ def test_a_launch_hook_gets_its_metadata(gen, monkeypatch):
     g = next(g for g in range(prepared.num_groups) if lay.grids[g])
     fast.launch(g)
     assert fake.calls == [(lay.grids[g], 9, ("metadata", (lay.grids[g], 1, 1), 9), True)]
+
+
+@pytest.mark.gpu
+def test_cuda_loads_take_the_fast_entry_and_copy_exactly(gen):
+    # On a GPU: the first launch of a variant compiles it (ordinary launch); a plan bound
+    # afterwards takes the compiled kernel's run for every group, byte-exact.
+    from tests.transfer_kernels.pools import assert_copied, snapshot
+    pools = [make_pool(gen, 3, 9, [((40,), torch.uint8), ((3,), torch.float32)], "page_first"),
+             make_pool(gen, 3, 6, [((24,), torch.uint8)], "layer_first")]
+    jobs = [CopyJob(p.host_table, p.device_table, *random_map(gen, p.num_rows, p.num_rows, 4))
+            for p in pools]
+    groups = [[(0, 0), (1, 0)], [(0, 1)], [(1, 1), (0, 2), (1, 2)]]
+    backend = TritonBackend()
+    plan = make_plan(jobs)
+    for g in range(3):  # warm-up: every variant compiled
+        backend.prepare(plan, groups).launch(g)
+    befores = [(snapshot(j.src), snapshot(j.dst)) for j in jobs]
+    prepared = backend.prepare(plan, groups)
+    for g in range(prepared.num_groups):
+        prepared.launch(g)
+    assert prepared._bound.fast and prepared._bound._bound  # the fast entry was taken
+    for job, (src, dst) in zip(jobs, befores):
+        assert_copied(job.src, job.dst, src, dst, job.src_rows, job.dst_rows)
