@@ -112,13 +112,16 @@ class OnStream:
     event is created once and recorded anew on each entry (a wait sees the latest record
     made before it). When the current device is the stream's, entering costs one stream
     lookup, one record, one wait and one ``set_stream`` (``torch.cuda.stream()`` and
-    ``wait_stream`` would add a lookup, a set and an event creation); on another device it
-    falls back to ``torch.cuda.stream``.
+    ``wait_stream`` would add a lookup, a set and an event creation), and the stream is
+    declared to ``transfer_kernels.runtime`` meanwhile (launches then look up neither the
+    stream nor the device); on another device it falls back to ``torch.cuda.stream``.
     """
 
     def __init__(self, stream: Any) -> None:
-        self.stream, self.ctx, self.outer = stream, None, None
+        self.stream, self.ctx, self.outer, self._declared = stream, None, None, None
         self._order = torch.cuda.Event() if stream is not None else None
+        # (device index, raw handle): declared to ``runtime`` while current (no lookups)
+        self._bound = None if stream is None else (stream.device.index, stream.cuda_stream)
 
     def __enter__(self) -> "OnStream":
         if self.stream is None:
@@ -132,8 +135,9 @@ class OnStream:
         self.stream.wait_event(self._order)
         if self.ctx is not None:
             self.ctx.__enter__()
-        else:
+        else:  # the current device is the stream's: declared, launches look nothing up
             torch.cuda.set_stream(self.stream)
+            self._declared = runtime.bind_stream(self._bound)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -143,4 +147,5 @@ class OnStream:
             ctx, self.ctx = self.ctx, None
             ctx.__exit__(*exc)
         else:
+            runtime.bind_stream(self._declared)
             torch.cuda.set_stream(self.outer)

@@ -9,26 +9,55 @@ group at most one launch and one event record, and no ``torch.cuda`` Python call
 launch. The CPU path makes the same calls (a record of ``None`` does nothing), so the
 count a CPU test takes is the count the CUDA path makes.
 
-    stream_handle(device)      the current stream's raw ``cudaStream_t`` (once per load)
+    stream_handle(device)      the current stream's raw ``cudaStream_t`` (once per load;
+                               no lookup while ``bind_stream`` declares it)
     upload(parts, device)      int64 parts -> one tensor on ``device`` (one copy)
     launch(launcher, group)    one pre-bound kernel launch of a prepared plan
     record(event, stream)      one event record on an explicit stream (no stream lookup)
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
 
-__all__ = ["launch", "record", "stream_handle", "upload"]
+__all__ = ["bind_stream", "device_is_current", "launch", "record", "stream_handle", "upload"]
+
+
+_local = threading.local()  # .bound: (device index, stream handle) made current by bind_stream
+
+
+def bind_stream(bound: tuple[int, int] | None) -> tuple[int, int] | None:
+    """Declare ``(device index, handle)`` this thread's current stream, whose device is
+    the current device (``None``: nothing declared); returns the previous declaration.
+
+    The controller's ``OnStream`` declares its copy stream while it is current, so
+    :func:`stream_handle` and :func:`device_is_current` answer without asking torch.
+    """
+    previous = getattr(_local, "bound", None)
+    _local.bound = bound
+    return previous
 
 
 def stream_handle(device: torch.device) -> int:
     """The raw handle of ``device``'s current stream (0 on the CPU): resolved once per
-    prepared load, then passed to every launch."""
+    prepared load, then passed to every launch; the declared one when there is one."""
     if device.type != "cuda":
         return 0
+    bound = getattr(_local, "bound", None)
+    if bound is not None and bound[0] == device.index:
+        return bound[1]
     return torch.cuda.current_stream(device).cuda_stream
+
+
+def device_is_current(device: torch.device) -> bool:
+    """True when ``device`` is the current CUDA device (a kernel loaded there may be
+    launched directly)."""
+    bound = getattr(_local, "bound", None)
+    if bound is not None and bound[0] == device.index:
+        return True
+    return torch.cuda.current_device() == device.index
 
 
 def upload(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:

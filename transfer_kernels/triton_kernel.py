@@ -49,6 +49,8 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
+from transfer_kernels import runtime
+
 try:  # triton >= 3.4: the launch hooks live in knobs (needed by the direct launch)
     from triton import knobs
 except ImportError:  # pragma: no cover - older triton: always the JITFunction path
@@ -188,8 +190,6 @@ class BoundLaunches:
     def __init__(self, meta: torch.Tensor, prog_at: tuple[int, ...], grids: tuple[int, ...],
                  aligns: tuple[int, ...], vpt: int, num_warps: int,
                  kernels: dict | None = None, stream: int = 0) -> None:
-        from transfer_kernels import runtime
-
         self.meta, self.grids, self.vpt, self.num_warps = meta, grids, vpt, num_warps
         self.args = tuple((meta, p, SEG_FIELDS, vpt, a) for p, a in zip(prog_at, aligns))
         self.index = meta.device.index
@@ -199,7 +199,7 @@ class BoundLaunches:
             cuda = meta.device.type == "cuda"
             self.kernels, self.stream = _launchers, runtime.stream_handle(meta.device)
             self.fast = (cuda and knobs is not None and meta.data_ptr() % 16 == 0
-                         and torch.cuda.current_device() == self.index)
+                         and runtime.device_is_current(meta.device))
         self._bound: dict[int, tuple] = {}  # align -> (run, function, packed metadata, kernel)
 
     def launch(self, group: int) -> None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hicache.layer_sync import LayerDoneCounter, OnStream
+from transfer_kernels import runtime
 
 
 class FakeEvent:
@@ -19,6 +20,7 @@ class FakeEvent:
 class FakeStream:
     def __init__(self, name: str, device: str, log: list) -> None:
         self.name, self.device, self.log = name, torch.device(device), log
+        self.cuda_stream = 1000 + len(name)  # a raw handle
 
     def wait_event(self, event) -> None:
         self.log.append(("wait", self.name))
@@ -65,9 +67,13 @@ def test_on_stream_orders_switches_and_restores(cuda):
         log.clear()
         with on:
             log.append(("work", None))
+            # declared while current: launches take its handle without a lookup
+            assert runtime.stream_handle(torch.device("cuda:0")) == copy.cuda_stream
+            assert runtime.device_is_current(torch.device("cuda:0"))
         assert log == [("current_stream", None), ("record", "compute"), ("wait", "copy"),
                        ("set_stream", "copy"), ("work", None), ("set_stream", "compute")]
         assert on.outer.name == "compute"
+        assert runtime.bind_stream(None) is None  # the declaration ended with the block
 
 
 def test_on_stream_of_another_device_takes_the_full_switch(cuda):
