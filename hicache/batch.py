@@ -78,9 +78,14 @@ def _merge(ops: list[Op], side: str) -> dict[str, torch.Tensor]:
     merged = _merged_once(ops)
     if merged is not None:
         return getattr(merged, side)
+    return merge_slots([getattr(op, side) for op in ops])
+
+
+def merge_slots(per_op: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Slots of several ops per root pool, op after op (one concatenation per pool)."""
     per_root: dict[str, list[torch.Tensor]] = {}
-    for op in ops:
-        for root, slots in getattr(op, side).items():
+    for slots_of in per_op:
+        for root, slots in slots_of.items():
             per_root.setdefault(root, []).append(slots)
     return {root: torch.cat(parts) if len(parts) > 1 else parts[0] for root, parts in per_root.items()}
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from hicache.batch import MergedOps, Op
+from hicache.batch import MergedOps, Op, merge_slots
 from hicache.slots import alloc_all, alloc_pages_many, check_owned, check_pages, edge_slots, free_all
 from transfer_kernels.rows import first_duplicate
 
@@ -190,35 +190,35 @@ class QueueingMixin:
                                "device" if load else "host")
         if got is None:
             return None
-        merged = MergedOps(_merge_slots(srcs), got.merged, len(srcs))
+        merged = MergedOps(merge_slots(srcs), got.merged, len(srcs))
         return [self._enqueue(Op(-1, direction, src, dst, None if load else stamps, merged))
                 for src, dst, stamps in zip(srcs, got.slots, got.stamps)]
 
     def _load_each(self, srcs: list[dict[str, torch.Tensor]]) -> list[dict] | None:
         """Loads allocated by a server's allocator one op at a time; a shortfall or a raise
-        gives back every op queued so far."""
-        queue, done = self._queues["h2d"], []
+        gives back every op queued so far (and ``last_op_id`` is as before)."""
+        queue, done, last = self._queues["h2d"], [], self.last_op_id
         try:
             for src in srcs:
                 dst = alloc_all(src, lambda n, k: self._alloc[n](k), lambda n, sl: self._free[n](sl),
                                 self._server_alloc)
-                if dst is not None:
-                    self._check_server_slots(dst)
-                    done.append(self._enqueue(Op(-1, "h2d", src, dst)))
-                    continue
-                break
-            else:
-                return done
+                if dst is None:
+                    break
+                self._check_server_slots(dst)
+                done.append(self._enqueue(Op(-1, "h2d", src, dst)))
         except BaseException:
-            self._unqueue(queue, done)
+            self._unqueue(queue, len(done), last)
             raise
-        self._unqueue(queue, done)
+        if len(done) == len(srcs):
+            return done
+        self._unqueue(queue, len(done), last)
         return None
 
-    def _unqueue(self, queue: list, done: list[dict]) -> None:
-        """Drop the last ``len(done)`` queued ops and give back their device slots."""
-        for _ in done:
+    def _unqueue(self, queue: list, count: int, last_op_id: int) -> None:
+        """Drop the last ``count`` queued ops and give back their device slots."""
+        for _ in range(count):
             free_all(queue.pop().dst, lambda n, sl: self._free[n](sl))
+        self.last_op_id = last_op_id
 
     def mark_host_written(self, host_indices: Any, extra: Mapping[str, Any] | None = None) -> None:
         """Declare host slots that were filled outside the controller loadable.
@@ -271,12 +271,3 @@ def _requests(requests: Any) -> list[tuple[Any, Any]]:
         if not isinstance(req, tuple) or len(req) != 2:
             raise TypeError(f"requests[{i}]: must be a (slots, extra) pair, got {type(req).__name__}")
     return list(requests)
-
-
-def _merge_slots(srcs: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Every op's slots per pool, op after op (one concatenation per pool)."""
-    parts: dict[str, list[torch.Tensor]] = {}
-    for src in srcs:
-        for name, slots in src.items():
-            parts.setdefault(name, []).append(slots)
-    return {n: torch.cat(p) if len(p) > 1 else p[0] for n, p in parts.items()}

@@ -123,9 +123,10 @@ def test_a_server_allocator_going_short_mid_way_undoes_the_queued_ops(gen):
     ctrl = type(cache.controller)(pools, cache.host_group, cache.config, backend="torch",
                                   device_alloc={"kv": kv_alloc}, device_free={"kv": pools["kv"].free})
     ctrl._host_stamp = cache.controller._host_stamp  # the same, already backed-up pages
-    before = allocator_state(cache)
+    before, last = allocator_state(cache), ctrl.last_op_id
     assert ctrl.load_many(reqs) is None
     assert allocator_state(cache) == before and ctrl.pending() == 0
+    assert ctrl.last_op_id == last
     ctrl.check_integrity()
 
 
