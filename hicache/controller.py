@@ -5,7 +5,9 @@ Life of an operation (``write`` = backup D2H, ``load`` = H2D):
     write()/load()     validate (once, here; ``trusted=True`` skips it), allocate
          |             destination slots all-or-nothing,
          |             queue (short on any pool -> free what this call took, return None;
-         |             an allocator that raises -> free what this call took, re-raise)
+         |             an allocator that raises -> free what this call took, re-raise);
+         |             write_many()/load_many(): several ops, one allocator call per
+         |             pool for all of them, their slots merged once
     start_writing()/start_loading()
          |             merge every queued op of that direction into one batch (see
          |             hicache.batch; the plan is built unchecked: its rows come from
