@@ -40,6 +40,7 @@ import torch
 from transfer_kernels import tuning
 from transfer_kernels.base import CopyBackend, PreparedPlan
 from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
+from transfer_kernels.staged_launches import StagedLaunches
 from transfer_kernels.staging import Ring, RingWork, StagedJob, dma, layer_groups, plan_job, \
     region_end, ring_work
 from transfer_kernels.triton_layout import _Lru
@@ -149,20 +150,18 @@ class StagedBackend(CopyBackend):
                  sides: Sequence[str | None] | None) -> StagedLaunches:
         stages = self._layout(plan, groups, sides or self.sides(plan))
         jobs = list(plan.jobs)
-        rows: dict[str, list[np.ndarray]] = {"h2d": [], "d2h": []}
+        per_ring: dict[str, list] = {"h2d": [], "d2h": []}
         for st in stages:
             job = jobs[st.job]
-            local = st.staging  # rows 0..n-1 of the job's regions
+            local = _arange(job.num_rows)  # rows 0..n-1 of the job's staging regions
             if st.ring == "h2d":
-                rows["h2d"].append(job.src_rows.numpy())
-                jobs[st.job] = PlannedJob(local, job.dst, _arange(job.num_rows), job.dst_rows,
-                                          job.layers)
+                per_ring["h2d"].append((st, job.src, job.src_rows.numpy()))
+                jobs[st.job] = PlannedJob(st.staging, job.dst, local, job.dst_rows, job.layers)
             else:
-                rows["d2h"].append(job.dst_rows.numpy())
-                jobs[st.job] = PlannedJob(job.src, local, job.src_rows, _arange(job.num_rows),
-                                          job.layers)
-        work = {d: ring_work(self._ring(plan, d), [s for s in stages if s.ring == d], rows[d],
-                             len(groups)) for d in ("h2d", "d2h") if rows[d]}
+                per_ring["d2h"].append((st, job.dst, job.dst_rows.numpy()))
+                jobs[st.job] = PlannedJob(job.src, st.staging, job.src_rows, local, job.layers)
+        work = {d: ring_work(self._ring(plan, d), got, len(groups))
+                for d, got in per_ring.items() if got}
         inner = self.kernel.prepare(plan.subset(jobs), groups)
         return StagedLaunches(self, inner, work, len(groups))
 
@@ -176,22 +175,22 @@ class StagedBackend(CopyBackend):
     def _layout(self, plan: CopyPlan, groups: LaunchGroups,
                 sides: Sequence[str | None]) -> list[StagedJob]:
         """The staged jobs' chunks and regions, cached per (tables, sides, row counts,
-        groups) when the groups are hashable (the controller's are)."""
+        groups): a load of a seen shape reuses its staging tables (and the kernel's layout
+        cache, keyed by tables, hits)."""
         picked = [(j, s) for j, s in enumerate(sides) if s is not None]
         if not picked:
             return []
         try:
             hash(groups)
-            key = (groups, str(plan.device), self.max_staging_bytes,
-                   tuple((weakref.ref(plan.jobs[j].src), weakref.ref(plan.jobs[j].dst), s,
-                          plan.jobs[j].num_rows) for j, s in picked))
-        except TypeError:
-            key = None
-        found = None if key is None else self._layouts.get(key)
+        except TypeError:  # lists (auto's sub-groups): a tuple of them keys the same layout
+            groups = tuple(map(tuple, groups))
+        key = (groups, str(plan.device), self.max_staging_bytes,
+               tuple((weakref.ref(plan.jobs[j].src), weakref.ref(plan.jobs[j].dst), s,
+                      plan.jobs[j].num_rows) for j, s in picked))
+        found = self._layouts.get(key)
         if found is None:
             found = self._build_layout(plan, groups, picked)
-            if key is not None:
-                self._layouts.put(key, found)
+            self._layouts.put(key, found)
         return found
 
     def _build_layout(self, plan: CopyPlan, groups: LaunchGroups,
@@ -226,108 +225,6 @@ class StagedBackend(CopyBackend):
             from transfer_kernels import cudart
             cudart.stream_wait_event(stream, event)
         self.waits += 1
-
-
-class StagedLaunches(PreparedPlan):
-    """The kernel's prepared launches with each group's DMA before (H2D) or after (D2H)
-    it. Groups may launch in any order; each launches once."""
-
-    def __init__(self, backend: StagedBackend, inner: PreparedPlan, work: dict[str, RingWork],
-                 num_groups: int) -> None:
-        self.backend, self.inner, self.work = backend, inner, work
-        self.h2d, self.d2h = work.get("h2d"), work.get("d2h")
-        self._issued = {d: 0 for d in work}
-        self._launched = np.zeros(num_groups, dtype=bool)
-        self._prefix = 0  # groups 0.._prefix-1 have all launched
-        self._current: int | None = None  # the caller's stream, from the first launch
-
-    @property
-    def num_groups(self) -> int:
-        return self.inner.num_groups
-
-    def launch(self, group: int) -> None:
-        self.backend.launches += 1
-        self._run(group)
-
-    def _run(self, group: int) -> None:
-        """Launch ``group`` with its DMA (no counting of launches)."""
-        if self._current is None:
-            self._start()
-        elif any(w.ring.owner is not self for w in self.work.values()):
-            raise RuntimeError("dma: a later load or backup started on this staging ring "
-                               "before this one's launches ended; launch a prepared plan's "
-                               "groups before starting another")
-        try:
-            if self.h2d is not None:
-                self._h2d(self.h2d, int(self.h2d.ends[group]))
-            self.inner.launch(group)
-            if self.d2h is not None:
-                self._launched[group] = True
-                while self._prefix < self._launched.size and self._launched[self._prefix]:
-                    self._prefix += 1
-                end = int(self.d2h.ends[self._prefix - 1]) if self._prefix else 0
-                self._d2h(self.d2h, end)
-        except BaseException:
-            self._join()
-            raise
-
-    def _start(self) -> None:
-        """First launch: claim the rings and order them after the caller's stream and the
-        previous user."""
-        b = self.backend
-        for w in self.work.values():
-            ring = w.ring
-            ring.buffer()
-            cur = self._current = ring.current()
-            mark, done = ring.events
-            if ring.direction == "h2d":  # the DMA writes the ring and reads the host
-                b._record(ring, mark, cur)
-                b._wait(ring, ring.stream, mark)
-                if ring.last_stream not in (None, cur):  # an older load's scatter elsewhere
-                    b._record(ring, done, ring.last_stream)
-                    b._wait(ring, ring.stream, done)
-            else:  # the gathers overwrite what the previous backup's DMA may still read
-                b._record(ring, done, ring.stream)
-                b._wait(ring, cur, done)
-                if ring.last_stream not in (None, cur):  # an older backup's gathers elsewhere
-                    b._record(ring, mark, ring.last_stream)
-                    b._wait(ring, cur, mark)
-            ring.owner, ring.last_stream = self, cur
-        if self._current is None:
-            self._current = 0
-
-    def _h2d(self, w: RingWork, end: int) -> None:
-        """DMA the chunks groups up to this one read first (not yet issued); the caller's
-        stream waits for it."""
-        if end <= self._issued["h2d"]:
-            return
-        b, ring = self.backend, w.ring
-        b._dma(w, self._issued["h2d"], end)
-        self._issued["h2d"] = end
-        b._record(ring, ring.events[1], ring.stream)
-        b._wait(ring, self._current, ring.events[1])
-
-    def _d2h(self, w: RingWork, end: int) -> None:
-        """DMA the chunks whose layers are all gathered, after the gathers; the caller's
-        stream waits for it."""
-        if end <= self._issued["d2h"]:
-            return
-        b, ring = self.backend, w.ring
-        mark, done = ring.events
-        b._record(ring, mark, self._current)
-        b._wait(ring, ring.stream, mark)
-        b._dma(w, self._issued["d2h"], end)
-        self._issued["d2h"] = end
-        b._record(ring, done, ring.stream)
-        b._wait(ring, self._current, done)
-
-    def _join(self) -> None:
-        """After a failure: the caller's stream waits for whatever the DMA streams hold."""
-        if self._current is None:
-            return
-        for w in self.work.values():
-            self.backend._record(w.ring, w.ring.events[1], w.ring.stream)
-            self.backend._wait(w.ring, self._current, w.ring.events[1])
 
 
 _ARANGE = torch.arange(0)

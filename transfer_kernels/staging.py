@@ -41,7 +41,6 @@ class StagedJob(NamedTuple):
 
     job: int  # index in the plan
     ring: str  # "h2d" (host is the source) or "d2h"
-    host: RowTable
     span: int  # bytes of one host row, all layers
     row: int  # RB: bytes of one layer of one row, all buffers
     stride: int  # bytes between two rows of the job in a chunk region (k * RB)
@@ -102,7 +101,7 @@ def plan_job(j: int, job: PlannedJob, side: str, seen: dict[int, list[int]], rin
                       dtype=np.int64)
     staging = _staging_table(host, ring, chunks, offsets, job.num_rows, k * row)
     whole = len(chunks) == 1 and int(chunks[0, 1]) == num_layers
-    return StagedJob(j, "h2d" if h2d else "d2h", host, span, row, k * row, chunks[:, 0],
+    return StagedJob(j, "h2d" if h2d else "d2h", span, row, k * row, chunks[:, 0],
                      chunks[:, 1], offsets, keys, whole, staging)
 
 
@@ -128,16 +127,17 @@ def _staging_table(host: RowTable, ring: Ring, chunks: np.ndarray, offsets: np.n
     return RowTable.from_views(views, f"{host.name}.staging")
 
 
-def job_pieces(stage: StagedJob, rows: np.ndarray, ring_base: int
+def job_pieces(stage: StagedJob, host: RowTable, rows: np.ndarray, ring_base: int
                ) -> tuple[np.ndarray, np.ndarray]:
-    """This load's pieces of one staged job: keys ``[n]`` and ``[3, n]`` (dst, src, bytes)."""
-    host_base = int(stage.host.ptrs[0, 0])
+    """This load's pieces of one staged job (``host``: its host table, ``rows`` its host
+    rows): keys ``[n]`` and ``[3, n]`` (dst, src, bytes)."""
+    host_base = int(host.ptrs[0, 0])
     if stage.whole:
         # runs of consecutive host rows (the staging rows 0..n-1 always are)
         d0 = np.concatenate(([0], np.flatnonzero(np.diff(rows) != 1) + 1)).astype(np.int64)
         s0, k = rows[d0], np.diff(np.append(d0, rows.size))
         # no piece across a pinned registration chunk (rows never straddle one)
-        s0, d0, k = _cut_at_chunks(stage.host, stage.staging, 0, 0, s0, d0, k)
+        s0, d0, k = _cut_at_chunks(host, stage.staging, 0, 0, s0, d0, k)
         host = host_base + s0 * stage.span
         ring = ring_base + int(stage.offset[0]) + d0 * stage.stride
         size = k * stage.span
@@ -162,11 +162,12 @@ class RingWork(NamedTuple):
     ends: np.ndarray  # [num_groups]
 
 
-def ring_work(ring: Ring, stages: Sequence[StagedJob], rows: Sequence[np.ndarray],
+def ring_work(ring: Ring, stages: Sequence[tuple[StagedJob, RowTable, np.ndarray]],
               num_groups: int) -> RingWork:
-    """The pieces of ``stages`` (one ring) for this load, ordered by issuing group."""
+    """The pieces of ``stages`` (one ring; each with its host table and host rows) for
+    this load, ordered by issuing group."""
     base = ring.base()
-    parts = [job_pieces(st, r, base) for st, r in zip(stages, rows)]
+    parts = [job_pieces(st, host, rows, base) for st, host, rows in stages]
     keys = np.concatenate([k for k, _ in parts])
     pieces = np.concatenate([p for _, p in parts], axis=1)
     order = np.argsort(keys, kind="stable")
@@ -201,6 +202,8 @@ class Ring:
                 with torch.cuda.device(self.device):
                     stream = torch.cuda.Stream(self.device)
                     self.events = (cudart.event_create(), cudart.event_create())
+                # the allocator must not hand the bytes out while the DMA stream uses them
+                self._buffer.record_stream(stream)
                 self.stream, self._keep = stream.cuda_stream, [stream]
             else:
                 self.events = (1, 2)

@@ -66,3 +66,78 @@ def test_prepared_copy_touches_only_the_grouped_layers(gen, direction):
     prepared.launch(1)
     assert_copied(src, dst, *before, src_rows, dst_rows, layers=[0, 2])
     assert staged.copies == 2  # a chunk per group (one layer apart: no common piece)
+
+
+def _layer_bytes(table, layer, rows):
+    return [v[rows].clone() for v in table.views[layer]]
+
+
+@pytest.mark.parametrize("kernel", ["torch", "triton"])
+def test_h2d_group_by_group_each_dma_brings_only_what_its_group_reads_first(gen, monkeypatch,
+                                                                            kernel):
+    # 4 layers, a chunk of 2 layers (piece 2 x 69 B), groups {0}, {1, 2}, {3}: launch g
+    # DMAs the chunks group g reads first, then scatters; later layers are still untouched
+    # (on CUDA: a consumer of group g's layers waits for no later DMA or scatter).
+    monkeypatch.setattr("transfer_kernels.tuning.DMA_PIECE_BYTES", 2 * 69)
+    pool = _pool(gen, layers=4)
+    src_rows, dst_rows = [3, 4, 9], [0, 7, 2]
+    staged = StagedBackend(TorchBackend() if kernel == "torch" else TritonBackend())
+    groups = [[(0, 0)], [(0, 1), (0, 2)], [(0, 3)]]
+    prepared = staged.prepare(make_plan([CopyJob(pool.host_table, pool.device_table, src_rows,
+                                                 dst_rows)]), groups)
+    before = snapshot(pool.host_table), snapshot(pool.device_table)
+    pieces = []
+    for g, done in enumerate(([0], [0, 1, 2], [0, 1, 2, 3])):
+        prepared.launch(g)
+        pieces.append(staged.pieces)
+        for layer in range(4):
+            got = _layer_bytes(pool.device_table, layer, dst_rows)
+            want = (_layer_bytes(pool.host_table, layer, src_rows) if layer in done
+                    else [v[dst_rows] for v in before[1][layer]])
+            assert all(a.equal(b) for a, b in zip(got, want)), (g, layer)
+    # chunks [0, 2) at group 0, [2, 4) at group 1 (layer 2 is read first there), none at 2
+    assert pieces == [3, 6, 6] and staged.copies == 2
+    assert_copied(pool.host_table, pool.device_table, *before, src_rows, dst_rows)
+
+
+def test_d2h_chunk_goes_out_once_all_its_layers_are_gathered(gen, monkeypatch):
+    monkeypatch.setattr("transfer_kernels.tuning.DMA_PIECE_BYTES", 2 * 69)
+    pool = _pool(gen, layers=4)
+    src_rows, dst_rows = [1, 5], [6, 2]
+    staged = StagedBackend(TorchBackend())
+    prepared = staged.prepare(make_plan([CopyJob(pool.device_table, pool.host_table, src_rows,
+                                                 dst_rows)]), [[(0, 0)], [(0, 1), (0, 2)], [(0, 3)]])
+    before = snapshot(pool.device_table), snapshot(pool.host_table)
+    copies = []
+    for g in range(3):
+        prepared.launch(g)
+        copies.append((staged.copies, staged.records, staged.waits))
+    # start: 1 record + 1 wait; group 0: nothing complete; group 1: chunk [0, 2); group 2:
+    # chunk [2, 4); each DMA: record + wait before it, record + wait after it
+    assert copies == [(0, 1, 1), (1, 3, 3), (2, 5, 5)]
+    assert_copied(pool.device_table, pool.host_table, *before, src_rows, dst_rows)
+
+
+def test_an_older_plan_may_not_launch_after_a_newer_one_started(gen):
+    pool = _pool(gen)
+    staged = StagedBackend(TorchBackend())
+    plan = make_plan([CopyJob(pool.host_table, pool.device_table, [0, 1], [2, 3])])
+    first = staged.prepare(plan, [[(0, 0)], [(0, 1), (0, 2)]])
+    second = staged.prepare(plan, [[(0, 0)], [(0, 1), (0, 2)]])
+    first.launch(0)
+    second.launch(0)  # starts: owns the ring now
+    with pytest.raises(RuntimeError, match="later load or backup started"):
+        first.launch(1)
+    second.launch(1)
+
+
+def test_the_layout_cache_keeps_no_pool_alive(gen):
+    import gc
+    import weakref
+    staged = StagedBackend(TorchBackend())
+    pool = _pool(gen)
+    copy_rows_batch([CopyJob(pool.host_table, pool.device_table, [1, 2], [3, 4])], backend=staged)
+    gone = weakref.ref(pool.host_table)
+    del pool
+    gc.collect()
+    assert gone() is None
