@@ -41,8 +41,8 @@ from transfer_kernels import tuning
 from transfer_kernels.base import CopyBackend, PreparedPlan
 from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
 from transfer_kernels.staged_launches import StagedLaunches
-from transfer_kernels.staging import Ring, RingWork, StagedJob, dma, layer_groups, plan_job, \
-    region_end, ring_work
+from transfer_kernels.staging import Ring, RingLayout, RingWork, StagedJob, dma, layer_groups, \
+    plan_job, region_end, ring_layout, ring_work
 from transfer_kernels.triton_layout import _Lru
 
 
@@ -122,7 +122,9 @@ class StagedBackend(CopyBackend):
         side = host_side(job, plan)
         if side is None or getattr(job, f"{side}_rows").device.type != "cpu":
             return None  # host rows on the device: reading them would synchronize
-        return side if page_piece_bytes(job, side) >= self.min_piece_bytes else None
+        if self.min_piece_bytes > 1 and page_piece_bytes(job, side) < self.min_piece_bytes:
+            return None
+        return side
 
     def sides(self, plan: CopyPlan) -> list[str | None]:
         """Per job: the side it is staged on (:meth:`stages`)."""
@@ -148,20 +150,20 @@ class StagedBackend(CopyBackend):
 
     def _prepare(self, plan: CopyPlan, groups: LaunchGroups,
                  sides: Sequence[str | None] | None) -> StagedLaunches:
-        stages = self._layout(plan, groups, sides or self.sides(plan))
+        stages, rings = self._layout(plan, groups, sides or self.sides(plan))
         jobs = list(plan.jobs)
-        per_ring: dict[str, list] = {"h2d": [], "d2h": []}
         for st in stages:
             job = jobs[st.job]
             local = _arange(job.num_rows)  # rows 0..n-1 of the job's staging regions
-            if st.ring == "h2d":
-                per_ring["h2d"].append((st, job.src, job.src_rows.numpy()))
-                jobs[st.job] = PlannedJob(st.staging, job.dst, local, job.dst_rows, job.layers)
-            else:
-                per_ring["d2h"].append((st, job.dst, job.dst_rows.numpy()))
-                jobs[st.job] = PlannedJob(job.src, st.staging, job.src_rows, local, job.layers)
-        work = {d: ring_work(self._ring(plan, d), got, len(groups))
-                for d, got in per_ring.items() if got}
+            jobs[st.job] = (PlannedJob(st.staging, job.dst, local, job.dst_rows, job.layers)
+                            if st.ring == "h2d" else
+                            PlannedJob(job.src, st.staging, job.src_rows, local, job.layers))
+        work = {}
+        for direction, lay in rings.items():
+            side = "src" if direction == "h2d" else "dst"
+            work[direction] = ring_work(lay, [getattr(plan.jobs[j], side) for j in lay.jobs],
+                                        [getattr(plan.jobs[j], f"{side}_rows").numpy()
+                                         for j in lay.jobs])
         inner = self.kernel.prepare(plan.subset(jobs), groups)
         return StagedLaunches(self, inner, work, len(groups))
 
@@ -173,13 +175,13 @@ class StagedBackend(CopyBackend):
         return ring
 
     def _layout(self, plan: CopyPlan, groups: LaunchGroups,
-                sides: Sequence[str | None]) -> list[StagedJob]:
+                sides: Sequence[str | None]) -> tuple[list[StagedJob], dict[str, RingLayout]]:
         """The staged jobs' chunks and regions, cached per (tables, sides, row counts,
         groups): a load of a seen shape reuses its staging tables (and the kernel's layout
         cache, keyed by tables, hits)."""
         picked = [(j, s) for j, s in enumerate(sides) if s is not None]
         if not picked:
-            return []
+            return [], {}
         try:
             hash(groups)
         except TypeError:  # lists (auto's sub-groups): a tuple of them keys the same layout
@@ -193,11 +195,11 @@ class StagedBackend(CopyBackend):
             self._layouts.put(key, found)
         return found
 
-    def _build_layout(self, plan: CopyPlan, groups: LaunchGroups,
-                      picked: list[tuple[int, str]]) -> list[StagedJob]:
+    def _build_layout(self, plan: CopyPlan, groups: LaunchGroups, picked: list[tuple[int, str]]
+                      ) -> tuple[list[StagedJob], dict[str, RingLayout]]:
         seen = layer_groups(groups, len(plan.jobs))
         used = {"h2d": 0, "d2h": 0}
-        out = []
+        stages: list[StagedJob] = []
         for j, side in picked:
             if not seen[j]:
                 continue  # no group names a layer of it
@@ -206,8 +208,13 @@ class StagedBackend(CopyBackend):
                           used[direction])
             if st is not None:  # else over the ring's bytes: the kernel copies it directly
                 used[direction] = region_end(st)
-                out.append(st)
-        return out
+                stages.append(st)
+        rings = {}
+        for direction, side in (("h2d", "src"), ("d2h", "dst")):
+            mine = [(st, getattr(plan.jobs[st.job], side)) for st in stages if st.ring == direction]
+            if mine:
+                rings[direction] = ring_layout(self._ring(plan, direction), mine, len(groups))
+        return stages, rings
 
     def _dma(self, work: RingWork, begin: int, end: int) -> None:
         pieces = work.pieces[:, begin:end]

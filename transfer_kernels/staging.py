@@ -127,30 +127,61 @@ def _staging_table(host: RowTable, ring: Ring, chunks: np.ndarray, offsets: np.n
     return RowTable.from_views(views, f"{host.name}.staging")
 
 
-def job_pieces(stage: StagedJob, host: RowTable, rows: np.ndarray, ring_base: int
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """This load's pieces of one staged job (``host``: its host table, ``rows`` its host
-    rows): keys ``[n]`` and ``[3, n]`` (dst, src, bytes)."""
-    host_base = int(host.ptrs[0, 0])
-    if stage.whole:
-        # runs of consecutive host rows (the staging rows 0..n-1 always are)
-        d0 = np.concatenate(([0], np.flatnonzero(np.diff(rows) != 1) + 1)).astype(np.int64)
-        s0, k = rows[d0], np.diff(np.append(d0, rows.size))
-        # no piece across a pinned registration chunk (rows never straddle one)
-        s0, d0, k = _cut_at_chunks(host, stage.staging, 0, 0, s0, d0, k)
-        host = host_base + s0 * stage.span
-        ring = ring_base + int(stage.offset[0]) + d0 * stage.stride
-        size = k * stage.span
-        keys = np.full(size.size, int(stage.key[0]), dtype=np.int64)
+def _whole_pieces(stage: StagedJob, host: RowTable, rows: np.ndarray, ring_base: int
+                  ) -> np.ndarray:
+    """``[3, n]`` (ring, host, bytes): a piece per run of consecutive host rows."""
+    # the staging rows 0..n-1 are always consecutive: runs break on the host rows only
+    d0 = np.concatenate(([0], np.flatnonzero(np.diff(rows) != 1) + 1)).astype(np.int64)
+    s0, k = rows[d0], np.diff(np.append(d0, rows.size))
+    # no piece across a pinned registration chunk (rows never straddle one)
+    s0, d0, k = _cut_at_chunks(host, stage.staging, 0, 0, s0, d0, k)
+    return np.stack([ring_base + int(stage.offset[0]) + d0 * stage.stride,
+                     int(host.ptrs[0, 0]) + s0 * stage.span, k * stage.span])
+
+
+class RingLayout(NamedTuple):
+    """One ring's pieces of a cached layout. Per-row pieces (chunks of some layers) have
+    fixed fields, sorted by issuing group once; a load only fills in its host rows.
+    Whole-row jobs get a piece per run of rows, found per load."""
+
+    ring: Ring
+    jobs: tuple[int, ...]  # plan jobs whose host rows ``row`` indexes (concatenated)
+    row: np.ndarray  # per piece: index into the concatenated host rows
+    host: np.ndarray  # per piece: host address, less row * span
+    span: np.ndarray  # per piece: host row stride
+    ring_addr: np.ndarray  # per piece: staging address
+    size: np.ndarray
+    key: np.ndarray  # per piece: the group that issues it
+    ends: np.ndarray  # per group: per-row pieces issued by then
+    whole: tuple[tuple[int, StagedJob], ...]  # (position in jobs, stage)
+
+
+def ring_layout(ring: Ring, stages: Sequence[tuple[StagedJob, RowTable]],
+                num_groups: int) -> RingLayout:
+    """The fixed part of one ring's pieces (``stages``: each with its host table)."""
+    base, at, fields, whole = ring.base(), 0, [], []
+    for pos, (st, host) in enumerate(stages):
+        n = st.staging.num_rows
+        if st.whole:
+            whole.append((pos, st))
+        else:
+            c = st.first.size
+            fields.append((np.tile(at + np.arange(n, dtype=np.int64), c),
+                           np.repeat(int(host.ptrs[0, 0]) + st.first * st.row, n),
+                           np.full(c * n, st.span, dtype=np.int64),
+                           (base + st.offset[:, None]
+                            + np.arange(n, dtype=np.int64)[None, :] * st.stride).ravel(),
+                           np.repeat(st.count * st.row, n), np.repeat(st.key, n)))
+        at += n
+    if fields:
+        cols = [np.concatenate(f) for f in zip(*fields)]
     else:
-        n = rows.size
-        host = (host_base + rows[None, :] * stage.span + stage.first[:, None] * stage.row).ravel()
-        ring = (ring_base + stage.offset[:, None]
-                + np.arange(n, dtype=np.int64)[None, :] * stage.stride).ravel()
-        size = np.repeat(stage.count * stage.row, n)
-        keys = np.repeat(stage.key, n)
-    pieces = np.stack([ring, host, size]) if stage.ring == "h2d" else np.stack([host, ring, size])
-    return keys, pieces
+        cols = [np.zeros(0, dtype=np.int64)] * 6
+    order = np.argsort(cols[5], kind="stable")
+    row, host, span, ring_addr, size, key = (c[order] for c in cols)
+    ends = np.searchsorted(key, np.arange(num_groups), side="right")
+    return RingLayout(ring, tuple(st.job for st, _ in stages), row, host, span, ring_addr,
+                      size, key, ends, tuple(whole))
 
 
 class RingWork(NamedTuple):
@@ -162,17 +193,24 @@ class RingWork(NamedTuple):
     ends: np.ndarray  # [num_groups]
 
 
-def ring_work(ring: Ring, stages: Sequence[tuple[StagedJob, RowTable, np.ndarray]],
-              num_groups: int) -> RingWork:
-    """The pieces of ``stages`` (one ring; each with its host table and host rows) for
-    this load, ordered by issuing group."""
-    base = ring.base()
-    parts = [job_pieces(st, host, rows, base) for st, host, rows in stages]
-    keys = np.concatenate([k for k, _ in parts])
-    pieces = np.concatenate([p for _, p in parts], axis=1)
-    order = np.argsort(keys, kind="stable")
-    ends = np.searchsorted(keys[order], np.arange(num_groups), side="right")
-    return RingWork(ring, pieces[:, order], ends)
+def ring_work(lay: RingLayout, hosts: Sequence[RowTable], rows: Sequence[np.ndarray]
+              ) -> RingWork:
+    """This load's pieces in ``lay``'s ring (``hosts`` / ``rows``: per job of ``lay.jobs``,
+    its host table and host rows)."""
+    cat = np.concatenate(rows) if len(rows) > 1 else rows[0]
+    pieces = np.stack([lay.ring_addr, lay.host + cat[lay.row] * lay.span, lay.size])
+    ends = lay.ends
+    if lay.whole:
+        base = lay.ring.base()
+        extra = [_whole_pieces(st, hosts[pos], rows[pos], base) for pos, st in lay.whole]
+        keys = np.concatenate([lay.key] + [np.full(p.shape[1], int(st.key[0]), dtype=np.int64)
+                                           for p, (_, st) in zip(extra, lay.whole)])
+        order = np.argsort(keys, kind="stable")
+        pieces = np.concatenate([pieces] + extra, axis=1)[:, order]
+        ends = np.searchsorted(keys[order], np.arange(ends.size), side="right")
+    if lay.ring.direction == "d2h":
+        pieces = pieces[[1, 0, 2]]
+    return RingWork(lay.ring, pieces, ends)
 
 
 class Ring:
