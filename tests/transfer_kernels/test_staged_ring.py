@@ -141,3 +141,32 @@ def test_the_layout_cache_keeps_no_pool_alive(gen):
     del pool
     gc.collect()
     assert gone() is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+def test_cuda_groups_while_the_caller_stream_is_busy(gen, monkeypatch, direction):
+    # The real DMA stream and events. H2D: the DMA stream is held by a long sleep, so a
+    # scatter not ordered after its DMA reads stale staging; D2H: the caller's stream is
+    # held, so a DMA not ordered after its gather copies stale staging. Only the caller's
+    # stream is synchronized: it must cover every DMA. Chunks of 2 layers.
+    monkeypatch.setattr("transfer_kernels.tuning.DMA_PIECE_BYTES", 2 * 69)
+    pool = make_pool(gen, 4, 64, MIXED, "page_first", device="cuda", pin=True)
+    src, dst = _sides(pool, direction)
+    jobs = [CopyJob(src, dst, [0, 1, 9], [4, 5, 30]), CopyJob(src, dst, [7, 8], [9, 10])]
+    staged = StagedBackend(TritonBackend())
+    prepared = staged.prepare(make_plan(jobs), [[(0, 0), (1, 0)], [(0, 1), (1, 1), (0, 2)],
+                                                [(1, 2), (0, 3), (1, 3)]])
+    before = snapshot(src), snapshot(dst)
+    ring = staged._rings[(str(torch.device("cuda", 0)), direction)]
+    held = torch.cuda.ExternalStream(ring.stream) if direction == "h2d" else None
+    with torch.cuda.stream(held or torch.cuda.current_stream()):
+        torch.cuda._sleep(50_000_000)
+    for g in range(3):
+        prepared.launch(g)
+    torch.cuda.current_stream().synchronize()
+    if direction == "d2h":  # host bytes read with no device-wide sync
+        for layer in range(4):
+            for b, view in enumerate(dst.views[layer]):
+                assert view[[4, 5, 30, 9, 10]].equal(before[0][layer][b][[0, 1, 9, 7, 8]])
+    assert_copied(src, dst, *before, [0, 1, 9, 7, 8], [4, 5, 30, 9, 10])
