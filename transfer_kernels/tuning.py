@@ -63,10 +63,11 @@ COPY_ENGINE_2D_MIN_ROWS = 2
 
 # --- the DMA path for page_first host pools (copy-engine value, H100, measured) ---
 # A page_first host pool whose whole-page pieces (all layers of a run of pages, contiguous
-# on the host) are at least this large is moved by one batched cudaMemcpyBatchAsync into a
-# device staging buffer and scattered on the device (D2H: gathered, then copied out). The
-# value is the copy engine's measured crossover above (pieces >= 64 KiB reach 52-55 GB/s);
-# the staged path itself has not been measured yet.
+# on the host) are at least this large is staged ("auto"): per launch group one batched
+# cudaMemcpyBatchAsync of page chunks into a device staging ring, then the group's scatter
+# on the device (D2H: gather, then DMA). The value is the copy engine's measured crossover
+# above (pieces >= 64 KiB reach 52-55 GB/s); the staged path itself has not been measured
+# on a GPU since it was made per group.
 DMA_MIN_PIECE_BYTES = 64 * 1024
 # Bytes of each staging ring of the DMA backend (one per device and direction, allocated
 # once, reused by every load): a 64-page DeepSeek-V4-Pro load (98.6 MB, the largest

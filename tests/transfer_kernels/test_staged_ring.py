@@ -170,3 +170,50 @@ def test_cuda_groups_while_the_caller_stream_is_busy(gen, monkeypatch, direction
             for b, view in enumerate(dst.views[layer]):
                 assert view[[4, 5, 30, 9, 10]].equal(before[0][layer][b][[0, 1, 9, 7, 8]])
     assert_copied(src, dst, *before, [0, 1, 9, 7, 8], [4, 5, 30, 9, 10])
+
+
+def _random_case(gen, seed):
+    """Two pools, 1-3 jobs each way on them (disjoint rows per table), random launch groups
+    over a random subset of each job's layers."""
+    g = torch.Generator().manual_seed(seed)
+    layers = int(torch.randint(1, 6, (1,), generator=g))
+    pools = [_pool(gen, layers=layers, rows=24) for _ in range(2)]
+    jobs, expect = [], []
+    for pool in pools:
+        perm_host, perm_dev = torch.randperm(24, generator=g), torch.randperm(24, generator=g)
+        at = 0
+        for direction in ("h2d", "d2h")[:int(torch.randint(1, 3, (1,), generator=g))]:
+            n = int(torch.randint(1, 6, (1,), generator=g))
+            host, dev = perm_host[at:at + n], perm_dev[at:at + n]
+            at += n
+            src, dst = _sides(pool, direction)
+            jobs.append(CopyJob(src, dst, *((host, dev) if direction == "h2d" else (dev, host))))
+    pairs = [(j, layer) for j in range(len(jobs)) for layer in range(layers)
+             if bool(torch.rand(1, generator=g) < 0.8)]
+    pairs = [pairs[i] for i in torch.randperm(len(pairs), generator=g).tolist()]
+    cuts = sorted(torch.randint(0, len(pairs) + 1, (3,), generator=g).tolist())
+    groups = [pairs[a:b] for a, b in zip([0] + cuts, cuts + [len(pairs)])]
+    return jobs, groups
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_plans_and_groups_match_the_reference(gen, monkeypatch, seed):
+    monkeypatch.setattr("transfer_kernels.tuning.DMA_PIECE_BYTES", [1, 69, 200, 1 << 20][seed % 4])
+    jobs, groups = _random_case(gen, seed)
+    staged = StagedBackend(TorchBackend())
+    plan = make_plan(jobs)
+    tables = {id(t): t for job in jobs for t in (job.src, job.dst)}
+    before = {k: snapshot(t) for k, t in tables.items()}
+    prepared = staged.prepare(plan, groups)
+    for g in torch.randperm(len(groups), generator=torch.Generator().manual_seed(seed)).tolist():
+        prepared.launch(g)
+    want = {k: [[v.clone() for v in layer] for layer in b] for k, b in before.items()}
+    for j, job in enumerate(jobs):  # the reference: each grouped (job, layer), rows in order
+        for layer in {layer for group in groups for jj, layer in group if jj == j}:
+            for b in range(job.src.num_buffers):
+                want[id(job.dst)][layer][b][torch.as_tensor(job.dst_rows)] = \
+                    before[id(job.src)][layer][b][torch.as_tensor(job.src_rows)]
+    for k, table in tables.items():
+        for layer in range(table.num_layers):
+            for b, view in enumerate(table.views[layer]):
+                assert view.equal(want[k][layer][b]), (seed, table.name, layer, b)
