@@ -66,13 +66,22 @@ def layer_groups(groups: LaunchGroups, num_jobs: int) -> list[dict[int, list[int
 
 
 def chunk_layers(layers: Sequence[int], k: int) -> list[list[int]]:
-    """``[first, count]`` per chunk: runs of consecutive ``layers`` (sorted) cut every k."""
-    out: list[list[int]] = []
+    """``[first, count]`` per chunk: each run of consecutive ``layers`` (sorted) cut into
+    as few chunks of at most k layers as it needs, of even sizes (30 layers at k = 4: six
+    of 4 and two of 3, not seven of 4 and one of 2: no small remainder piece)."""
+    runs_: list[list[int]] = []
     for layer in layers:
-        if out and layer == out[-1][0] + out[-1][1] and out[-1][1] < k:
-            out[-1][1] += 1
+        if runs_ and layer == runs_[-1][0] + runs_[-1][1]:
+            runs_[-1][1] += 1
         else:
-            out.append([layer, 1])
+            runs_.append([layer, 1])
+    out = []
+    for first, length in runs_:
+        parts = -(-length // k)
+        for i in range(parts):
+            count = length // parts + (i < length % parts)
+            out.append([first, count])
+            first += count
     return out
 
 

@@ -217,3 +217,11 @@ def test_random_plans_and_groups_match_the_reference(gen, monkeypatch, seed):
         for layer in range(table.num_layers):
             for b, view in enumerate(table.views[layer]):
                 assert view.equal(want[k][layer][b]), (seed, table.name, layer, b)
+
+
+def test_chunks_are_runs_of_grouped_layers_cut_evenly():
+    from transfer_kernels.staging import chunk_layers
+    assert chunk_layers(list(range(30)), 4) == [[0, 4], [4, 4], [8, 4], [12, 4], [16, 4],
+                                                [20, 4], [24, 3], [27, 3]]
+    assert chunk_layers([0, 1, 2, 5, 6, 9], 2) == [[0, 2], [2, 1], [5, 2], [9, 1]]
+    assert chunk_layers([3, 4, 5], 8) == [[3, 3]]
