@@ -86,8 +86,8 @@ def pieces_table(staged: _Recording) -> list[dict]:
             "layers": job.src.num_layers, "span_B": rb * job.src.num_layers,
             "group_piece_min_B": min(per_group), "group_piece_med_B": int(statistics.median(per_group)),
             "group_piece_max_B": max(per_group), "group_pieces": len(per_group) * job.num_rows,
-            "chunk_layers": None if st is None else st.stride // rb,
-            "dma_piece_B": None if st is None else st.stride,
+            "chunk_layers": None if st is None else f"{st.count.min()}-{st.count.max()}",
+            "dma_piece_B": None if st is None else f"{st.count.min() * rb}-{st.count.max() * rb}",
             "chunks": None if st is None else int(st.first.size),
             "whole_rows": None if st is None else st.whole,
             "MB": round(job.num_bytes / 1e6, 2)})
