@@ -225,3 +225,29 @@ def test_chunks_are_runs_of_grouped_layers_cut_evenly():
                                                 [20, 4], [24, 3], [27, 3]]
     assert chunk_layers([0, 1, 2, 5, 6, 9], 2) == [[0, 2], [2, 1], [5, 2], [9, 1]]
     assert chunk_layers([3, 4, 5], 8) == [[3, 3]]
+
+
+def test_cuda_calls_are_the_runtime_calls_with_the_ring_stream(monkeypatch):
+    # The CUDA branch of the DMA and event helpers, with the runtime replaced by a log
+    # (the CPU has no device; a GPU machine runs test_cuda_groups_... for real).
+    import numpy as np
+
+    from transfer_kernels import cudart
+    from transfer_kernels.staging import Ring, dma
+    calls = []
+    monkeypatch.setattr(cudart, "memcpy_batch_async", lambda d, s, n, st: calls.append(
+        ("batch", d.tolist(), s.tolist(), n.tolist(), st)))
+    monkeypatch.setattr(cudart, "memcpy_async", lambda d, s, n, st: calls.append(("one", d, s, n, st)))
+    monkeypatch.setattr(cudart, "event_record", lambda ev, st: calls.append(("record", ev, st)))
+    monkeypatch.setattr(cudart, "stream_wait_event", lambda st, ev: calls.append(("wait", st, ev)))
+    cuda = torch.device("cuda", 0)
+    pieces = np.array([[100, 200], [300, 400], [8, 16]], dtype=np.int64)
+    assert dma(pieces, 7, cuda, True) == 1 and dma(pieces, 7, cuda, False) == 2
+    ring = Ring(cuda, "h2d", 1 << 20)
+    ring.stream, ring.events = 7, (11, 12)
+    staged = StagedBackend(TorchBackend())
+    staged._record(ring, 12, 7)
+    staged._wait(ring, 3, 12)
+    assert calls == [("batch", [100, 200], [300, 400], [8, 16], 7), ("one", 100, 300, 8, 7),
+                     ("one", 200, 400, 16, 7), ("record", 12, 7), ("wait", 3, 12)]
+    assert (staged.records, staged.waits) == (1, 1)
