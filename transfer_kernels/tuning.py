@@ -63,14 +63,20 @@ COPY_ENGINE_2D_MIN_ROWS = 2
 
 # --- the DMA path for page_first host pools (copy-engine value, H100, measured) ---
 # A page_first host pool whose whole-page pieces (all layers of a run of pages, contiguous
-# on the host) are at least this large is moved by one batched cudaMemcpyBatchAsync into a
-# device staging buffer and scattered on the device (D2H: gathered, then copied out). The
-# value is the copy engine's measured crossover above (pieces >= 64 KiB reach 52-55 GB/s);
-# the staged path itself has not been measured yet.
+# on the host) are at least this large is staged ("auto"): per launch group one batched
+# cudaMemcpyBatchAsync of page chunks into a device staging ring, then the group's scatter
+# on the device (D2H: gather, then DMA). The value is the copy engine's measured crossover
+# above (pieces >= 64 KiB reach 52-55 GB/s); the staged path itself has not been measured
+# on a GPU since it was made per group.
 DMA_MIN_PIECE_BYTES = 64 * 1024
-# Device staging of one DMA backend, per direction and stream: jobs beyond it take the
-# kernel path (DeepSeek-V4-Pro: 16 pages ~30 MB, 64 pages ~99 MB).
-DMA_STAGING_MAX_BYTES = 256 << 20
+# Bytes of each staging ring of the DMA backend (one per device and direction, allocated
+# once, reused by every load): a 64-page DeepSeek-V4-Pro load (98.6 MB, the largest
+# benchmarked batch) fits whole; a job beyond what is left takes the kernel path.
+DMA_STAGING_MAX_BYTES = 128 << 20
+# Bytes a DMA piece aims for when a load's launch groups cut a page_first row into chunks
+# of layers (H100, measured, cudaMemcpyBatchAsync of scattered pieces: 0.98 of one
+# contiguous copy at 128 KiB, 0.68 at 32 KiB); a chunk holds ceil(this / row) layers.
+DMA_PIECE_BYTES = 128 * 1024
 
 # --- auto backend on CPU (measured on the 2-core dev VM) ---
 # On the CPU both backends are memcpy-like: the copy engine pays ~5 us of Python per run
