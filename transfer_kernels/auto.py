@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import weakref
+from typing import NamedTuple
 
 from transfer_kernels import auto_table
 from transfer_kernels.auto_table import AutoTable
@@ -162,31 +163,44 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def shape(job: PlannedJob, plan: CopyPlan) -> tuple[str, str, int, int, str | None]:
-    """``(device, path, piece_bytes, job_bytes, staged side)`` of ``job`` (``auto_table``
-    module docstring): read from its tables and row count, never from its rows."""
-    src = job.src
+class Shape(NamedTuple):
+    """What the table looks up for a job (``auto_table`` module docstring)."""
+
+    device: str
+    dir: str
+    path: str
+    piece_bytes: int
+    job_bytes: int
+    side: str | None  # the staged side of a "stage" job
+
+
+def shape(job: PlannedJob, plan: CopyPlan) -> Shape:
+    """The job's :class:`Shape`: read from its tables and row count, never from its rows."""
+    src, dst = job.src, job.dst
+    on_host = src.device.type == "cpu", dst.device.type == "cpu"
+    direction = "same" if on_host[0] == on_host[1] else "h2d" if on_host[0] else "d2h"
     side = host_side(job, plan) if len(job.layers) == src.num_layers else None
     row_bytes = sum(src.row_bytes)
     job_bytes = (1 << (max(1, job.num_rows).bit_length() - 1)) * row_bytes * len(job.layers)
     if side is not None:
-        return plan.device.type, "stage", getattr(job, side).page_span()[1], job_bytes, side
-    dense = all(t.row_strides[b] == n for t in (src, job.dst) for b, n in enumerate(src.row_bytes))
-    return (plan.device.type, "dense" if dense else "strided", row_bytes // src.num_buffers,
-            job_bytes, None)
+        span = getattr(job, side).page_span()[1]
+        return Shape(plan.device.type, direction, "stage", span, job_bytes, side)
+    dense = all(t.row_strides[b] == n for t in (src, dst) for b, n in enumerate(src.row_bytes))
+    return Shape(plan.device.type, direction, "dense" if dense else "strided",
+                 row_bytes // src.num_buffers, job_bytes, None)
 
 
 def decide(job: PlannedJob, plan: CopyPlan, table: AutoTable = auto_table.SEED) -> Decision:
     """The (backend, staged side) of ``job`` under ``table``, uncached (module docstring)."""
-    device, path, piece, job_bytes, side = shape(job, plan)
-    if device == "cuda":
+    s = shape(job, plan)
+    if s.device == "cuda":
         host_ok = all(t.device.type != "cpu" or t.is_pinned for t in (job.src, job.dst))
         if not (host_ok and triton_available()):
             return "copy_engine", None
-    name = table.choose(device, path, piece, job_bytes)
-    if name == "dma" and side is None:
+    name = table.choose(s.device, s.path, s.piece_bytes, s.job_bytes, s.dir)
+    if name == "dma" and s.side is None:
         return "triton", None
-    return name, side if name == "dma" else None
+    return name, s.side if name == "dma" else None
 
 
 def choose(job: PlannedJob, plan: CopyPlan, table: AutoTable = auto_table.SEED) -> str:

@@ -3,6 +3,8 @@
 A job's *shape* is read from its two tables and its row count alone (no run analysis):
 
     device      "cuda" or "cpu": where the plan executes
+    dir         "h2d" (host table to device table), "d2h", or "same" (both on one device:
+                every CPU plan)
     path        "stage": an all-layer job whose host side is a page_first table facing the
                 device (its whole pages can be staged by DMA, ``staged.host_side``);
                 "dense": both sides' rows back to back (a run of rows is one piece);
@@ -19,7 +21,8 @@ The table is a list of rules; the first rule whose conditions all hold decides. 
 Keys: ``device`` (required), ``use`` (required: ``dma`` | ``triton`` | ``copy_engine`` on
 cuda; also ``torch`` on cpu, where ``dma`` is the numpy stand-in and ``triton`` the
 interpreter), ``path`` (absent: any), ``min_piece_bytes``,
-``max_piece_bytes``, ``min_job_bytes``, ``max_job_bytes`` (bounds inclusive; absent: none).
+``max_piece_bytes``, ``min_job_bytes``, ``max_job_bytes`` (bounds inclusive; absent: none),
+``dir`` (absent: any).
 No rule matching: ``triton`` on cuda, ``torch`` on cpu. ``dma`` for a job that cannot be
 staged means ``triton`` (the staged backend sends it straight to its kernel).
 
@@ -41,6 +44,7 @@ from transfer_kernels import tuning
 FORMAT, VERSION = "hicache-auto-table", 1
 ENV = "HICACHE_AUTO_TABLE"
 PATHS = ("stage", "dense", "strided")
+DIRS = ("h2d", "d2h", "same")
 CHOICES = {"cuda": ("dma", "triton", "copy_engine"), "cpu": ("torch", "copy_engine", "dma", "triton")}
 FALLBACK = {"cuda": "triton", "cpu": "torch"}
 _BOUNDS = ("min_piece_bytes", "max_piece_bytes", "min_job_bytes", "max_job_bytes")
@@ -57,10 +61,12 @@ class Rule:
     max_piece_bytes: int | None = None
     min_job_bytes: int | None = None
     max_job_bytes: int | None = None
+    dir: str | None = None
 
-    def matches(self, device: str, path: str, piece_bytes: int, job_bytes: int) -> bool:
+    def matches(self, device: str, path: str, piece_bytes: int, job_bytes: int,
+                direction: str = "same") -> bool:
         """True when every condition of the rule holds for this shape."""
-        return (self.device == device and self.path in (None, path)
+        return (self.device == device and self.path in (None, path) and self.dir in (None, direction)
                 and _within(piece_bytes, self.min_piece_bytes, self.max_piece_bytes)
                 and _within(job_bytes, self.min_job_bytes, self.max_job_bytes))
 
@@ -80,10 +86,11 @@ class AutoTable:
     rules: tuple[Rule, ...]
     source: str = ""
 
-    def choose(self, device: str, path: str, piece_bytes: int, job_bytes: int) -> str:
+    def choose(self, device: str, path: str, piece_bytes: int, job_bytes: int,
+               direction: str = "same") -> str:
         """The backend name for a job of this shape (module docstring)."""
         for rule in self.rules:
-            if rule.matches(device, path, piece_bytes, job_bytes):
+            if rule.matches(device, path, piece_bytes, job_bytes, direction):
                 return rule.use
         return FALLBACK[device]
 
@@ -157,10 +164,10 @@ def from_json(doc: Any) -> AutoTable:
 def _rule(obj: Any, where: str) -> Rule:
     if not isinstance(obj, dict):
         raise ValueError(f"{where}: must be an object, got {type(obj).__name__}")
-    unknown = set(obj) - {"device", "use", "path", *_BOUNDS}
+    unknown = set(obj) - {"device", "use", "path", "dir", *_BOUNDS}
     if unknown:
         raise ValueError(f"{where}.{sorted(unknown)[0]}: unknown key; allowed: device, use, "
-                         f"path, {', '.join(_BOUNDS)}")
+                         f"path, dir, {', '.join(_BOUNDS)}")
     device = obj.get("device")
     if device not in CHOICES:
         raise ValueError(f"{where}.device: must be one of {', '.join(CHOICES)}, got {device!r}")
@@ -170,6 +177,9 @@ def _rule(obj: Any, where: str) -> Rule:
     if obj.get("path", None) not in (None, *PATHS):
         raise ValueError(f"{where}.path: must be one of {', '.join(PATHS)} (or absent), "
                          f"got {obj.get('path')!r}")
+    if obj.get("dir", None) not in (None, *DIRS):
+        raise ValueError(f"{where}.dir: must be one of {', '.join(DIRS)} (or absent), "
+                         f"got {obj.get('dir')!r}")
     for key in _BOUNDS:
         v = obj.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):

@@ -112,7 +112,8 @@ def test_second_identical_batch_is_a_cache_hit(gen, monkeypatch):
 
 def test_table_json_round_trip(tmp_path):
     table = AutoTable(SEED.rules + (Rule("cuda", "triton", path="strided", min_piece_bytes=1,
-                                         max_piece_bytes=9, min_job_bytes=0, max_job_bytes=5),),
+                                         max_piece_bytes=9, min_job_bytes=0, max_job_bytes=5,
+                                         dir="d2h"),),
                       source="test")
     path = table.save(tmp_path / "t.json")
     assert auto_table.load(path) == table
@@ -130,6 +131,8 @@ def test_table_json_round_trip(tmp_path):
       "rules": [{"device": "cuda", "use": "dma", "min_piece_bytes": -1}]}, "rules[0].min_piece_bytes"),
     ({"format": "hicache-auto-table", "version": 1,
       "rules": [{"device": "cuda", "use": "dma", "pth": "stage"}]}, "rules[0].pth"),
+    ({"format": "hicache-auto-table", "version": 1,
+      "rules": [{"device": "cuda", "use": "dma", "dir": "up"}]}, "rules[0].dir"),
     ({"format": "hicache-auto-table", "version": 1,
       "rules": [{"device": "cuda", "use": "dma", "min_job_bytes": 9, "max_job_bytes": 3}]},
      "rules[0].max_job_bytes"),
