@@ -120,18 +120,17 @@ class AutoBackend(CopyBackend):
             self.launches += 1
 
     def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
-        """Route every job once, then prepare each inner backend on its jobs' groups."""
+        """Route every job once, then prepare each inner backend on its jobs' groups.
+
+        When one backend takes every job (the usual load), it gets the plan and the
+        caller's groups unchanged: hashable groups keep the kernel's layout cache hit.
+        """
         routed = self._route(plan)
-        local = {j: (n, i) for n, (js, _) in routed.items() for i, j in enumerate(js)}
-        sub_groups: dict[str, list[list[tuple[int, int]]]] = {n: [] for n in routed}
-        for group in groups:
-            for parts in sub_groups.values():
-                parts.append([])
-            for j, layer in group:
-                if j in local:
-                    name, i = local[j]
-                    sub_groups[name][-1].append((i, layer))
-        subplans = {n: plan.subset(plan.jobs[j] for j in js) for n, (js, _) in routed.items()}
+        if len(routed) == 1 and len(next(iter(routed.values()))[0]) == len(plan.jobs):
+            subplans, sub_groups = {n: plan for n in routed}, {n: groups for n in routed}
+        else:
+            subplans = {n: plan.subset(plan.jobs[j] for j in js) for n, (js, _) in routed.items()}
+            sub_groups = _split_groups(groups, routed)
         for n, sub in subplans.items():  # check all before preparing anything
             self.inner[n].check(sub)
         prepared = [self.inner[n].prepare(subplans[n], sub_groups[n], routed[n][1]) if n == "dma"
@@ -156,6 +155,22 @@ class AutoLaunches(PreparedPlan):
         for prepared in self.inner:
             prepared.launch(group)
         self.auto.launches += 1
+
+
+def _split_groups(groups: LaunchGroups, routed: dict[str, tuple[list[int], list]]
+                  ) -> dict[str, tuple[tuple[tuple[int, int], ...], ...]]:
+    """Each backend's launch groups, in its sub-plan's job indices (tuples: hashable)."""
+    local = {j: (n, i) for n, (js, _) in routed.items() for i, j in enumerate(js)}
+    out: dict[str, list[tuple[tuple[int, int], ...]]] = {n: [] for n in routed}
+    for group in groups:
+        parts: dict[str, list[tuple[int, int]]] = {n: [] for n in routed}
+        for j, layer in group:
+            if j in local:
+                name, i = local[j]
+                parts[name].append((i, layer))
+        for n, pairs in parts.items():
+            out[n].append(tuple(pairs))
+    return {n: tuple(gs) for n, gs in out.items()}
 
 
 def triton_available() -> bool:
