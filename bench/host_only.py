@@ -30,7 +30,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from transfer_kernels import (AutoBackend, CopyEngineBackend, NullBackend, StagedBackend, TorchBackend,
-                              TritonBackend, auto_table, triton_backend, tuning)
+                              TritonBackend, auto_table, staged, triton_backend, tuning)
 from transfer_kernels.plan import PlannedJob
 
 
@@ -59,9 +59,9 @@ def _copy_engine_host(self: CopyEngineBackend, parts: list[tuple[PlannedJob, Seq
 def _dma_host(self: StagedBackend, stages, device, to_host: bool) -> None:
     """The CUDA branch of ``StagedBackend._dma`` up to the runtime call."""
     host = np.concatenate([st.pieces[0] + st.host_base for st in stages])
-    staged = np.concatenate([st.pieces[1] + st.flat.data_ptr() for st in stages])
+    ring = np.concatenate([st.pieces[1] + st.flat.data_ptr() for st in stages])
     size = np.concatenate([st.pieces[2] for st in stages])
-    dst, src = (host, staged) if to_host else (staged, host)
+    dst, src = (host, ring) if to_host else (ring, host)
     self.pieces += size.size
     NULL_RUNTIME.memcpy_batch_async(dst, src, size, 1)
     self.copies += 1
@@ -87,17 +87,32 @@ def make_backends(names: list[str], cuda: bool = False) -> dict:
     return {n: factories[n]() for n in names}
 
 
+def _null_dma(pieces: np.ndarray, stream: int, device, batch: bool | None) -> int:
+    """``staging.dma`` with its pieces already built by the preparation: no call made."""
+    return 1
+
+
+def _patches() -> list[tuple[object, str, object]]:
+    """(owner, attribute, replacement) of every device call of the transfer layer."""
+    patches = [(triton_backend, "kernel_module", lambda: NULL_KERNEL),
+               (CopyEngineBackend, "_copy", _copy_engine_host),
+               (TorchBackend, "_execute", _nothing), (TorchBackend, "_execute_group", _nothing)]
+    # The staged backend's DMA: a module-level `dma(pieces, ...)` where the staging ring has
+    # landed, else the backend's own `_dma(stages, device, to_host)`.
+    patches.append((staged, "dma", _null_dma) if hasattr(staged, "dma")
+                    else (StagedBackend, "_dma", _dma_host))
+    return patches
+
+
 @contextlib.contextmanager
 def host_only() -> Iterator[None]:
     """Leave every device call of the transfer layer out (module docstring)."""
-    saved = (triton_backend.kernel_module, CopyEngineBackend._copy, StagedBackend._dma,
-             TorchBackend._execute, TorchBackend._execute_group)
-    triton_backend.kernel_module = lambda: NULL_KERNEL
-    CopyEngineBackend._copy = _copy_engine_host
-    StagedBackend._dma = _dma_host
-    TorchBackend._execute = TorchBackend._execute_group = _nothing
+    patches = _patches()
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, value in patches:
+        setattr(owner, name, value)
     try:
         yield
     finally:
-        (triton_backend.kernel_module, CopyEngineBackend._copy, StagedBackend._dma,
-         TorchBackend._execute, TorchBackend._execute_group) = saved
+        for owner, name, value in saved:
+            setattr(owner, name, value)

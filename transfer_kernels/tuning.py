@@ -56,12 +56,18 @@ LOAD_GROUP_MIN_BYTES = 1 << 20
 # cudaMemcpy2DAsync; shorter ones go row by row into the batched copy.
 COPY_ENGINE_2D_MIN_ROWS = 2
 
-# --- the DMA path for page_first host pools ---
+# --- the DMA path for page_first host pools (copy-engine value, H100, measured) ---
+# A page_first host pool whose whole-page pieces (all layers of a run of pages, contiguous
+# on the host) are at least this large is moved by one batched cudaMemcpyBatchAsync into a
+# device staging buffer and scattered on the device (D2H: gathered, then copied out). The
+# value is the copy engine's measured crossover above (pieces >= 64 KiB reach 52-55 GB/s);
+# the staged path itself has not been measured yet.
+DMA_MIN_PIECE_BYTES = 64 * 1024
 # Device staging of one DMA backend, per direction and stream: jobs beyond it take the
 # kernel path (DeepSeek-V4-Pro: 16 pages ~30 MB, 64 pages ~99 MB).
 DMA_STAGING_MAX_BYTES = 256 << 20
 
-# --- auto backend on CPU (measured on the 2-core dev VM; the seed table's CPU rule) ---
+# --- auto backend on CPU (measured on the 2-core dev VM) ---
 # On the CPU both backends are memcpy-like: the copy engine pays ~5 us of Python per run
 # and per (layer, buffer), torch's index_select/index_copy_ moves ~1-4 GB/s. Crossover
 # measured at 8 KiB per contiguous piece (p50 of one call, 1-256 scattered rows, 64 B -
