@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> list[dict]:
             bench.close()
     table = table_of(rows, f"calibrated on {harness.device_name(device)} by bench/load_batch.py "
                            f"--calibrate; then the seed: {auto_table.SEED.source}")
-    out = table.save(args.table_out or harness.RESULTS_DIR / f"auto_table_{harness.device_slug(device)}.json")
+    slug = harness.device_slug(device)
+    out = table.save(args.table_out or harness.RESULTS_DIR / f"auto_table_{slug}.json")
     config = {k: (str(v) if not isinstance(v, (int, float, bool, list, type(None))) else v)
               for k, v in vars(args).items()}
     print(f"wrote {out} ({len(table.rules)} rules) and "
@@ -94,7 +95,8 @@ def table_of(rows: list[dict], source: str) -> AutoTable:
     """One exact rule per measured shape, then the seed's rules."""
     by_shape: dict[tuple, list[dict]] = {}
     for r in rows:
-        by_shape.setdefault((r["device"], r["dir"], r["path"], r["piece_bytes"], r["job_bytes"]), []).append(r)
+        key = (r["device"], r["dir"], r["path"], r["piece_bytes"], r["job_bytes"])
+        by_shape.setdefault(key, []).append(r)
     rules = []
     for (device, direction, path, piece, job_bytes), group in by_shape.items():
         names = set.intersection(*(set(r["idle_us"]) for r in group))

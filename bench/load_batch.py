@@ -34,7 +34,8 @@ transfer-layer call (gated on CUDA).
     python bench/load_batch.py --calibrate              # measure the auto table (JSON)
     python bench/load_batch.py --models deepseek-v4-pro --pages 16 --backends auto,dma
 
-Writes JSON to ``--out`` (default: an untracked file under the system temp directory).
+Writes JSON to ``--out`` (default: ``bench/results/local/load_batch_<device>[_null|_host_only].json``,
+git-ignored).
 """
 from __future__ import annotations
 
@@ -42,7 +43,6 @@ import argparse
 import contextlib
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -100,24 +100,30 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.models = [_model(m, p) for m in (args.models or (quick_models if args.quick else ",".join(MODELS))).split(",")]
     args.pages = _ints(args.pages or ("1,16" if args.quick else "1,16,64"), "--pages", p)
     args.ops = _ints(args.ops, "--ops", p)
-    if args.null + args.host_only + args.calibrate > 1:
-        p.error("--null, --host-only, --calibrate: choose one")
-    default_backends = "auto,triton,dma,copy_engine" if cuda or args.host_only else "auto,torch,dma,copy_engine"
-    args.backends = ["null"] if args.null else (args.backends or default_backends).split(",")
-    args.layouts, args.directions = args.layouts.split(","), args.directions.split(",")
-    for flag, got, allowed in (("--backends", args.backends, BACKENDS), ("--layouts", args.layouts, LAYOUTS),
-                               ("--directions", args.directions, ("h2d", "d2h"))):
-        if bad := [x for x in got if x not in allowed]:
-            p.error(f"{flag}: unknown {bad[0]!r}; allowed: {', '.join(allowed)}")
+    _lists(args, p, cuda)
     if args.null or args.host_only:
         args.no_extra = True
         if args.null:
             args.directions = ["h2d"]
     args.batches = args.batches or (3 if args.quick else 20)
     args.host_gib = args.host_gib or (0.25 if args.quick else 8.0)
-    args.out = args.out or Path(tempfile.gettempdir()) / "hicache-bench" / \
-        f"load_batch_{harness.device_slug(args.device)}{_suffix(args)}.json"
+    args.out = args.out or harness.RESULTS_DIR / f"load_batch_{harness.device_slug(args.device)}{_suffix(args)}.json"
     return args
+
+
+def _lists(args: argparse.Namespace, p: argparse.ArgumentParser, cuda: bool) -> None:
+    """Modes, backends, layouts and directions checked (one line, exit 2, when wrong)."""
+    if args.null + args.host_only + args.calibrate > 1:
+        p.error("--null, --host-only, --calibrate: choose one")
+    cuda_path = cuda or args.host_only  # --host-only prepares as on CUDA
+    default_backends = "auto,triton,dma,copy_engine" if cuda_path else "auto,torch,dma,copy_engine"
+    args.backends = ["null"] if args.null else (args.backends or default_backends).split(",")
+    args.layouts, args.directions = args.layouts.split(","), args.directions.split(",")
+    for flag, got, allowed in (("--backends", args.backends, BACKENDS),
+                               ("--layouts", args.layouts, LAYOUTS),
+                               ("--directions", args.directions, ("h2d", "d2h"))):
+        if bad := [x for x in got if x not in allowed]:
+            p.error(f"{flag}: unknown {bad[0]!r}; allowed: {', '.join(allowed)}")
 
 
 def _ints(text: str, flag: str, p: argparse.ArgumentParser) -> list[int]:
@@ -265,8 +271,8 @@ def _model_rows(args: argparse.Namespace, model: str, layers: int | None, layout
             base = dict(model=f"{model}:{bench.stack.num_model_layers}", layout=layout, dir=direction,
                         pages=pages, ops=ops)
             got = run_case(bench, backends, args, base, gemms)
-            print(harness.format_table(got, COLUMNS + (("mode",) if args.null or args.host_only else ())),
-                  flush=True)
+            modes = ("mode",) if args.null or args.host_only else ()
+            print(harness.format_table(got, COLUMNS + modes), flush=True)
             rows += got
     bench.close()
     return rows

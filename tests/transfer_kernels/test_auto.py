@@ -1,6 +1,7 @@
 """The auto backend: its decision table, the decision cache, the table file."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -153,3 +154,18 @@ def test_env_names_the_table_and_refuses_a_bad_one(tmp_path, monkeypatch):
     monkeypatch.setenv(auto_table.ENV, str(bad))
     with pytest.raises(ValueError, match="^" + re.escape(f"HICACHE_AUTO_TABLE: {bad}: not a readable JSON")):
         AutoBackend()
+
+
+def test_direction_rules(gen, monkeypatch):
+    # A host table facing a (claimed) CUDA table: h2d one way, d2h the other.
+    monkeypatch.setattr(RowTable, "is_pinned", property(lambda self: True))
+    pool = make_pool(gen, 2, 8, [((64,), torch.uint8)], "layer_first", device="cpu", pin=False)
+    dev = dataclasses.replace(pool.device_table, device=torch.device("cuda", 0), _cache={})
+    table = AutoTable((Rule("cuda", "copy_engine", dir="d2h"), Rule("cuda", "triton")))
+    cuda = torch.device("cuda", 0)
+    for src, dst, want in ((pool.host_table, dev, ("h2d", "triton")),
+                           (dev, pool.host_table, ("d2h", "copy_engine"))):
+        job = make_plan([(pool.host_table, pool.device_table, [1, 2], [3, 4])]).jobs[0]
+        job = dataclasses.replace(job, src=src, dst=dst)
+        plan = CopyPlan(jobs=(job,), device=cuda)
+        assert (auto_mod.shape(job, plan).dir, choose(job, plan, table)) == want
