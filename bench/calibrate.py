@@ -9,8 +9,8 @@ GEMMs run on another stream. The winner of a job minimises its worse relative ti
 (``max(idle / best idle, under compute / best under compute)``), so that it is never far
 from the best fixed backend in either regime.
 
-Each measured shape (``transfer_kernels.auto.shape``: device, direction, path, piece
-bytes, size class) becomes one exact rule (shapes met several times take the backend
+Each measured shape (``transfer_kernels.auto.shape``: device, direction, path, piece and
+span bytes, size class) becomes one exact rule (shapes met several times take the backend
 whose worst relative time over them is least); the seed table's rules follow, for the
 shapes not measured. The table goes to ``--table-out`` (default
 ``bench/results/local/auto_table_<device>.json``); load it with ``HICACHE_AUTO_TABLE``.
@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> list[dict]:
                                          **measure(job, backends, device, gemms)))
                         r = rows[-1]
                         print(f"{model} {layout} {direction} {pages}p {r['pool']}: {r['path']} "
-                              f"{r['piece_bytes']} B pieces -> {r['use']}", flush=True)
+                              f"{r['piece_bytes']} B rows, {r['span_bytes']} B spans -> {r['use']}",
+                              flush=True)
             bench.close()
     table = table_of(rows, f"calibrated on {harness.device_name(device)} by bench/load_batch.py "
                            f"--calibrate; then the seed: {auto_table.SEED.source}")
@@ -82,6 +83,7 @@ def measure(job: PoolJob, backends: dict, device: torch.device, gemms: Gemms | N
             busy[n] = harness.time_fn(call(n), device, warmup=2, reps=REPS).p50_ms * 1e3
             torch.cuda.synchronize()
     return {"pool": job.pool, "dir": s.dir, "path": s.path, "piece_bytes": s.piece_bytes,
+            "span_bytes": s.span_bytes,
             "job_bytes": s.job_bytes, "device": s.device, "MB": job.nbytes / 1e6,
             "idle_us": idle, "busy_us": busy, "use": min(names, key=lambda n: _worst(n, [idle, busy]))}
 
@@ -95,13 +97,14 @@ def table_of(rows: list[dict], source: str) -> AutoTable:
     """One exact rule per measured shape, then the seed's rules."""
     by_shape: dict[tuple, list[dict]] = {}
     for r in rows:
-        key = (r["device"], r["dir"], r["path"], r["piece_bytes"], r["job_bytes"])
+        key = (r["device"], r["dir"], r["path"], r["piece_bytes"], r["span_bytes"], r["job_bytes"])
         by_shape.setdefault(key, []).append(r)
     rules = []
-    for (device, direction, path, piece, job_bytes), group in by_shape.items():
+    for (device, direction, path, piece, span, job_bytes), group in by_shape.items():
         names = set.intersection(*(set(r["idle_us"]) for r in group))
         regimes = [reg for r in group for reg in (r["idle_us"], r["busy_us"])]
         use = min(sorted(names), key=lambda n: _worst(n, regimes))
         rules.append(Rule(device, use, path=path, dir=direction, min_piece_bytes=piece,
-                          max_piece_bytes=piece, min_job_bytes=job_bytes, max_job_bytes=job_bytes))
+                          max_piece_bytes=piece, min_span_bytes=span, max_span_bytes=span,
+                          min_job_bytes=job_bytes, max_job_bytes=job_bytes))
     return AutoTable(tuple(rules) + auto_table.SEED.rules, source=source)

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import importlib.util
 import weakref
-from typing import NamedTuple
 
 from transfer_kernels import auto_table
-from transfer_kernels.auto_table import AutoTable
+from transfer_kernels.auto_table import AutoTable, Shape
 from transfer_kernels.base import CopyBackend, PreparedPlan
 from transfer_kernels.copy_engine import CopyEngineBackend
 from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
@@ -178,31 +177,21 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-class Shape(NamedTuple):
-    """What the table looks up for a job (``auto_table`` module docstring)."""
-
-    device: str
-    dir: str
-    path: str
-    piece_bytes: int
-    job_bytes: int
-    side: str | None  # the staged side of a "stage" job
-
-
 def shape(job: PlannedJob, plan: CopyPlan) -> Shape:
-    """The job's :class:`Shape`: read from its tables and row count, never from its rows."""
+    """The job's :class:`~transfer_kernels.auto_table.Shape`: read from its tables and row
+    count, never from its rows."""
     src, dst = job.src, job.dst
     on_host = src.device.type == "cpu", dst.device.type == "cpu"
     direction = "same" if on_host[0] == on_host[1] else "h2d" if on_host[0] else "d2h"
     side = host_side(job, plan) if len(job.layers) == src.num_layers else None
     row_bytes = sum(src.row_bytes)
     job_bytes = (1 << (max(1, job.num_rows).bit_length() - 1)) * row_bytes * len(job.layers)
+    piece = row_bytes // src.num_buffers
     if side is not None:
         span = getattr(job, side).page_span()[1]
-        return Shape(plan.device.type, direction, "stage", span, job_bytes, side)
+        return Shape(plan.device.type, direction, "stage", piece, span, job_bytes, side)
     dense = all(t.row_strides[b] == n for t in (src, dst) for b, n in enumerate(src.row_bytes))
-    return Shape(plan.device.type, direction, "dense" if dense else "strided",
-                 row_bytes // src.num_buffers, job_bytes, None)
+    return Shape(plan.device.type, direction, "dense" if dense else "strided", piece, 0, job_bytes)
 
 
 def decide(job: PlannedJob, plan: CopyPlan, table: AutoTable = auto_table.SEED) -> Decision:
@@ -212,7 +201,7 @@ def decide(job: PlannedJob, plan: CopyPlan, table: AutoTable = auto_table.SEED) 
         host_ok = all(t.device.type != "cpu" or t.is_pinned for t in (job.src, job.dst))
         if not (host_ok and triton_available()):
             return "copy_engine", None
-    name = table.choose(s.device, s.path, s.piece_bytes, s.job_bytes, s.dir)
+    name = table.choose(s)
     if name == "dma" and s.side is None:
         return "triton", None
     return name, s.side if name == "dma" else None

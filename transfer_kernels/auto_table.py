@@ -9,20 +9,21 @@ A job's *shape* is read from its two tables and its row count alone (no run anal
                 device (its whole pages can be staged by DMA, ``staged.host_side``);
                 "dense": both sides' rows back to back (a run of rows is one piece);
                 "strided": anything else (row by row on a copy engine)
-    piece_bytes "stage": one host page span (all layers of a row); otherwise the mean row
-                bytes over the job's buffers: the smallest piece a copy engine would move
+    piece_bytes the mean row bytes over the job's buffers: the smallest piece the copy
+                engine (or torch) would move per (layer, buffer)
+    span_bytes  "stage": one host page span (all layers of a row), the smallest DMA piece
+                of the staged path; 0 on the other paths
     job_bytes   the bytes of the smallest job of the row-count class (rows rounded down to
                 a power of two) x bytes per row: the *size class*
 
 The table is a list of rules; the first rule whose conditions all hold decides. A rule::
 
-    {"device": "cuda", "path": "stage", "min_piece_bytes": 32768, "use": "dma"}
+    {"device": "cuda", "path": "stage", "min_span_bytes": 32768, "use": "dma"}
 
 Keys: ``device`` (required), ``use`` (required: ``dma`` | ``triton`` | ``copy_engine`` on
 cuda; also ``torch`` on cpu, where ``dma`` is the numpy stand-in and ``triton`` the
-interpreter), ``path`` (absent: any), ``min_piece_bytes``,
-``max_piece_bytes``, ``min_job_bytes``, ``max_job_bytes`` (bounds inclusive; absent: none),
-``dir`` (absent: any).
+interpreter), ``path`` and ``dir`` (absent: any), ``min_/max_piece_bytes``,
+``min_/max_span_bytes``, ``min_/max_job_bytes`` (bounds inclusive; absent: none).
 No rule matching: ``triton`` on cuda, ``torch`` on cpu. ``dma`` for a job that cannot be
 staged means ``triton`` (the staged backend sends it straight to its kernel).
 
@@ -37,7 +38,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from transfer_kernels import tuning
 
@@ -47,7 +48,20 @@ PATHS = ("stage", "dense", "strided")
 DIRS = ("h2d", "d2h", "same")
 CHOICES = {"cuda": ("dma", "triton", "copy_engine"), "cpu": ("torch", "copy_engine", "dma", "triton")}
 FALLBACK = {"cuda": "triton", "cpu": "torch"}
-_BOUNDS = ("min_piece_bytes", "max_piece_bytes", "min_job_bytes", "max_job_bytes")
+_SIZES = ("piece", "span", "job")
+_BOUNDS = tuple(f"{end}_{what}_bytes" for what in _SIZES for end in ("min", "max"))
+
+
+class Shape(NamedTuple):
+    """What the table looks up for a job (module docstring)."""
+
+    device: str
+    dir: str
+    path: str
+    piece_bytes: int
+    span_bytes: int
+    job_bytes: int
+    side: str | None = None  # the staged side of a "stage" job
 
 
 @dataclass(frozen=True)
@@ -57,18 +71,21 @@ class Rule:
     device: str
     use: str
     path: str | None = None
+    dir: str | None = None
     min_piece_bytes: int | None = None
     max_piece_bytes: int | None = None
+    min_span_bytes: int | None = None
+    max_span_bytes: int | None = None
     min_job_bytes: int | None = None
     max_job_bytes: int | None = None
-    dir: str | None = None
 
-    def matches(self, device: str, path: str, piece_bytes: int, job_bytes: int,
-                direction: str = "same") -> bool:
-        """True when every condition of the rule holds for this shape."""
-        return (self.device == device and self.path in (None, path) and self.dir in (None, direction)
-                and _within(piece_bytes, self.min_piece_bytes, self.max_piece_bytes)
-                and _within(job_bytes, self.min_job_bytes, self.max_job_bytes))
+    def matches(self, shape: Shape) -> bool:
+        """True when every condition of the rule holds for ``shape``."""
+        return (self.device == shape.device and self.path in (None, shape.path)
+                and self.dir in (None, shape.dir)
+                and _within(shape.piece_bytes, self.min_piece_bytes, self.max_piece_bytes)
+                and _within(shape.span_bytes, self.min_span_bytes, self.max_span_bytes)
+                and _within(shape.job_bytes, self.min_job_bytes, self.max_job_bytes))
 
     def to_json(self) -> dict[str, Any]:
         """The rule's JSON object (absent conditions left out)."""
@@ -86,13 +103,12 @@ class AutoTable:
     rules: tuple[Rule, ...]
     source: str = ""
 
-    def choose(self, device: str, path: str, piece_bytes: int, job_bytes: int,
-               direction: str = "same") -> str:
-        """The backend name for a job of this shape (module docstring)."""
+    def choose(self, shape: Shape) -> str:
+        """The backend name for a job of ``shape`` (module docstring)."""
         for rule in self.rules:
-            if rule.matches(device, path, piece_bytes, job_bytes, direction):
+            if rule.matches(shape):
                 return rule.use
-        return FALLBACK[device]
+        return FALLBACK[shape.device]
 
     def to_json(self) -> dict[str, Any]:
         """The table as a JSON document (see the module docstring)."""
@@ -110,10 +126,10 @@ class AutoTable:
 SEED = AutoTable(rules=(
     # Whole pages by DMA from 32 KiB pieces: 0.68 of the limit there, 0.98 from 128 KiB,
     # and unaffected by compute (the kernel fell to ~0.2 under GEMMs).
-    Rule("cuda", "dma", path="stage", min_piece_bytes=tuning.AUTO_STAGE_MIN_PIECE_BYTES),
-    # A dense piece reaches the limit on a copy engine from 128 KiB.
-    Rule("cuda", "copy_engine", path="dense", min_piece_bytes=tuning.AUTO_COPY_ENGINE_MIN_PIECE_BYTES),
-    # Smaller or strided pieces: the SM kernel (copy engines are useless < 32 KiB).
+    Rule("cuda", "dma", path="stage", min_span_bytes=tuning.AUTO_STAGE_MIN_PIECE_BYTES),
+    # Everything else: the SM kernel. Not the per-row copy engine: the engines are useless
+    # under 32 KiB, and the backend's host work per (layer, buffer) made it the slowest
+    # path on the H100 (Flash 16 pages 1.3 GB/s; Llama-3.1-8B layer_first 12.9 ms host).
     Rule("cuda", "triton"),
     # CPU (2-core dev VM, p50 of one call): memcpy per piece beats index_select from 8 KiB.
     Rule("cpu", "copy_engine", min_piece_bytes=tuning.CPU_COPY_ENGINE_MIN_PIECE_BYTES),
@@ -184,7 +200,7 @@ def _rule(obj: Any, where: str) -> Rule:
         v = obj.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise ValueError(f"{where}.{key}: must be an integer >= 0, got {v!r}")
-    for what in ("piece", "job"):
+    for what in _SIZES:
         low, high = obj.get(f"min_{what}_bytes"), obj.get(f"max_{what}_bytes")
         if low is not None and high is not None and low > high:
             raise ValueError(f"{where}.max_{what}_bytes: {high} is below min_{what}_bytes {low}")

@@ -87,10 +87,10 @@ CPU_COPY_ENGINE_MIN_PIECE_BYTES = 8 * 1024
 #   (1 page 228 us triton, 220 us dma; 16 pages 767 vs 745 us).
 # * While bf16 GEMMs run, the kernel starves (H2D 20-24 -> 3.4-4.2 GB/s) and its D2H slowed
 #   the GEMMs by up to 42-53 %; the page-DMA path held (9.9 -> 9.8 GB/s, compute -10 %).
-# A server loads while it computes, so whole-page DMA pieces of >= 32 KiB go to the copy
-# engines (0.68 of the limit at 32 KiB, about the kernel's idle share, and unaffected by
-# compute); a dense 1-D piece outside the staged path goes to the copy engine only from
-# 128 KiB (where it reaches the limit; between, the kernel wins idle); everything else
-# to the kernel. Re-measure with `bench/load_batch.py --calibrate` on a device.
+# * The per-row copy_engine backend was host-bound: Flash 16 pages 1.3 GB/s alone and
+#   under GEMMs; Llama-3.1-8B layer_first (auto picked it) 12.9 ms of host per load.
+# A server loads while it computes, so a job whose whole-page DMA pieces (page spans) are
+# >= 32 KiB goes to the copy engines through the staged path (0.68 of the limit at 32 KiB,
+# about the kernel's idle share, and unaffected by compute); everything else to the
+# kernel. Re-measure with `bench/load_batch.py --calibrate` on a device.
 AUTO_STAGE_MIN_PIECE_BYTES = 32 * 1024
-AUTO_COPY_ENGINE_MIN_PIECE_BYTES = 128 * 1024

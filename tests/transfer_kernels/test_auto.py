@@ -24,14 +24,16 @@ def _job(gen, row_bytes, src_rows, dst_rows, layout="layer_first"):
     return pool, CopyJob(pool.host_table, pool.device_table, src_rows, dst_rows)
 
 
-def test_cpu_routes_by_row_bytes_not_runs(gen):
+def test_cpu_routes_by_row_bytes_not_runs_nor_page_spans(gen):
     # No run analysis: a run of small rows is still small pieces; big rows take memcpy.
     small = tuning.CPU_COPY_ENGINE_MIN_PIECE_BYTES // 4
     _, scattered = _job(gen, small, [0, 5, 9], [1, 2, 3])
     _, run = _job(gen, small, [4, 5, 6, 7], [0, 1, 2, 3])
     _, big = _job(gen, tuning.CPU_COPY_ENGINE_MIN_PIECE_BYTES, [3, 1], [0, 9])
-    plan = make_plan([scattered, run, big])
-    assert [choose(j, plan) for j in plan.jobs] == ["torch", "torch", "copy_engine"]
+    _, spans = _job(gen, small, [3, 1], [0, 9], "page_first")  # 2-layer pages: spans of 2 rows
+    plan = make_plan([scattered, run, big, spans])
+    assert [choose(j, plan) for j in plan.jobs] == ["torch", "torch", "copy_engine", "torch"]
+    assert auto_mod.shape(plan.jobs[3], plan)[2:5] == ("stage", small, 2 * small)
 
 
 def test_mixed_batch_uses_each_backend_once(gen):
@@ -49,8 +51,8 @@ def test_mixed_batch_uses_each_backend_once(gen):
 @pytest.mark.parametrize("row_bytes,rows,dense,want", [
     (1152, [0, 3, 7], True, "triton"),  # small scattered pieces: SM kernel
     (4096, list(range(16)), True, "triton"),  # one 64 KiB run: runs are not analysed
-    (tuning.AUTO_COPY_ENGINE_MIN_PIECE_BYTES, [0, 3], True, "copy_engine"),  # PCIe-limit pieces
-    (tuning.AUTO_COPY_ENGINE_MIN_PIECE_BYTES, [0, 3], False, "triton"),  # strided host rows
+    (256 * 1024, [0, 3], True, "triton"),  # big dense rows: not the host-bound copy engine
+    (256 * 1024, [0, 3], False, "triton"),  # strided host rows (the device side is no GPU)
 ])
 def test_cuda_rule_without_a_gpu(gen, monkeypatch, row_bytes, rows, dense, want):
     # The CUDA branch of the rule is pure arithmetic: exercise it with pinned-looking tables.
@@ -113,8 +115,8 @@ def test_second_identical_batch_is_a_cache_hit(gen, monkeypatch):
 
 def test_table_json_round_trip(tmp_path):
     table = AutoTable(SEED.rules + (Rule("cuda", "triton", path="strided", min_piece_bytes=1,
-                                         max_piece_bytes=9, min_job_bytes=0, max_job_bytes=5,
-                                         dir="d2h"),),
+                                         max_piece_bytes=9, min_span_bytes=0, max_span_bytes=0,
+                                         min_job_bytes=0, max_job_bytes=5, dir="d2h"),),
                       source="test")
     path = table.save(tmp_path / "t.json")
     assert auto_table.load(path) == table
@@ -137,6 +139,8 @@ def test_table_json_round_trip(tmp_path):
     ({"format": "hicache-auto-table", "version": 1,
       "rules": [{"device": "cuda", "use": "dma", "min_job_bytes": 9, "max_job_bytes": 3}]},
      "rules[0].max_job_bytes"),
+    ({"format": "hicache-auto-table", "version": 1,
+      "rules": [{"device": "cuda", "use": "dma", "max_span_bytes": True}]}, "rules[0].max_span_bytes"),
 ])
 def test_bad_table_refused_naming_file_and_field(tmp_path, doc, field):
     path = tmp_path / "bad.json"
