@@ -131,7 +131,7 @@ SEED = AutoTable(rules=(
     # under 32 KiB, and the backend's host work per (layer, buffer) made it the slowest
     # path on the H100 (Flash 16 pages 1.3 GB/s; Llama-3.1-8B layer_first 12.9 ms host).
     Rule("cuda", "triton"),
-    # CPU (2-core dev VM, p50 of one call): memcpy per piece beats index_select from 8 KiB.
+    # CPU (2-core dev VM, p50 of one call): memcpy per row beats index_select from 1 KiB.
     Rule("cpu", "copy_engine", min_piece_bytes=tuning.CPU_COPY_ENGINE_MIN_PIECE_BYTES),
     Rule("cpu", "torch"),
 ), source="seed: H100 80GB HBM3 (PCIe Gen5 x16) measured 2026-11-25 at b0a80f0 "
