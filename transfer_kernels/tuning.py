@@ -68,10 +68,10 @@ DMA_MIN_PIECE_BYTES = 64 * 1024
 DMA_STAGING_MAX_BYTES = 256 << 20
 
 # --- auto backend on CPU (measured on the 2-core dev VM) ---
-# On the CPU both backends are memcpy-like: the copy engine pays ~1-5 us of Python per run
-# and per (layer, buffer), torch's index_select/index_copy_ ~15-40 us per (layer, buffer)
-# plus ~1-4 GB/s. The seed table's CPU rule compares one row's bytes (runs are not
-# analysed): p50 of 7 calls, 4 layers, 4-1024 scattered rows of 64-8448 B, both layouts
+# On the CPU both backends are memcpy-like: the copy engine pays ~5 us of Python per run
+# and per (layer, buffer), torch's index_select/index_copy_ moves ~1-4 GB/s. Crossover
+# of the seed table's CPU rule, which compares one row's bytes (runs are not analysed):
+# p50 of 7 calls, 4 layers, 4-1024 scattered rows of 64-8448 B, both layouts
 # (2026-11-25): torch wins at <= 512 B rows from 16-64 rows on; the copy engine wins at
 # 1728 B and above at every count (DeepSeek-V4-Pro c128_kv, 16 pages, 31 layers: 335 vs
 # 1,228 us). Crossover: 1 KiB.
