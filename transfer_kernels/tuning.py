@@ -51,12 +51,7 @@ MAX_COPY_PROGRAMS = 4096
 # estimate; re-tune with `bench/load_batch.py --group-bytes`.
 LOAD_GROUP_MIN_BYTES = 1 << 20
 
-# --- auto backend on CUDA (H100, measured) ---
-# A contiguous piece (one copy of the copy engine) at least this large goes to the copy
-# engine; smaller or scattered pieces go to the triton kernel. Measured crossover: 37 KiB
-# rows (v4 c4_kv) are faster on triton (48.6 vs 24.7 GB/s at 1024 rows), 64-128 KiB
-# rows on the copy engine (52-55 vs 45-51 GB/s).
-COPY_ENGINE_MIN_PIECE_BYTES = 64 * 1024
+# --- the copy engine ---
 # A strided run (host page_first rows) of at least this many rows is one
 # cudaMemcpy2DAsync; shorter ones go row by row into the batched copy.
 COPY_ENGINE_2D_MIN_ROWS = 2
@@ -81,6 +76,30 @@ DMA_PIECE_BYTES = 128 * 1024
 # --- auto backend on CPU (measured on the 2-core dev VM) ---
 # On the CPU both backends are memcpy-like: the copy engine pays ~5 us of Python per run
 # and per (layer, buffer), torch's index_select/index_copy_ moves ~1-4 GB/s. Crossover
-# measured at 8 KiB per contiguous piece (p50 of one call, 1-256 scattered rows, 64 B -
-# 64 KiB rows): below it "torch" wins, at and above it "copy_engine" wins.
-CPU_COPY_ENGINE_MIN_PIECE_BYTES = 8 * 1024
+# of the seed table's CPU rule, which compares one row's bytes (runs are not analysed):
+# p50 of 7 calls, 4 layers, 4-1024 scattered rows of 64-8448 B, both layouts
+# (2026-11-25): torch wins at <= 512 B rows from 16-64 rows on; the copy engine wins at
+# 1728 B and above at every count (DeepSeek-V4-Pro c128_kv, 16 pages, 31 layers: 335 vs
+# 1,228 us). Crossover: 1 KiB.
+CPU_COPY_ENGINE_MIN_PIECE_BYTES = 1024
+
+# --- the auto backend's seed table (H100, measured 2026-11-25, main at b0a80f0) ---
+# The default decision table of "auto" (`transfer_kernels.auto_table.SEED`), from the
+# end-to-end and interference runs of `bench/load_batch.py` on one H100 (PCIe Gen5 x16):
+# * Copy engines by piece size (`cudaMemcpyBatchAsync` of scattered pieces, one call,
+#   share of one contiguous 100 MB copy): 4 KiB 0.05, 10 KiB 0.08, 32 KiB 0.68,
+#   128 KiB 0.98, 512 KiB 1.10. Pieces >= 128 KiB reach the PCIe limit; < 32 KiB the
+#   engines are useless.
+# * Idle, the SM kernel (triton) reaches 0.69-0.82 of the limit over its GPU span and was
+#   the fastest end to end for small loads (DeepSeek-V4-Pro 1 page: 1.0 ms vs 2.3 ms dma);
+#   that gap was host time (launches, Python), not the copy: the GPU spans were equal
+#   (1 page 228 us triton, 220 us dma; 16 pages 767 vs 745 us).
+# * While bf16 GEMMs run, the kernel starves (H2D 20-24 -> 3.4-4.2 GB/s) and its D2H slowed
+#   the GEMMs by up to 42-53 %; the page-DMA path held (9.9 -> 9.8 GB/s, compute -10 %).
+# * The per-row copy_engine backend was host-bound: Flash 16 pages 1.3 GB/s alone and
+#   under GEMMs; Llama-3.1-8B layer_first (auto picked it) 12.9 ms of host per load.
+# A server loads while it computes, so a job whose whole-page DMA pieces (page spans) are
+# >= 32 KiB goes to the copy engines through the staged path (0.68 of the limit at 32 KiB,
+# about the kernel's idle share, and unaffected by compute); everything else to the
+# kernel. Re-measure with `bench/load_batch.py --calibrate` on a device.
+AUTO_STAGE_MIN_PIECE_BYTES = 32 * 1024

@@ -152,15 +152,15 @@ def _fake_cuda_job(gen, row_bytes, layers, rows):
 
 @pytest.mark.parametrize("row_bytes,layers,rows,want", [
     (37440, 2, [0, 5, 9], "dma"),  # DeepSeek-V4 c4_kv: 75 KB page spans
-    (1728, 31, [0, 5, 9], "triton"),  # c128_kv over 31 layers: 53.6 KB spans, under 64 KiB
-    (1728, 31, [4, 5, 6], "dma"),  # ... unless consecutive pages make the pieces longer
+    (1728, 31, [0, 5, 9], "dma"),  # c128_kv over 31 layers: 53.6 KB spans, >= 32 KiB
+    (1728, 15, [4, 5, 6], "triton"),  # 25.9 KB spans: under 32 KiB, runs or not
     (8448, 30, [1, 7], "dma"),  # c4_indexer: 253 KB spans
 ])
 def test_auto_sends_big_page_spans_to_dma(gen, monkeypatch, row_bytes, layers, rows, want):
     monkeypatch.setattr(RowTable, "is_pinned", property(lambda self: True))
     job, plan = _fake_cuda_job(gen, row_bytes, layers, rows)
     assert choose(job, plan) == want
-    assert tuning.DMA_MIN_PIECE_BYTES == 64 * 1024
+    assert tuning.AUTO_STAGE_MIN_PIECE_BYTES == 32 * 1024
 
 
 def test_auto_on_cpu_never_stages(gen):
