@@ -47,6 +47,9 @@ def add_verify_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="device -> host backups (default %(default)s)")
     p.add_argument("--hicache-mem-layout", dest="mem_layout", default=d.mem_layout, choices=MEM_LAYOUTS,
                    help="host pool layout (default %(default)s)")
+    p.add_argument("--kv-format", dest="kv_format", default=d.kv_format,
+                   help="deepseek-v4 pool rows: fp32 (default) or fp8_ds_mla (the real model's fp8 rows "
+                        "with their scales; the model then computes in float64)")
     p.add_argument("--fault", default=None, metavar="POOL",
                    help="negative control: corrupt what loads bring back for POOL; the run must fail")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -87,7 +90,8 @@ def _human(r, opts) -> str:
     t = r.tokens_from
     storage = "no storage" if opts.storage_backend == "none" else f"storage {opts.storage_backend}"
     lines = [
-        f"hicache verify-model: {r.arch}, {opts.layers} layers, seed {opts.seed}: {r.requests} requests "
+        f"hicache verify-model: {r.arch}{'' if opts.kv_format == 'fp32' else ' ' + opts.kv_format}, "
+        f"{opts.layers} layers, seed {opts.seed}: {r.requests} requests "
         f"({opts.conversations} conversations x {opts.turns} turns), {opts.write_policy}, {opts.mem_layout}, "
         f"{storage}, device {opts.device}, io {opts.io_backend}",
         f"  prompt tokens from device {t['device']}, host {t['host']}, storage {t['storage']}, "
