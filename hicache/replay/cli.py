@@ -116,40 +116,29 @@ def _check_sizes(args: argparse.Namespace, stack, device_tokens: int, device: to
 
 
 def _plot_path(text: str | None) -> Path | None:
-    """``--plot`` as an absolute path that can be written, or None (no plot); checked now by
-    creating it (and its folders) the way the plot will, then removing what the check made."""
+    """``--plot`` as an absolute path that can be written, or None (no plot); checked now.
+
+    The folder must exist: a mistyped folder is refused rather than created (the plot
+    writes only the file it names). The check opens the file for appending and removes
+    it again if it did not exist, so a run that ends early leaves nothing behind.
+    """
     if not text:
         return None
     path = Path(text).expanduser().resolve()
     if path.is_dir():
         raise ValueError(f"--plot: {path} is a folder; give a file name such as hit_rate.png")
+    if not path.parent.is_dir():
+        what = "is not a folder" if path.parent.exists() else "does not exist"
+        raise ValueError(f"--plot: {path.parent} {what}; create the folder first or choose another")
     try:
-        _probe_writable(path)
-    except OSError as exc:
-        raise ValueError(f"--plot: cannot write {path}: {exc.strerror or exc}") from None
-    return path
-
-
-def _probe_writable(path: Path) -> None:
-    """Create ``path``'s missing folders and open it for appending; undo what this created."""
-    missing = []
-    folder = path.parent
-    while not folder.exists():
-        missing.append(folder)
-        folder = folder.parent
-    created = []
-    try:
-        for f in reversed(missing):
-            f.mkdir()
-            created.append(f)
         existed = path.exists()
         with open(path, "ab"):
             pass
         if not existed:
             path.unlink()
-    finally:
-        for f in reversed(created):
-            f.rmdir()
+    except OSError as exc:
+        raise ValueError(f"--plot: cannot write {path}: {exc.strerror or exc}") from None
+    return path
 
 
 def run_replay(args: argparse.Namespace) -> int:

@@ -1,8 +1,6 @@
 """The results of `hicache replay`: JSON rows, the table and the optional hit-rate plot."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from hicache.replay.run import RunStats
@@ -90,6 +88,5 @@ def plot(runs: list[RunStats], path: str, title: str = "") -> None:
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)

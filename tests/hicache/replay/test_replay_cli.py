@@ -125,14 +125,22 @@ def test_plot_under_a_file_is_refused_before_the_runs(tmp_path, monkeypatch, cap
 
 
 def test_plot_check_leaves_nothing_behind(tmp_path, monkeypatch, capsys):
-    # the check creates the file and its folders the way the plot will, then removes them:
-    # a run that ends early (Ctrl-C) leaves no empty folder or file
+    # the check creates the file the way the plot will, then removes it: a run that ends
+    # early (Ctrl-C) leaves no empty file
     def interrupted(*args):
         raise KeyboardInterrupt
     monkeypatch.setattr(replay_mod, "replay_one", interrupted)
-    assert main(["replay", *TINY, "--plot", str(tmp_path / "a" / "b" / "hit.png")]) == 130
+    assert main(["replay", *TINY, "--plot", str(tmp_path / "hit.png")]) == 130
     assert list(tmp_path.iterdir()) == []
     capsys.readouterr()
+
+
+def test_plot_into_a_missing_folder_is_refused_not_created(tmp_path, monkeypatch, capsys):
+    # issue 23 item 13: was created (a mistyped folder silently appeared)
+    ratios = no_runs(monkeypatch)
+    line = one_line_error(capsys, main(["replay", *TINY, "--plot", str(tmp_path / "a" / "b" / "hit.png")]),
+                          "--plot", "does not exist")
+    assert ratios == [] and list(tmp_path.iterdir()) == [], line
 
 
 # ---------------------------------------------------------------- odd numbers, never a traceback
