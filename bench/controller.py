@@ -266,6 +266,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                     help="interpreter with SGLang 0.5.23 (default $SGLANG_PYTHON on the CPU; "
                          "none: hicache only)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds beside SGLang (>= 1)")
+    ap.add_argument("--out", default=None,
+                    help="JSON path (default: bench/results/local/controller_<device>[_<backend>].json)")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device is available")
@@ -333,9 +335,9 @@ def run(argv: list[str] | None = None) -> int:
         out["versus_sglang"] = _versus_sglang(args.sglang_python, caches, stack.num_model_layers,
                                               args.rounds, args.reps)
         _print_versus(out["versus_sglang"], args.backend)
-    os.makedirs(RESULTS, exist_ok=True)
     suffix = "" if args.backend == "triton" else f"_{args.backend}"
-    path = os.path.join(RESULTS, f"controller_{harness.device_slug(dev)}{suffix}.json")
+    path = args.out or os.path.join(RESULTS, f"controller_{harness.device_slug(dev)}{suffix}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
     print(f"wrote {path}")

@@ -20,14 +20,13 @@ slows the other.
     python bench/load_batch.py --null                   # host enqueue alone (NullBackend)
     python bench/load_batch.py --models deepseek-v4-pro --pages 16 --backends auto,dma
 
-Writes JSON to ``--out`` (default: an untracked file under the system temp directory).
+Writes JSON to ``--out`` (default: ``bench/results/local/load_batch_<device>.json``, git-ignored).
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -80,7 +79,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.directions, args.no_extra = ["h2d"], True
     args.batches = args.batches or (3 if args.quick else 20)
     args.host_gib = args.host_gib or (0.25 if args.quick else 8.0)
-    args.out = args.out or Path(tempfile.gettempdir()) / "hicache-bench" / \
+    args.out = args.out or harness.RESULTS_DIR / \
         f"load_batch_{harness.device_slug(args.device)}{'_null' if args.null else ''}.json"
     return args
 
