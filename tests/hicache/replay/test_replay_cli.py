@@ -180,3 +180,26 @@ def test_swa_share_below_one_row_names_the_flag(capsys):
     line = one_line_error(capsys, main(["replay", *TINY, "--model", "deepseek-v4-flash", "--swa-full-tokens-ratio",
                                         "0.001"]), "--swa-full-tokens-ratio")
     assert "less than one swa row (128 tokens)" in line
+
+
+# ---------------------------------------------------------------- the summary (issue 23 item 15)
+
+
+def test_the_table_ends_with_the_workload_the_rows_legend_and_a_verdict(capsys):
+    assert main(["replay", "--no-progress", "--max-requests", "40", "--device-tokens", "8192", "--layers", "1",
+                 "--hicache-ratio", "4"]) == 0
+    *_, workload, rows, verdict = capsys.readouterr().out.strip().splitlines()
+    assert workload.startswith("workload: 40 requests of the built-in multi-turn chat") and "prompt tokens" in workload
+    assert "0 = device only" in rows
+    assert verdict.startswith("verdict: OK: 2 runs,") and "0 mismatches" in verdict and "restored" in verdict
+
+
+def test_a_replay_that_restored_nothing_says_so_in_its_verdict(capsys):
+    assert main(["replay", *TINY]) == 0  # 3 requests: everything fits on the device
+    verdict = capsys.readouterr().out.strip().splitlines()[-1]
+    assert verdict.startswith("verdict: NOT CHECKED: nothing came back from host or storage"), verdict
+
+
+def test_json_output_stays_one_object(capsys):
+    assert main(["replay", *TINY, "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)) == {"runs"}
