@@ -30,7 +30,7 @@ nothing launched. SGLang's side (its script's docstring has the detail): device 
 allocation and the op queued, no argument checked; at ``start_loading`` the ops merged and
 61 per-layer calls into its host pool whose copy kernel is a no-op stub. Neither side moves
 bytes or launches a real kernel; acks are taken untimed. Both sides: same CPU, one torch
-thread, the shared anchor's fixed malloc thresholds (this script re-executes itself with
+thread, the anchor's fixed malloc thresholds (this script re-executes itself with
 them, as the anchor does).
 
 Targets on the 2-core CPU VM (null backend): 16-op load enqueued <= 0.5 ms, 1-op load

@@ -49,7 +49,7 @@ def test_readme_commands_write_nothing_tracked_or_into_the_checkout_root():
 
 # ---------------------------------------------------------------- issue 23 item 11
 
-SIDES = {"sglang_anchor.py", "sglang_controller.py"}  # SGLang's side, run inside SGLang's interpreter
+SIDES = {"sglang_anchor.py", "sglang_controller.py", "sglang_cpu_anchor.py"}  # SGLang's side, in its interpreter
 
 
 def runnable_benches() -> set[str]:
