@@ -134,7 +134,7 @@ def test_parse_line_accepts_a_good_line():
 
 
 def test_shipped_trace_is_whole_and_compressed_traces_read_like_plain_ones(tmp_path):
-    # issue 23 item 10: the trace ships in the repository (no ../shared in a clone)
+    # issue 23 item 10: the trace ships in the repository (a clone needs nothing outside it)
     requests = load_trace(TRACE)
     assert len(requests) == 3993 and requests[0].input_length == 40160
     (tmp_path / "t.jsonl.gz").write_bytes(gzip.compress(f"{GOOD}\n{GOOD}\n".encode()))
