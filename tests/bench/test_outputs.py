@@ -87,3 +87,20 @@ def test_replay_bench_out_names_the_plot():
     assert replay_argv(["--out", "x.png"]) == ["replay", "--plot", "x.png"]
     assert replay_argv(["--out=x.png"]) == ["replay", "--plot=x.png"]
     assert replay_argv(["--json"]) == ["replay", "--json", "--plot", str(PLOT)]
+
+
+def test_storage_bench_scratch_goes_under_the_results_folder_and_is_removed(tmp_path, monkeypatch):
+    # was: a mkdtemp in the system temp folder; and a --dir of the user's was removed whole
+    from bench import storage
+    monkeypatch.setattr(harness, "RESULTS_DIR", tmp_path / "local")
+    seen = []
+    real = storage.bench_file
+    monkeypatch.setattr(storage, "bench_file", lambda root, case: seen.append(root) or real(root, case))
+    small = ["--backends", "file", "--pools", "dsv4:c128_kv", "--batch-pages", "2", "--budget-mb", "1"]
+    assert storage.main([*small, "--out", str(tmp_path / "a.json")]) == 0
+    assert seen[0].parent == tmp_path / "local" and not seen[0].exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    assert storage.main([*small, "--dir", str(mine), "--out", str(tmp_path / "b.json")]) == 0
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
