@@ -78,7 +78,7 @@ def test_nothing_points_outside_the_checkout():
 
 
 GIB = 1 << 30
-READER_HOST_GIB = 8  # a laptop or a small VM: the README's plan examples must fit this much
+READER_HOST_GIB = 4  # a laptop or a small VM: the README's plan examples must fit this much
 
 
 def readme_plan_commands() -> list[tuple[str, list[str]]]:
