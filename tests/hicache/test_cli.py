@@ -98,6 +98,7 @@ def test_plot_is_written_only_when_asked_at_the_printed_absolute_path(tmp_path, 
     assert main(["replay", *TINY]) == 0
     assert list(tmp_path.iterdir()) == [] and "plot:" not in capsys.readouterr().out
     # 2. --plot with a relative path: written there, the absolute path printed
+    (tmp_path / "figs").mkdir()  # the folder must exist (issue 23 item 13)
     assert main(["replay", *TINY, "--plot", "figs/hit.png"]) == 0
     out = capsys.readouterr().out
     assert f"plot: {tmp_path / 'figs' / 'hit.png'}" in out and (tmp_path / "figs" / "hit.png").stat().st_size > 0
