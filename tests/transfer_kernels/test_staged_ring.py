@@ -8,7 +8,7 @@ import torch
 from tests.transfer_kernels.pools import assert_copied, make_pool, snapshot
 from transfer_kernels import (AutoBackend, CopyJob, StagedBackend, TorchBackend, TritonBackend,
                               copy_rows_batch, make_plan)
-from transfer_kernels import auto as auto_mod
+from transfer_kernels.auto_table import AutoTable, Rule
 
 MIXED = [((8,), torch.bfloat16), ((3, 4), torch.float32), ((5,), torch.uint8)]
 
@@ -24,8 +24,8 @@ def _sides(pool, direction):
 
 def _auto_staging(monkeypatch):
     """An AutoBackend that routes every job to its dma path, as it does on CUDA."""
-    monkeypatch.setattr(auto_mod, "choose", lambda job, plan: "dma")
-    auto = AutoBackend(triton=TritonBackend())
+    table = AutoTable(rules=(Rule("cpu", "dma", path="stage"),))
+    auto = AutoBackend(triton=TritonBackend(), table=table)
     auto.inner["dma"].kernel = TorchBackend()
     return auto
 
