@@ -64,7 +64,7 @@ def test_dma_with_the_triton_scatter(gen):
 
 def test_back_to_back_loads_reuse_the_staging(gen):
     # Three loads of the same shape (other pages each), started one after another with no
-    # poll between: one staging buffer per pool serves all three, each byte for byte.
+    # poll between: one staging ring serves all three, each byte for byte.
     staged = StagedBackend(TorchBackend())
     cache = make("dsv4", "page_first", staged, device_pages=8)
     ctrl = cache.controller
@@ -76,11 +76,11 @@ def test_back_to_back_loads_reuse_the_staging(gen):
     assert [a.success for a in ctrl.poll()] == [True] * 3
     for dev, (_, expected) in zip(devs, stored):
         assert _equal(snapshot(cache, dev), expected)
-    held = staged._held
-    # a buffer per multi-layer pool (a 1-layer host pool is as contiguous as its device one)
-    assert held > 0 and len(staged._buffers) == sum(p.num_layers > 1 for p in cache.stack.data_pools())
+    # one ring per direction (the backups staged too), allocated once
+    bases = [ring.base() for ring in staged._rings.values()]
+    assert staged._held == 2 * staged.max_staging_bytes and len(bases) == 2
     devs.append(_load(cache, stored[0][0]))  # a fourth: nothing new allocated
-    assert staged._held == held
+    assert [ring.base() for ring in staged._rings.values()] == bases
 
 
 @pytest.mark.parametrize("which", ["first", "last"])
