@@ -58,6 +58,9 @@ FLAGS = {
     "tp_rank": "--hicache-tp-rank",
     "tp_size": "--hicache-tp-size",
 }
+# a model id (a weights path, or a hub name and revision): PATH_MAX bytes. Every storage
+# namespace carries it, and the file store's marker (namespace.json) must stay within its read limit.
+MAX_MODEL_ID_BYTES = 4096
 # the largest --hicache-storage-capacity: 2^63 bytes (a byte count is an int64 everywhere)
 MAX_STORAGE_CAPACITY_GB = (1 << 63) / 1e9
 
@@ -73,6 +76,15 @@ def flag_error(field: str, msg: str) -> ValueError:
 
 
 _bad = flag_error
+
+
+def model_id_too_long(model: str) -> str:
+    """Why ``model`` is too long to be a model id (the limit and its length), or ``""``."""
+    size = len(model.encode("utf-8", "surrogatepass"))
+    if size <= MAX_MODEL_ID_BYTES:
+        return ""
+    return (f"must be at most {MAX_MODEL_ID_BYTES} bytes in UTF-8 (a weights path, or a hub name and "
+            f"revision), got {size}")
 
 
 @dataclass(frozen=True)
@@ -183,6 +195,8 @@ class HiCacheConfig:
         if self.storage_backend != "none" and not self.storage_model_id.strip():
             raise _bad("storage_model_id", "required with a storage backend: the served model's weights path or "
                        "revision (pages of models without one could be read by another model)")
+        if model_id_too_long(self.storage_model_id):
+            raise _bad("storage_model_id", model_id_too_long(self.storage_model_id))
         if self.tp_size < 1:
             raise _bad("tp_size", f"must be >= 1, got {self.tp_size}")
         if not 0 <= self.tp_rank < self.tp_size:

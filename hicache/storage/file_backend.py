@@ -19,7 +19,7 @@ import torch
 
 from hicache.storage.base import StorageBackend, StorageUnavailableError, log
 from hicache.storage.file_index import close_index, open_index
-from hicache.storage.file_layout import (NAMESPACE_FILE, OBJECT_SUFFIX, NotAFile, advance, clear_entry, describe_mode,
+from hicache.storage.file_layout import (MARKER_MAX_BYTES, NAMESPACE_FILE, OBJECT_SUFFIX, NotAFile, advance, clear_entry, describe_mode,
                                          entry_mode, is_regular, open_regular, open_root, private_dir, publish,
                                          read_marker)
 from hicache.storage.keys import StorageNamespace
@@ -40,7 +40,8 @@ class FileBackend(StorageBackend):
     Raises:
         StorageUnavailableError: ``root`` cannot be created or written, or is not private
             (not this user's, or writable by others).
-        ValueError: negative capacity, or one below one object of every namespace open on
+        ValueError: a namespace whose marker exceeds ``MARKER_MAX_BYTES`` (a huge ``extra``), a
+            negative capacity, or one below one object of every namespace open on
             ``root`` (naming ``--hicache-storage-capacity`` and the smallest useful capacity).
     """
 
@@ -50,6 +51,10 @@ class FileBackend(StorageBackend):
                  fsync: bool = False) -> None:
         if capacity_bytes < 0:
             raise ValueError(f"capacity_bytes: must be >= 0 (0 = unlimited), got {capacity_bytes}")
+        self._marker = json.dumps(namespace.describe(), indent=1, sort_keys=True).encode()
+        if len(self._marker) > MARKER_MAX_BYTES:  # read back truncated, it would be "damaged" on every open
+            raise ValueError(f"namespace: its {NAMESPACE_FILE} would be {len(self._marker):,} B, over the "
+                             f"{MARKER_MAX_BYTES:,} B limit; shorten its extra text")
         super().__init__(namespace)
         self.root = open_root(root)
         self.dir = str(self.root / namespace.digest_hex[:32])
@@ -76,7 +81,7 @@ class FileBackend(StorageBackend):
                 log.warning("file storage: %s; rebuilt from this server's namespace (the pages are checked "
                             "one by one when read)", why)
                 clear_entry(os.path.join(self.dir, NAMESPACE_FILE))
-            publish(self.dir, NAMESPACE_FILE, [json.dumps(self.namespace.describe(), indent=1, sort_keys=True).encode()])
+            publish(self.dir, NAMESPACE_FILE, [self._marker])
         except OSError as e:
             raise StorageUnavailableError(f"file storage: cannot use --hicache-storage-dir {self.root}: "
                                           f"{e.strerror or e}") from e
