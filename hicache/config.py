@@ -108,8 +108,9 @@ class HiCacheConfig:
         storage_backend: third tier, ``none`` | ``file`` | ``mooncake``.
         storage_dir: directory of the ``file`` backend (required with it).
         storage_master: ``host:port`` of the ``mooncake`` backend's master.
-        storage_capacity_gb: GB (1e9); ``file``: bytes on disk before LRU eviction (0 =
-            unlimited); ``mooncake``: memory this process contributes to the store.
+        storage_capacity_gb: GB (1e9); ``file``: bytes the whole directory holds before LRU
+            eviction, all processes on it together (0 = unlimited); ``mooncake``: memory this
+            process contributes to the store.
         storage_prefetch_policy: ``best_effort`` | ``wait_complete`` | ``timeout``.
         storage_prefetch_timeout_s: seconds a ``timeout`` prefetch may take (> 0).
         storage_write_policy: host -> storage: ``write_through`` | ``write_back`` (on host eviction).
@@ -304,7 +305,9 @@ def add_storage_args(g: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
                    help="mooncake_master host:port (default %(default)s)")
     g.add_argument("--hicache-storage-capacity", dest="storage_capacity_gb", type=float,
                    default=d.storage_capacity_gb,
-                   help="GB; file: disk limit with LRU eviction (0 = none); mooncake: memory contributed")
+                   help="GB; file: bytes the whole directory may hold (LRU eviction, 0 = none), shared by every "
+                        "process on it (TP ranks, servers): give each the same value; mooncake: memory this "
+                        "process contributes")
     g.add_argument("--hicache-storage-prefetch-policy", dest="storage_prefetch_policy",
                    default=d.storage_prefetch_policy, help=f"one of {', '.join(STORAGE_PREFETCH_POLICIES)}")
     g.add_argument("--hicache-storage-prefetch-timeout", dest="storage_prefetch_timeout_s", type=float,

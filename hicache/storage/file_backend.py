@@ -18,10 +18,10 @@ import stat
 import torch
 
 from hicache.storage.base import StorageBackend, StorageUnavailableError, log
-from hicache.storage.file_index import close_index, open_index
-from hicache.storage.file_layout import (MARKER_MAX_BYTES, NAMESPACE_FILE, OBJECT_SUFFIX, NotAFile, advance, clear_entry, describe_mode,
-                                         entry_mode, is_regular, open_regular, open_root, private_dir, publish,
-                                         read_marker)
+from hicache.storage.file_index import Reservation, close_index, open_index
+from hicache.storage.file_layout import (MARKER_MAX_BYTES, NAMESPACE_FILE, OBJECT_SUFFIX, NotAFile, advance,
+                                         clear_entry, describe_mode, entry_mode, is_regular, open_regular, open_root,
+                                         private_dir, publish, read_marker, write_all)
 from hicache.storage.keys import StorageNamespace
 from hicache.storage.page import HEADER_BYTES, PageCheck, ThreadStaging, check_header, check_payload, encode_header
 
@@ -32,7 +32,8 @@ class FileBackend(StorageBackend):
     Args:
         namespace: the pool namespace this backend reads and writes.
         root: the storage directory (``--hicache-storage-dir``); created private if missing.
-        capacity_bytes: bytes of objects allowed under ``root`` (all namespaces); 0 = unlimited.
+        capacity_bytes: bytes of objects (and writes in flight) allowed under ``root``: all
+            namespaces, all processes on it (`file_ledger`); 0 = unlimited.
         fsync: ``fsync`` each object before its rename (power-loss durability; slower).
             Without it a crash can lose recent objects but never leaves a torn one readable:
             the checksum refuses it.
@@ -134,9 +135,8 @@ class FileBackend(StorageBackend):
         can be without deleting anything not ours; whether the name is free now."""
         self.count(corrupt=1)
         self.log_once("damaged", f"{path} is {what}, not a page file; treated as a miss and removed")
-        self._index.forget(path)
         try:
-            clear_entry(path)
+            self._index.clear(path)
             return True
         except OSError as e:
             self._fault("clear", e)
@@ -172,32 +172,38 @@ class FileBackend(StorageBackend):
             return True
         if mode is not None and not self._damaged(path, describe_mode(mode)):
             return False
-        evicted = self._index.admit(path, size)
-        if evicted is None:
-            self._fault("set", OSError(f"object of {size} B exceeds the capacity "
-                                       f"{self._index.capacity_bytes} B (--hicache-storage-capacity)"))
-            return False
-        if evicted:
-            self.count(evictions=evicted)
         try:
-            self._write_atomic(key, path, page)
+            self._subdir(os.path.dirname(path))
+            res, evicted = self._index.admit(path, size)
         except OSError as e:
-            self._index.forget(path)
             self._fault("set", e)
             return False
-        self._index.touch(path, size)  # (back in the index if a concurrent eviction took it meanwhile)
+        self.count(evictions=evicted)
+        if res is None:
+            self._fault("full", OSError(f"no room for an object of {size:,} B under the capacity of "
+                                        f"{self._index.capacity_bytes:,} B (--hicache-storage-capacity): the rest "
+                                        "is taken by writes in flight"))
+            return False
+        try:
+            self._write(res, key, page)
+            self._index.commit(res)
+        except OSError as e:
+            self._index.release(res)
+            self._fault("set", e)
+            return False
         self.count(objects_written=1, bytes_written=page.numel())
         return True
 
-    def _write_atomic(self, key: str, path: str, page: torch.Tensor) -> None:
-        sub = os.path.dirname(path)
+    def _subdir(self, sub: str) -> None:
         if sub not in self._made:
             private_dir(sub)
             self._made.add(sub)
+
+    def _write(self, res: Reservation, key: str, page: torch.Tensor) -> None:
         flat, staged = self._staging.flat(page)
         if staged:
             flat.view(page.shape).copy_(page)
-        publish(sub, os.path.basename(path), [encode_header(self.namespace, key, flat), flat.numpy()], self.fsync)
+        write_all(res.fd, [encode_header(self.namespace, key, flat), flat.numpy()], self.fsync)
 
     def _close(self) -> None:
         close_index(self._index, self.namespace.digest_hex)

@@ -1,12 +1,14 @@
 """The file store's on-disk layout, and the only file-system calls it makes on it.
 
     <root>/                                    --hicache-storage-dir: the user's, not group/other-writable
+    <root>/.hicache-usage                      the directory's total bytes, shared by processes (`file_ledger`)
     <root>/<32 hex>/                           a namespace directory (0700), ours when ...
     <root>/<32 hex>/namespace.json             ... this file (0600) describes a namespace whose digest
                                                starts with the directory's name (the marker)
     <root>/<ns>/<2 hex>/                       first two hex of the page hash (0700)
     <root>/<ns>/<2 hex>/<64 hex>.page          an object: header + payload (0600)
-    <root>/<ns>/<2 hex>/.<64 hex>.page.<16 hex>.tmp   a write in progress (random name, O_EXCL)
+    <root>/<ns>/<2 hex>/.<64 hex>.page.<16 hex>.tmp   a write in progress (random name, O_EXCL),
+                                               flock'ed by its writer, at its final size
 
 Nothing else under the root is ours: the index, the stale-temporary sweep and eviction
 touch only names this table produces, under namespace directories with a valid marker.
@@ -36,6 +38,7 @@ MARKER_MAX_BYTES = 1 << 16  # a namespace.json is ~1 KiB; anything far larger is
 NS_DIR_RE = re.compile(r"[0-9a-f]{32}")
 SUBDIR_RE = re.compile(r"[0-9a-f]{2}")
 OBJECT_RE = re.compile(r"[0-9a-f]{64}\.page")
+OBJECT_TMP_RE = re.compile(r"\.[0-9a-f]{64}\.page\.[0-9a-f]{16}\.tmp")  # an object's write in flight
 # ours: ".<final name>.<16 random hex>.tmp"; older versions: ".<64 hex or namespace.json>.<pid>.<thread>.tmp"
 TMP_RE = re.compile(r"\.(?:[0-9a-f]{64}\.page|namespace\.json)\.[0-9a-f]{16}\.tmp"
                     r"|\.(?:[0-9a-f]{64}|namespace\.json)\.\d+\.\d+\.tmp")
@@ -178,27 +181,44 @@ def clear_entry(path: str) -> None:
 def publish(directory: str, name: str, parts: list, fsync: bool = False) -> None:
     """Write ``parts`` (buffers) as the file ``directory/name``, all or nothing.
 
-    The bytes go to a new private temporary ``.<name>.<random>.tmp`` created with
-    ``O_EXCL | O_NOFOLLOW`` (a name planted there, e.g. a link to a victim file, fails the
-    call instead of being followed), then it is renamed over ``name`` (a rename replaces a
-    link itself, never its target). Readers see the whole file or none.
+    The bytes go to a new private temporary (`new_temp`), then it is renamed over ``name``
+    (a rename replaces a link itself, never its target). Readers see the whole file or none.
 
     Raises:
         OSError: the write or the rename failed (the temporary is removed).
     """
-    tmp = os.path.join(directory, f".{name}.{os.urandom(8).hex()}{TMP_SUFFIX}")
-    fd = os.open(tmp, _CREATE_FLAGS, FILE_MODE)
+    tmp, fd = new_temp(directory, name)
     try:
         try:
-            _writev_all(fd, parts)
-            if fsync:
-                os.fsync(fd)
+            write_all(fd, parts, fsync)
         finally:
             os.close(fd)
         os.replace(tmp, os.path.join(directory, name))
     except BaseException:
         unlink_quiet(tmp)
         raise
+
+
+def new_temp(directory: str, name: str) -> tuple[str, int]:
+    """A new private temporary ``.<name>.<random>.tmp`` in ``directory`` and its descriptor,
+    created with ``O_EXCL | O_NOFOLLOW``: a name planted there (a link to a victim file)
+    fails the call instead of being followed.
+
+    Raises:
+        OSError: it cannot be created.
+    """
+    tmp = os.path.join(directory, f".{name}.{os.urandom(8).hex()}{TMP_SUFFIX}")
+    return tmp, os.open(tmp, _CREATE_FLAGS, FILE_MODE)
+
+
+def write_all(fd: int, parts: list, fsync: bool = False) -> None:
+    """Write every byte of ``parts`` (buffers) at the file's offset (short writes resumed);
+    ``fsync`` the file after them if asked."""
+    views = [memoryview(p).cast("B") for p in parts]
+    while views:
+        views = advance(views, os.writev(fd, views))
+    if fsync:
+        os.fsync(fd)
 
 
 def unlink_quiet(path: str) -> bool:
@@ -208,13 +228,6 @@ def unlink_quiet(path: str) -> bool:
         return True
     except FileNotFoundError:
         return False
-
-
-def _writev_all(fd: int, parts: list) -> None:
-    """Write every byte of ``parts`` (short writes resumed)."""
-    views = [memoryview(p).cast("B") for p in parts]
-    while views:
-        views = advance(views, os.writev(fd, views))
 
 
 def advance(views: list[memoryview], nbytes: int) -> list[memoryview]:
