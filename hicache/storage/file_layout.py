@@ -55,28 +55,55 @@ def open_root(root: str | os.PathLike) -> Path:
 
     Raises:
         StorageUnavailableError: it cannot be created, is not a directory, is not owned by
-            this user, or others (group or world) may write to it: anyone who can write there
-            can forge the pages this server serves (message names ``--hicache-storage-dir``).
+            this user, or others (group or world) may write to it; or one of its parent
+            directories is owned by another user than root or this one, or others may write
+            to it without the sticky bit (they could swap the whole directory): anyone who
+            can do that can forge the pages this server serves (message names
+            ``--hicache-storage-dir`` and the directory at fault).
     """
     path = Path(root).expanduser()
     try:
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                path.mkdir(DIR_MODE)
-                os.chmod(path, DIR_MODE)  # exact, whatever the umask
-            except FileExistsError:
-                pass  # another process made it meanwhile: checked below like any existing one
+        path.parent.mkdir(parents=True, exist_ok=True)
         real = Path(os.path.realpath(path))
-        st = os.stat(real)
+        why = _unsafe_parents(real)
+        if not why:
+            _make_private(real)
+            why = _unsafe(os.stat(real))
     except OSError as e:
         raise StorageUnavailableError(f"file storage: cannot use --hicache-storage-dir {root}: "
                                       f"{e.strerror or e}") from e
-    why = _unsafe(st)
     if why:
         raise StorageUnavailableError(f"file storage: refusing --hicache-storage-dir {real}: {why}; pages there "
                                       "could be forged or read by other users (see the README's trust model)")
     return real
+
+
+def _make_private(path: Path) -> None:
+    try:
+        path.mkdir(DIR_MODE)
+        os.chmod(path, DIR_MODE)  # exact, whatever the umask
+    except FileExistsError:
+        pass  # there already, or another process made it meanwhile: checked like any existing one
+
+
+def _unsafe_parents(real: Path) -> str:
+    """Why a parent of ``real`` lets someone else replace it (the rule ssh and sudo apply):
+    each must be owned by root or this user, and not writable by group or others unless
+    sticky (like /tmp: only an entry's owner may rename or remove it)."""
+    for parent in reversed(real.parents):  # from / down: the outermost fault is named
+        st = os.stat(parent)
+        if st.st_uid not in (0, os.geteuid()):
+            return (f"its parent directory {parent} is owned by uid {st.st_uid}, neither root nor this user "
+                    f"(uid {os.geteuid()}), who could swap the whole directory")
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return (f"its parent directory {parent} is writable by {_writers(st.st_mode)} without the sticky bit "
+                    f"(mode {stat.S_IMODE(st.st_mode):o}), who could swap the whole directory; choose a directory "
+                    "under parents only root and you can change")
+    return ""
+
+
+def _writers(mode: int) -> str:
+    return {0o020: "its group", 0o002: "others", 0o022: "its group and others"}[mode & 0o022]
 
 
 def _unsafe(st: os.stat_result) -> str:
@@ -85,8 +112,8 @@ def _unsafe(st: os.stat_result) -> str:
     if st.st_uid != os.geteuid():
         return f"owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
     if st.st_mode & 0o022:
-        who = {0o020: "its group", 0o002: "others", 0o022: "its group and others"}[st.st_mode & 0o022]
-        return f"writable by {who} (mode {stat.S_IMODE(st.st_mode):o}; `chmod go-w` it or choose a private directory)"
+        return (f"writable by {_writers(st.st_mode)} (mode {stat.S_IMODE(st.st_mode):o}; `chmod go-w` it or choose "
+                "a private directory)")
     return ""
 
 
