@@ -57,6 +57,7 @@ _COUNTERS = {
                                           "trailing window (evicted first)."),
 }
 HIT_TOKENS = "hicache:hit_tokens"
+GROUP_LOADED = "hicache:group_loaded_chunks"
 USED, TOTAL = "hicache:host_blocks_used", "hicache:host_blocks_total"
 GROUP_USED, GROUP_TOTAL = "hicache:group_chunks_used", "hicache:group_chunks_total"
 BYTES_PER_TOKEN = "hicache:host_bytes_per_token"
@@ -68,7 +69,10 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
     defs: dict[str, OffloadingMetricMetadata] = {
         name: OffloadingCounterMetadata(documentation=doc) for name, (_, doc) in _COUNTERS.items()}
     defs[HIT_TOKENS] = OffloadingCounterMetadata(
-        documentation="Tokens loaded from the host tier (whole chunks).")
+        documentation="Prefix tokens loaded from the host tier, counted once however many KV cache "
+                      "groups' chunks served them.")
+    defs[GROUP_LOADED] = OffloadingCounterMetadata(
+        documentation="Host chunks handed to loads, per KV cache group.", labelnames=_GROUP)
     defs[USED] = OffloadingGaugeMetadata(documentation="Host chunks in use, all groups.")
     defs[TOTAL] = OffloadingGaugeMetadata(documentation="Host chunk capacity, all groups.")
     defs[GROUP_USED] = OffloadingGaugeMetadata(documentation="Host chunks in use, per KV cache "
@@ -117,7 +121,8 @@ class HiCacheOffloadingManager(OffloadingManager):
         self.windows = TrailingWindows([g.window for g in layout.groups])
         self.events: list[OffloadingEvent] | None = [] if enable_events else None
         self.hit_tokens = 0
-        self._reported: dict[str, int] = {}
+        self.group_loaded = [0] * len(layout.groups)
+        self._reported: dict[tuple[str, tuple], int] = {}
         self._info = dict(info or {})
         self._steps_since_reset: int | None = None  # vLLM 0.32: steps since an unfenced reset
 
@@ -139,7 +144,14 @@ class HiCacheOffloadingManager(OffloadingManager):
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> HostChunksSpec:
         keys = list(keys)
         chunks = self.index.prepare_load(keys)
-        self.hit_tokens += sum(self.tokens_per_chunk[self.index.group(k)] for k in keys)
+        per_group = [0] * len(self.group_loaded)
+        for key in keys:
+            per_group[self.index.group(key)] += 1
+        for g, count in enumerate(per_group):
+            self.group_loaded[g] += count
+        # the prefix's tokens once: every group's chunks cover (a trailing part of) the same
+        # prefix, so the group covering the most tokens says how long it is (a full-attention one)
+        self.hit_tokens += max(c * t for c, t in zip(per_group, self.tokens_per_chunk))
         return HostChunksSpec(chunks)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
@@ -217,14 +229,20 @@ class HiCacheOffloadingManager(OffloadingManager):
         out[HIT_TOKENS] = self.hit_tokens
         return out
 
+    def _increase(self, stats: OffloadingConnectorStats, name: str, value: int, label: tuple = ()) -> None:
+        """Add a counter's increment since the last report to ``stats``."""
+        delta = value - self._reported.get((name, label), 0)
+        if delta:
+            stats.increase_counter(name, delta, label)
+        self._reported[(name, label)] = value
+
     def get_stats(self) -> OffloadingConnectorStats:
         """Counter increments since the last call, and the current occupancy gauges."""
         stats = OffloadingConnectorStats()
         for name, value in self.totals().items():
-            delta = value - self._reported.get(name, 0)
-            if delta:
-                stats.increase_counter(name, delta)
-            self._reported[name] = value
+            self._increase(stats, name, value)
+        for g, value in enumerate(self.group_loaded):
+            self._increase(stats, GROUP_LOADED, value, (str(g),))
         groups = range(self.index.num_groups)
         stats.set_gauge(USED, sum(self.index.used(g) for g in groups))
         stats.set_gauge(TOTAL, self.index.num_chunks)
