@@ -16,9 +16,10 @@ Eviction order: a process evicts the least recently used objects it knows: those
 at its last scan (oldest modification time first; a read refreshes it with ``utime``, so
 the order survives restarts and is shared through the disk), then the ones it wrote or
 read since. It rescans the directory when it has nothing left to evict while the total
-holds bytes that are not its own writes in flight. A scan (at open, and that rescan)
-rebuilds the shared total from the disk: objects plus the temporaries of live writers; a
-dead writer's temporary is removed. Nothing outside hicache's own layout (`file_layout`)
+holds bytes that are not its own writes in flight, and once per capacity it evicted. A
+scan (at open, and those rescans) rebuilds the shared total from the disk: objects plus
+the temporaries of live writers; a dead writer's temporary is removed, so the bytes it
+reserved count until the next open on the directory or one capacity's turnover at most. Nothing outside hicache's own layout (`file_layout`)
 is counted, evicted or deleted.
 """
 from __future__ import annotations
@@ -62,6 +63,7 @@ class FileIndex:
         self._lru: OrderedDict[str, int] = OrderedDict()
         self._known = 0  # bytes of the objects in _lru
         self._inflight = 0  # bytes of this process's admitted writes not yet committed or released
+        self._turnover = 0  # bytes this process evicted since its last scan
         self._lock = threading.Lock()
         self._dirs: set[str] = set()  # namespace directories scanned
         self._open: dict[str, list[int]] = {}  # open namespace -> [bytes of one object, backends]
@@ -99,7 +101,7 @@ class FileIndex:
             reserved += held
         self._dirs.update(dirs)
         self._lru = OrderedDict((path, size) for _, path, size in sorted(found))
-        self._known = sum(self._lru.values())
+        self._known, self._turnover = sum(self._lru.values()), 0
         self._ledger.write(self._known + reserved)
         return self._known + reserved
 
@@ -135,7 +137,10 @@ class FileIndex:
         if cap and size > cap:
             return None, 0
         with self._locked():
-            total, evicted = self._evict(self._total(), size)
+            total = self._total()
+            if cap and total + size > cap and self._turnover >= cap:
+                total = self._rescan()  # once per capacity evicted: a dead writer's bytes go, others' are learnt
+            total, evicted = self._evict(total, size)
             if cap and total + size > cap and total > self._inflight:
                 total, more = self._evict(self._rescan(), size)  # others' objects: learn them
                 evicted += more
@@ -159,6 +164,7 @@ class FileIndex:
             if gone is not None:  # None: another process evicted it first (and counted it)
                 total -= gone
                 evicted += 1
+                self._turnover += gone
         return total, evicted
 
     def commit(self, res: Reservation) -> None:

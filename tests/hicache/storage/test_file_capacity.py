@@ -134,19 +134,35 @@ def test_two_processes_on_one_directory_share_its_capacity(tmp_path):
 
 def test_a_reservation_counts_while_its_writer_lives_and_not_after_it_died(tmp_path):
     """Item 4, crash safety: an object being written by another process counts against the
-    capacity; once that process died, the next open drops its reservation and temporary."""
+    capacity; once that process died, its reservation goes within one capacity's turnover
+    of a process that stays open, and at the next open."""
+    cap = 3 * _obj()
     child = Child(tmp_path, 0)
     try:
         assert child.ask("write", 0, 2, 1) == [True] * 2
         assert child.ask("reserve", 2) == "reserved"
-        index = open_index(tmp_path, 0)
-        assert index.total_bytes == 3 * _obj()  # two objects and the write in flight
-        close_index(index)
+        server = FileBackend(_ns(), tmp_path, capacity_bytes=cap)  # stays open throughout
+        assert server._index.total_bytes == cap  # two objects and the write in flight
         child.conn.send(("die",))
         child.proc.join(STEP_S)
     finally:
         child.stop()
     assert child.proc.exitcode == 0
+    with server:
+        # three objects written evict a capacity's worth; the fourth admission rescans
+        assert _write(server, 3, 3, seed=2) == [True] * 3
+        assert len(_on_disk(tmp_path)) == 2 and len(_on_disk(tmp_path, ".tmp")) == 1  # the dead write's room
+        assert _write(server, 6, 1, seed=3) == [True]
+        assert len(_on_disk(tmp_path)) == 3 and _on_disk(tmp_path, ".tmp") == []
+        assert server._index.total_bytes == cap
+    # a fresh open drops a dead writer's reservation at once
+    child = Child(tmp_path, 0)
+    try:
+        assert child.ask("reserve", 7) == "reserved"
+        child.conn.send(("die",))
+        child.proc.join(STEP_S)
+    finally:
+        child.stop()
     index = open_index(tmp_path, 0)
-    assert index.total_bytes == 2 * _obj() and len(index) == 2 and _on_disk(tmp_path, ".tmp") == []
+    assert index.total_bytes == cap and len(index) == 3 and _on_disk(tmp_path, ".tmp") == []
     close_index(index)
