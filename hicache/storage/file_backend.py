@@ -187,8 +187,10 @@ class FileBackend(StorageBackend):
         try:
             self._write(res, key, page)
             self._index.commit(res)
-        except OSError as e:
+        except BaseException as e:  # whatever failed, the reservation goes back
             self._index.release(res)
+            if not isinstance(e, OSError):
+                raise
             self._fault("set", e)
             return False
         self.count(objects_written=1, bytes_written=page.numel())

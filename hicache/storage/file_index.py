@@ -47,6 +47,7 @@ class Reservation:
     tmp: str
     fd: int
     size: int
+    committed: bool = False
 
 
 class FileIndex:
@@ -177,6 +178,7 @@ class FileIndex:
             total = self._total()
             replaced = _regular_size(res.path)  # the same object by another writer: counted by it
             os.replace(res.tmp, res.path)
+            res.committed = True
             self._inflight -= res.size
             self._known += res.size - self._lru.pop(res.path, 0)
             self._lru[res.path] = res.size
@@ -184,7 +186,10 @@ class FileIndex:
         _close(res)
 
     def release(self, res: Reservation) -> None:
-        """Give back a reservation whose write failed (its temporary removed, its bytes uncounted)."""
+        """Give back a reservation whose write failed (its temporary removed, its bytes
+        uncounted); only closes its file once it was committed."""
+        if res.committed:
+            return _close(res)
         with self._locked():
             total = self._total()
             if unlink_quiet(res.tmp):

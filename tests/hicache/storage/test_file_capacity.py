@@ -60,6 +60,17 @@ def test_writers_racing_in_one_process_never_exceed_the_capacity(tmp_path, monke
         assert sum(backend.batch_exists([k]) for k in KEYS[:4]) == 2
 
 
+def test_a_write_that_raises_gives_its_reservation_back(tmp_path, monkeypatch):
+    with FileBackend(_ns(), tmp_path, capacity_bytes=2 * _obj()) as backend:
+        def broken(*args, **kwargs):
+            raise RuntimeError("a bug in the write path")
+        monkeypatch.setattr(backend, "_write", broken)
+        assert _write(backend, 0, 2, seed=1) == [False, False]  # a bug fails the batch, never the caller
+        assert backend._index.total_bytes == 0 and _on_disk(tmp_path, ".tmp") == []
+        monkeypatch.undo()
+        assert _write(backend, 0, 2, seed=1) == [True, True] and backend.stats().evictions == 0
+
+
 def _child(conn, root: str, capacity: int) -> None:
     """A second process on ``root``: runs the parent's commands in order, answers each."""
     backend = FileBackend(_ns(), root, capacity_bytes=capacity)
