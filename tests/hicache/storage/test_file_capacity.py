@@ -3,11 +3,12 @@ racing inside one process, with two processes sharing the directory, and after a
 died holding a reservation. No timing: barriers and a command pipe order every step."""
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import threading
 
-from hicache.storage import FileBackend, StorageNamespace
+from hicache.storage import FileBackend, StorageNamespace, file_ledger
 from hicache.storage.file_index import FileIndex, close_index, open_index
 from hicache.storage.page import HEADER_BYTES
 from tests.hicache.storage.conftest import keys_for, llama, pages_of, random_pool
@@ -177,3 +178,18 @@ def test_a_reservation_counts_while_its_writer_lives_and_not_after_it_died(tmp_p
     index = open_index(tmp_path, 0)
     assert index.total_bytes == cap and len(index) == 3 and _on_disk(tmp_path, ".tmp") == []
     close_index(index)
+
+
+def test_without_file_locks_the_capacity_holds_per_process(tmp_path, monkeypatch, caplog):
+    """A file system without ``flock`` (some network mounts): one warning, and the capacity
+    still holds for this process's writers."""
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+    monkeypatch.setattr(file_ledger.fcntl, "flock", no_locks)
+    with caplog.at_level("WARNING", logger="hicache.storage"):
+        with FileBackend(_ns(), tmp_path, capacity_bytes=2 * _obj()) as backend:
+            assert _write(backend, 0, 3, seed=1) == [True] * 3
+            assert len(_on_disk(tmp_path)) == 2 and backend._index.total_bytes == 2 * _obj()
+    assert [r.getMessage() for r in caplog.records if "cannot be locked" in r.getMessage()] == [
+        f"file storage: {tmp_path}/.hicache-usage cannot be locked (No locks available); the capacity holds per "
+        "process, not for the directory"]
