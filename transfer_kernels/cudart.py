@@ -8,6 +8,9 @@ the host-registration calls the same way (the two packages never import each oth
     memcpy_2d_async(dst, dpitch, src, spitch, width, height)  a strided run in one copy
     memcpy_batch_async(dsts, srcs, sizes, stream)             many 1-D copies, one call
                                                               (CUDA >= 12.8; else None)
+    event_create() / event_record(event, stream) / stream_wait_event(stream, event)
+                                                              ordering between streams
+                                                              without a torch call
 
 Every failing call raises ``RuntimeError`` with CUDA's error string, after clearing the
 runtime's last error so that an unrelated later torch call does not raise it again.
@@ -53,6 +56,10 @@ def lib() -> ctypes.CDLL:
     vp, sz = ctypes.c_void_p, ctypes.c_size_t
     cudart.cudaMemcpyAsync.argtypes = [vp, vp, sz, ctypes.c_int, vp]
     cudart.cudaMemcpy2DAsync.argtypes = [vp, sz, vp, sz, sz, sz, ctypes.c_int, vp]
+    cudart.cudaEventCreateWithFlags.argtypes = [ctypes.POINTER(vp), ctypes.c_uint]
+    cudart.cudaEventRecord.argtypes = [vp, vp]
+    cudart.cudaStreamWaitEvent.argtypes = [vp, vp, ctypes.c_uint]
+    cudart.cudaEventDestroy.argtypes = [vp]
     cudart.cudaGetErrorString.restype = ctypes.c_char_p
     cudart.cudaGetErrorString.argtypes = [ctypes.c_int]
     return cudart
@@ -131,3 +138,29 @@ def memcpy_batch_async(dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray,
     if runtime_version() < 13000:
         args.append(ctypes.byref(ctypes.c_size_t(0)))  # failIdx
     check(fn(*args, stream), "cudaMemcpyBatchAsync")
+
+
+_EVENT_DISABLE_TIMING = 2  # cudaEventDisableTiming: the cheapest event to record and wait on
+
+
+def event_create() -> int:
+    """A new ``cudaEvent_t`` (no timing) on the current device, as an int."""
+    event = ctypes.c_void_p()
+    check(lib().cudaEventCreateWithFlags(ctypes.byref(event), _EVENT_DISABLE_TIMING),
+          "cudaEventCreateWithFlags")
+    return event.value
+
+
+def event_destroy(event: int) -> None:
+    """Release an event made by :func:`event_create` (safe while work still uses it)."""
+    check(lib().cudaEventDestroy(event), "cudaEventDestroy")
+
+
+def event_record(event: int, stream: int) -> None:
+    """Record ``event`` on ``stream``: it completes once the stream's earlier work has."""
+    check(lib().cudaEventRecord(event, stream), "cudaEventRecord")
+
+
+def stream_wait_event(stream: int, event: int) -> None:
+    """Make ``stream``'s later work wait for ``event``'s latest record (no host wait)."""
+    check(lib().cudaStreamWaitEvent(stream, event, 0), "cudaStreamWaitEvent")

@@ -32,7 +32,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from transfer_kernels import tuning
+from transfer_kernels import runtime, tuning
 from transfer_kernels.base import CopyBackend, PreparedPlan
 from transfer_kernels.plan import CopyPlan, LaunchGroups
 from transfer_kernels.quant_ref import TINY
@@ -87,7 +87,7 @@ class TritonQuantBackend(CopyBackend):
 
     def _execute(self, plan: CopyPlan) -> None:
         pairs = [(j, layer) for j, job in enumerate(plan.jobs) if job.num_rows for layer in job.layers]
-        QuantLaunches(self, plan, [pairs]).launch(0)
+        QuantLaunches(self, plan, [pairs]).run(0)  # counted by execute
 
     def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
         """Every group's segments and indices staged in one copy; a launch reads its part."""
@@ -125,22 +125,45 @@ class QuantLaunches(PreparedPlan):
                 tables.append(np.asarray(segs, dtype=np.int64).reshape(-1))
                 at += len(segs) * SEG
             self.groups.append(launches)
-        idx = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
         seg = torch.from_numpy(np.concatenate(tables)) if tables else torch.empty(0, dtype=torch.int64)
-        meta = torch.cat([idx, seg]).to(torch.int64)
-        self.meta = meta if self.device.type == "cpu" else meta.pin_memory().to(self.device, non_blocking=True)
+        # one upload per plan, on the launching stream (`runtime`: the load's call budget)
+        self.meta = runtime.upload(parts + [seg], self.device)
+        self._bound: BoundQuant | None = None  # bound at the first launch
 
     @property
     def num_groups(self) -> int:
         return len(self.groups)
 
     def launch(self, group: int) -> None:
-        if not self.groups[group]:
-            return
-        self.backend.launches += 1
-        cap = self.backend.grid_cap(self.device)
-        for lau in self.groups[group]:
-            launch_quant(self.meta, lau, cap)
+        if self.groups[group]:
+            self.backend.launches += 1
+            self.run(group)
+
+    def run(self, group: int) -> None:
+        """Launch group ``group`` (no counting) through the plan's pre-bound launcher."""
+        if self.groups[group]:
+            if self._bound is None:
+                self._bound = BoundQuant(self.meta, self.groups, self.backend.grid_cap(self.device))
+            runtime.launch(self._bound, group)
+
+
+class BoundQuant:
+    """The quant launches of one ``meta`` buffer, bound once (`runtime.launch` calls
+    :meth:`launch`): grids and constants resolved per launch here, and whether the plan's
+    device is current (then no device switch per launch)."""
+
+    def __init__(self, meta: torch.Tensor, groups: list[list[_Launch]], cap: int) -> None:
+        self.meta = meta
+        cuda = meta.device.type == "cuda"
+        switch = cuda and not runtime.device_is_current(meta.device)
+        self.device = meta.device if switch else None
+        self.calls = [[_bind(lau, cap) for lau in launches] for launches in groups]
+
+    def launch(self, group: int) -> None:
+        """Enqueue group ``group``'s launches (CUDA: the current stream; CPU: done on return)."""
+        from transfer_kernels import quant_triton
+        for seg_at, grid, consts in self.calls[group]:
+            quant_triton.run(self.meta, seg_at, grid, device=self.device, **consts)
 
 
 def _segments(plan: CopyPlan, group: Sequence[tuple[int, int]],
@@ -166,11 +189,10 @@ def _segments(plan: CopyPlan, group: Sequence[tuple[int, int]],
     return out
 
 
-def launch_quant(meta: torch.Tensor, lau: _Launch, cap: int) -> None:
-    """Enqueue one launch (CUDA: the current stream; CPU: interpreted, done on return)."""
-    from transfer_kernels import quant_triton
+def _bind(lau: _Launch, cap: int) -> tuple[int, tuple[int, int], dict]:
+    """One launch's (seg_at, grid, kernel constants)."""
     block_d = 1 << max(0, (lau.vec - 1).bit_length())
     bv = max(1, 4096 // block_d)
     blocks = min(-(-lau.max_vec // bv), max(1, cap // lau.num_segs))
-    quant_triton.run(meta, lau.seg_at, (lau.num_segs, blocks), quantize=lau.quantize, bf16=lau.bf16,
-                     vec=lau.vec, block_d=block_d, bv=bv, tiny=TINY)
+    return lau.seg_at, (lau.num_segs, blocks), dict(quantize=lau.quantize, bf16=lau.bf16, vec=lau.vec,
+                                                    block_d=block_d, bv=bv, tiny=TINY)

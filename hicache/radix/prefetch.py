@@ -52,6 +52,13 @@ if TYPE_CHECKING:
     from hicache.radix.store import TierStore
 
 
+def _pages_read(job: Any, pool: str) -> int:
+    """Leading pages a read job's operation of ``pool`` has read: all, once it has a result;
+    before that (a deadline), those its finished chunks read."""
+    res = job.results.get(pool)
+    return res.hit_pages if res is not None else job.ops[pool].progress()
+
+
 class PrefetchOutcome(enum.Enum):
     """How a prefetch ended."""
 
@@ -172,13 +179,26 @@ class Prefetches:
             p._job.cancel()
 
     def check_deadlines(self) -> None:
+        """End every prefetch past its deadline now, whatever its I/O is doing (`expire`)."""
         now = time.monotonic()
-        for p in self.active:
-            if p._deadline is not None and now >= p._deadline:
-                self.stop(p, PrefetchOutcome.TIMEOUT)
+        for p in [p for p in self.active if p._deadline is not None and now >= p._deadline]:
+            self.expire(p)
+
+    def expire(self, p: Prefetch) -> None:
+        """``p``'s deadline passed: it ends now, with the pages its reads finished (a lookup
+        still running: with nothing). A chunk stuck in the store keeps its host pages,
+        pinned by its job, until it returns; its late result is dropped (`advance`)."""
+        self.stop(p, PrefetchOutcome.TIMEOUT)  # chunks not started yet never start
+        if p.state is PrefetchState.LOOKUP:
+            self._finish(p, PrefetchOutcome.TIMEOUT, 0, 0)
+        elif p.state is PrefetchState.READING:
+            self._publish(p)
 
     def advance(self, p: Prefetch) -> None:
-        """The job of ``p`` finished: read what was found, or publish what was read."""
+        """The job of ``p`` finished: read what was found, or publish what was read (nothing
+        for a prefetch that ended at its deadline: its job ends late)."""
+        if p.state is PrefetchState.DONE:
+            return
         if p.state is PrefetchState.LOOKUP:
             self._start_reading(p)
         else:
@@ -223,10 +243,10 @@ class Prefetches:
         return snap
 
     def _publish(self, p: Prefetch) -> None:
-        res, ps = p._job.results, self.page_size
+        ps = self.page_size
         wanted = p._host.numel() // ps
-        read = min((res[name].hit_pages for name in self.store.history), default=wanted)
-        snap_ok = p._snap is not None and all(res[name].ok[0] for name in self.store.state)
+        read = min((_pages_read(p._job, name) for name in self.store.history), default=wanted)
+        snap_ok = p._snap is not None and all(_pages_read(p._job, name) for name in self.store.state)
         snap = p._snap if snap_ok and read == wanted else None
         if snap is None and p._snap is not None:
             for name, slots in p._snap.items():

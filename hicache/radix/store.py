@@ -136,7 +136,9 @@ class TierStore:
              timeout_s: float | None, owner: Any) -> StoreJob:
         """Read the pages of ``hashes`` into ``anchor_slots`` (every history pool) and, if
         given, the snapshot at the last page's boundary into its host slots (state pools
-        first: they are few and a deadline should not cost the whole hit)."""
+        first: they are few and a deadline should not cost the whole hit). Their host pages
+        stay pinned until the job is done: a prefetch that ends at its deadline frees the
+        pages of a read still running, and they must not be handed out before it ends."""
         ops = {}
         for name in self.state if snapshot else ():
             root = self.stack.root_of(name).name
@@ -145,7 +147,15 @@ class TierStore:
         for name in self.history:
             ops[name] = self.io.prefetch(self.backends[name], hashes, self.objects(name, anchor_slots),
                                          timeout_s=timeout_s, channel=self._results)
-        return self._track(StoreJob(READ, ops, owner))
+        job = StoreJob(READ, ops, owner)
+        self._pin(job, {self.stack.anchor.name: anchor_slots} if self.history else {})
+        self._pin(job, snapshot or {})
+        return self._track(job)
+
+    def _pin(self, job: StoreJob, slots: Mapping[str, torch.Tensor]) -> None:
+        """Pin the host pages of ``slots`` (per own-indexed pool) until ``job`` is done."""
+        for root, s in slots.items():
+            job.pins[root] = self.pins.pin(root, s)
 
     def write(self, hashes: Sequence[str], anchor_slots: torch.Tensor, snap_hashes: Sequence[str],
               snap_slots: dict[str, torch.Tensor], owner: Any) -> StoreJob:
@@ -164,10 +174,8 @@ class TierStore:
         if not ops:
             raise ValueError("hashes, snap_hashes: nothing to write (no page of a history data pool, no snapshot)")
         job = StoreJob(WRITE, ops, owner)
-        if hashes and self.history:
-            job.pins[self.stack.anchor.name] = self.pins.pin(self.stack.anchor.name, anchor_slots)
-        for root, slots in snap_slots.items() if snap_hashes else ():
-            job.pins[root] = self.pins.pin(root, slots)
+        self._pin(job, {self.stack.anchor.name: anchor_slots} if hashes and self.history else {})
+        self._pin(job, snap_slots if snap_hashes else {})
         return self._track(job)
 
     def _track(self, job: StoreJob) -> StoreJob:

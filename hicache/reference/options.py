@@ -29,6 +29,7 @@ class VerifyOptions:
     write_policy: str = "write_through"
     mem_layout: str = "page_first"
     fault: str | None = None  # a data pool whose loads are corrupted (negative control)
+    kv_format: str = "fp32"  # deepseek-v4 pool rows: fp32 | fp8_ds_mla
 
 
 def verify_config(opts: VerifyOptions, model_id: str) -> HiCacheConfig:

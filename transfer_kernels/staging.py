@@ -1,0 +1,288 @@
+"""Staging for the ``"dma"`` backend: chunk layouts, staging rings and the engine that
+issues the DMA and the cross-stream ordering (CUDA runtime calls, or a CPU stand-in that
+does the same steps in program order).
+
+A staged job moves, per (host row, *chunk* of consecutive layers), the chunk's bytes — back
+to back in a ``page_first`` host row — as ONE piece, into the job's own region of a staging
+ring (so two jobs of one plan never share staging bytes)::
+
+    host row r        [ layer 0 | layer 1 | ... | layer L-1 ]            span = L x RB bytes
+    chunk [f, f+m)    host  r*span + f*RB, m*RB bytes
+                      ring  offset(chunk) + i*k*RB         (the job's i-th row; k = chunk stride)
+
+A chunk holds ``k = ceil(DMA_PIECE_BYTES / RB)`` layers (at most L): pieces of >= 128 KiB
+run at the copy engines' limit (H100: 0.98 of one contiguous copy at 128 KiB, 0.68 at
+32 KiB). A job whose layers all fall in one launch group is one chunk of whole rows, and a
+run of consecutive host rows is then one piece. Only layers that a launch group names are
+chunked: no other layer of the host or the device is touched.
+
+A chunk's DMA is issued by one launch group: H2D by the first group that reads any of its
+layers (before that group's scatter), D2H by the group after which all of its layers are
+gathered (after that group's gather).
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import torch
+
+from transfer_kernels import tuning
+from transfer_kernels.copy_engine import _cut_at_chunks
+from transfer_kernels.plan import LaunchGroups, PlannedJob
+from transfer_kernels.table import RowTable
+
+ALIGN = 256  # every chunk region starts on this boundary (16-byte vectors, cache lines)
+
+
+class StagedJob(NamedTuple):
+    """One job's staging: its chunks (arrays, one entry per chunk) and staging table."""
+
+    job: int  # index in the plan
+    ring: str  # "h2d" (host is the source) or "d2h"
+    span: int  # bytes of one host row, all layers
+    row: int  # RB: bytes of one layer of one row, all buffers
+    stride: int  # bytes between two rows of the job in a chunk region (k * RB)
+    first: np.ndarray  # per chunk: first layer
+    count: np.ndarray  # per chunk: layers
+    offset: np.ndarray  # per chunk: byte offset of its region in the ring
+    key: np.ndarray  # per chunk: the launch group that issues its DMA
+    whole: bool  # one chunk of every layer: runs of host rows are single pieces
+    staging: RowTable
+
+
+def layer_groups(groups: LaunchGroups, num_jobs: int) -> list[dict[int, list[int]]]:
+    """Per job: layer -> [first group, last group] naming it."""
+    seen: list[dict[int, list[int]]] = [{} for _ in range(num_jobs)]
+    for g, group in enumerate(groups):
+        for j, layer in group:
+            span = seen[j].get(layer)
+            if span is None:
+                seen[j][layer] = [g, g]
+            else:
+                span[1] = g
+    return seen
+
+
+def chunk_layers(layers: Sequence[int], k: int) -> list[list[int]]:
+    """``[first, count]`` per chunk: each run of consecutive ``layers`` (sorted) cut into
+    as few chunks of at most k layers as it needs, of even sizes (30 layers at k = 4: six
+    of 4 and two of 3, not seven of 4 and one of 2: no small remainder piece)."""
+    runs_: list[list[int]] = []
+    for layer in layers:
+        if runs_ and layer == runs_[-1][0] + runs_[-1][1]:
+            runs_[-1][1] += 1
+        else:
+            runs_.append([layer, 1])
+    out = []
+    for first, length in runs_:
+        parts = -(-length // k)
+        for i in range(parts):
+            count = length // parts + (i < length % parts)
+            out.append([first, count])
+            first += count
+    return out
+
+
+def plan_job(j: int, job: PlannedJob, side: str, seen: dict[int, list[int]], ring: Ring,
+             offset: int) -> StagedJob | None:
+    """The staging of ``job`` in ``ring`` from byte ``offset``; ``None`` if it does not fit.
+
+    Args:
+        seen: layer -> [first, last] group, for the layers the launch groups name.
+    """
+    host = getattr(job, side)
+    span, row, num_layers = host.page_span()[1], sum(host.row_bytes), host.num_layers
+    layers = sorted(seen)
+    runs_ = chunk_layers(layers, num_layers)
+    longest = max(c for _, c in runs_)
+    one_group = len({g for span_ in seen.values() for g in span_}) == 1
+    k = longest if one_group else min(longest, -(-tuning.DMA_PIECE_BYTES // row))
+    chunks = np.asarray(chunk_layers(layers, k), dtype=np.int64).reshape(-1, 2)
+    region = -(-job.num_rows * k * row // ALIGN) * ALIGN
+    if offset + region * len(chunks) > ring.nbytes:
+        return None
+    offsets = offset + region * np.arange(len(chunks), dtype=np.int64)
+    h2d = side == "src"
+    keys = np.asarray([min(seen[f][0] for f in range(a, a + c)) if h2d else
+                       max(seen[f][1] for f in range(a, a + c)) for a, c in chunks.tolist()],
+                      dtype=np.int64)
+    staging = _staging_table(host, ring, chunks, offsets, job.num_rows, k * row)
+    whole = len(chunks) == 1 and int(chunks[0, 1]) == num_layers
+    return StagedJob(j, "h2d" if h2d else "d2h", span, row, k * row, chunks[:, 0],
+                     chunks[:, 1], offsets, keys, whole, staging)
+
+
+def region_end(stage: StagedJob) -> int:
+    """The ring byte after the job's last chunk region."""
+    region = -(-stage.staging.num_rows * stage.stride // ALIGN) * ALIGN
+    return int(stage.offset[-1]) + region
+
+
+def _staging_table(host: RowTable, ring: Ring, chunks: np.ndarray, offsets: np.ndarray,
+                   num_rows: int, stride: int) -> RowTable:
+    """The device table of a job's chunk regions: row i of layer l of chunk c at
+    ``offset[c] + i*stride + (l - first[c])*RB``; a layer no chunk holds points at the
+    first region (never read or written)."""
+    buf = ring.buffer()
+    where = {}
+    for (first, count), off in zip(chunks.tolist(), offsets.tolist()):
+        for layer in range(first, first + count):
+            where[layer] = off + (layer - first) * sum(host.row_bytes)
+    inner = np.cumsum((0,) + host.row_bytes[:-1]).tolist()
+    views = [[buf.as_strided((num_rows, n), (stride, 1), where.get(layer, int(offsets[0])) + o)
+              for o, n in zip(inner, host.row_bytes)] for layer in range(host.num_layers)]
+    # the host's bytes, in the host's format: a job converts from (or into) an int8 staging
+    return RowTable.from_views(views, f"{host.name}.staging", codec=host.codec)
+
+
+def _whole_pieces(stage: StagedJob, host: RowTable, rows: np.ndarray, ring_base: int
+                  ) -> np.ndarray:
+    """``[3, n]`` (ring, host, bytes): a piece per run of consecutive host rows."""
+    # the staging rows 0..n-1 are always consecutive: runs break on the host rows only
+    d0 = np.concatenate(([0], np.flatnonzero(np.diff(rows) != 1) + 1)).astype(np.int64)
+    s0, k = rows[d0], np.diff(np.append(d0, rows.size))
+    # no piece across a pinned registration chunk (rows never straddle one)
+    s0, d0, k = _cut_at_chunks(host, stage.staging, 0, 0, s0, d0, k)
+    return np.stack([ring_base + int(stage.offset[0]) + d0 * stage.stride,
+                     int(host.ptrs[0, 0]) + s0 * stage.span, k * stage.span])
+
+
+class RingLayout(NamedTuple):
+    """One ring's pieces of a cached layout. Per-row pieces (chunks of some layers) have
+    fixed fields, sorted by issuing group once; a load only fills in its host rows.
+    Whole-row jobs get a piece per run of rows, found per load."""
+
+    ring: Ring
+    jobs: tuple[int, ...]  # plan jobs whose host rows ``row`` indexes (concatenated)
+    row: np.ndarray  # per piece: index into the concatenated host rows
+    host: np.ndarray  # per piece: host address, less row * span
+    span: np.ndarray  # per piece: host row stride
+    ring_addr: np.ndarray  # per piece: staging address
+    size: np.ndarray
+    key: np.ndarray  # per piece: the group that issues it
+    ends: np.ndarray  # per group: per-row pieces issued by then
+    whole: tuple[tuple[int, StagedJob], ...]  # (position in jobs, stage)
+
+
+def ring_layout(ring: Ring, stages: Sequence[tuple[StagedJob, RowTable]],
+                num_groups: int) -> RingLayout:
+    """The fixed part of one ring's pieces (``stages``: each with its host table)."""
+    base, at, fields, whole = ring.base(), 0, [], []
+    for pos, (st, host) in enumerate(stages):
+        n = st.staging.num_rows
+        if st.whole:
+            whole.append((pos, st))
+        else:
+            c = st.first.size
+            fields.append((np.tile(at + np.arange(n, dtype=np.int64), c),
+                           np.repeat(int(host.ptrs[0, 0]) + st.first * st.row, n),
+                           np.full(c * n, st.span, dtype=np.int64),
+                           (base + st.offset[:, None]
+                            + np.arange(n, dtype=np.int64)[None, :] * st.stride).ravel(),
+                           np.repeat(st.count * st.row, n), np.repeat(st.key, n)))
+        at += n
+    if fields:
+        cols = [np.concatenate(f) for f in zip(*fields)]
+    else:
+        cols = [np.zeros(0, dtype=np.int64)] * 6
+    order = np.argsort(cols[5], kind="stable")
+    row, host, span, ring_addr, size, key = (c[order] for c in cols)
+    ends = np.searchsorted(key, np.arange(num_groups), side="right")
+    return RingLayout(ring, tuple(st.job for st, _ in stages), row, host, span, ring_addr,
+                      size, key, ends, tuple(whole))
+
+
+class RingWork(NamedTuple):
+    """One ring's DMA of one prepared plan: pieces in issue order and, per group, the end
+    of the pieces issued by then."""
+
+    ring: Ring
+    pieces: np.ndarray  # [3, P] (dst, src, bytes), sorted by the group that issues them
+    ends: np.ndarray  # [num_groups]
+
+
+def ring_work(lay: RingLayout, hosts: Sequence[RowTable], rows: Sequence[np.ndarray]
+              ) -> RingWork:
+    """This load's pieces in ``lay``'s ring (``hosts`` / ``rows``: per job of ``lay.jobs``,
+    its host table and host rows)."""
+    cat = np.concatenate(rows) if len(rows) > 1 else rows[0]
+    pieces = np.stack([lay.ring_addr, lay.host + cat[lay.row] * lay.span, lay.size])
+    ends = lay.ends
+    if lay.whole:
+        base = lay.ring.base()
+        extra = [_whole_pieces(st, hosts[pos], rows[pos], base) for pos, st in lay.whole]
+        keys = np.concatenate([lay.key] + [np.full(p.shape[1], int(st.key[0]), dtype=np.int64)
+                                           for p, (_, st) in zip(extra, lay.whole)])
+        order = np.argsort(keys, kind="stable")
+        pieces = np.concatenate([pieces] + extra, axis=1)[:, order]
+        ends = np.searchsorted(keys[order], np.arange(ends.size), side="right")
+    if lay.ring.direction == "d2h":
+        pieces = pieces[[1, 0, 2]]
+    return RingWork(lay.ring, pieces, ends)
+
+
+class Ring:
+    """A staging ring of one direction on one device: ``nbytes`` allocated once (first
+    use) and reused by every load; on CUDA, its DMA stream and two events.
+
+    Attributes:
+        owner: the prepared plan that started last (the only one that may launch).
+        last_stream: the stream that last read or wrote the ring besides the DMA stream.
+    """
+
+    def __init__(self, device: torch.device, direction: str, nbytes: int) -> None:
+        self.device, self.direction, self.nbytes = device, direction, nbytes
+        self._buffer: torch.Tensor | None = None
+        self.owner: object | None = None
+        self.last_stream: int | None = None
+        self.stream = 0  # the DMA stream's handle (0 on CPU)
+        self.events: tuple[int, int] = (0, 0)  # (mark, done); ids on CPU
+        self._keep: list = []
+
+    def buffer(self) -> torch.Tensor:
+        """The ring's bytes (allocated, with the CUDA stream and events, on first call)."""
+        if self._buffer is None:
+            self._buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
+            if self.device.type == "cuda":
+                from transfer_kernels import cudart
+                with torch.cuda.device(self.device):
+                    stream = torch.cuda.Stream(self.device)
+                    self.events = (cudart.event_create(), cudart.event_create())
+                # the allocator must not hand the bytes out while the DMA stream uses them
+                self._buffer.record_stream(stream)
+                self.stream, self._keep = stream.cuda_stream, [stream]
+            else:
+                self.events = (1, 2)
+        return self._buffer
+
+    def base(self) -> int:
+        """Address of the ring's first byte."""
+        return self.buffer().data_ptr()
+
+    def current(self) -> int:
+        """The caller's current stream (0 on CPU)."""
+        if self.device.type != "cuda":
+            return 0
+        return torch.cuda.current_stream(self.device).cuda_stream
+
+
+def dma(pieces: np.ndarray, stream: int, device: torch.device, batch: bool | None) -> int:
+    """Copy ``pieces`` ``[3, n]`` (dst, src, bytes) on ``stream``; the runtime calls made.
+
+    One ``cudaMemcpyBatchAsync`` on CUDA >= 12.8 (``batch`` None or True), else one
+    ``cudaMemcpyAsync`` per piece; on the CPU, a memmove per piece (addresses of live
+    tensors the staged backend holds)."""
+    if device.type != "cuda":
+        for d, s, n in pieces.T.tolist():
+            ctypes.memmove(d, s, n)
+        return 1
+    from transfer_kernels import cudart
+    dst, src, size = pieces
+    if cudart.batch_available() if batch is None else batch:
+        cudart.memcpy_batch_async(dst, src, size, stream)
+        return 1
+    for d, s, n in zip(dst.tolist(), src.tolist(), size.tolist()):
+        cudart.memcpy_async(d, s, n, stream)
+    return size.size
