@@ -52,7 +52,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import harness  # noqa: E402
-from bench.load_cases import LoadBench  # noqa: E402
+from bench.load_cases import LoadBench, host_dtype_error  # noqa: E402
 from bench.host_only import host_only  # noqa: E402
 from bench.load_extra import (Gemms, bidirectional, limit_gbps, oneshot_us, per_pool,  # noqa: E402
                               steady, under_compute)
@@ -92,7 +92,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--host-gib", type=float, default=None, help="host pool cap per model (default 8; quick 0.5)")
     p.add_argument("--max-programs", type=int, default=None, help="grid cap of the triton kernels")
     p.add_argument("--group-bytes", type=int, default=None, help="load launch group size (bytes)")
-    p.add_argument("--hicache-host-dtype", dest="host_dtype", default="auto",
+    p.add_argument("--hicache-host-dtype", dest="host_dtype", default="auto", choices=("auto", "int8"),
                    help="host format: auto (the device's) or int8 (loads dequantize, backups quantize; "
                         "bytes are the host format's: compare tokens/s with an auto run)")
     p.add_argument("--no-extra", action="store_true", help="skip steady state, per pool and compute")
@@ -127,6 +127,8 @@ def _lists(args: argparse.Namespace, p: argparse.ArgumentParser, cuda: bool) -> 
                                ("--directions", args.directions, ("h2d", "d2h"))):
         if bad := [x for x in got if x not in allowed]:
             p.error(f"{flag}: unknown {bad[0]!r}; allowed: {', '.join(allowed)}")
+    if why := host_dtype_error(args.host_dtype, args.models, args.calibrate):
+        p.error(why)
 
 
 def _ints(text: str, flag: str, p: argparse.ArgumentParser) -> list[int]:

@@ -40,6 +40,21 @@ class Batch(NamedTuple):
     groups: list[tuple[int, int, float]]  # gated loads: (first layer, end layer, ms from start)
 
 
+def host_dtype_error(host_dtype: str, models: list[tuple[str, int | None]], calibrate: bool) -> str | None:
+    """Why ``--hicache-host-dtype`` cannot run these models (or ``--calibrate``), else ``None``."""
+    if host_dtype == "auto":
+        return None
+    if calibrate:
+        return "--calibrate: measures exact copies (auto's table); drop --hicache-host-dtype"
+    from hicache.host_dtype import resolve_host_stack
+    for model, layers in models:
+        try:
+            resolve_host_stack(preset(model, layers), HiCacheConfig(host_dtype=host_dtype))
+        except ValueError as e:
+            return f"--models: {e}"
+    return None
+
+
 def _cuda(device: torch.device) -> bool:
     return device.type == "cuda"
 
