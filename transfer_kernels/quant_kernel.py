@@ -19,7 +19,12 @@ The grid is about the copy kernel's program budget in all (``max(cap, segments)`
 programs, ``tuning.TRITON_MAX_PROGRAMS`` by default on CUDA): a conversion takes no more
 SMs from the model than a copy. (Not tuned on a GPU yet.)
 
-``meta`` (int64): per segment ``SEG`` fields, then the row indices::
+Like the copy kernel's, a prepared plan's calls go through `transfer_kernels.runtime`: one
+``upload`` of ``meta`` per plan and one ``launch`` per launch group (of a `BoundQuant`
+bound at the first launch), so an int8 load keeps the load's call budget.
+
+``meta`` (int64): each job's device and host row indices, then per segment ``SEG``
+fields::
 
     0 dev_base  1 dev_stride (elements)  2 q_base  3 q_stride (bytes)  4 s_base
     5 s_stride (fp32 elements)  6 dev_idx  7 host_idx (offsets in meta)  8 vpr  9 n_vec
