@@ -32,6 +32,7 @@ fields::
 from __future__ import annotations
 
 import importlib.util
+import weakref
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -39,8 +40,9 @@ import torch
 
 from transfer_kernels import runtime, tuning
 from transfer_kernels.base import CopyBackend, PreparedPlan
-from transfer_kernels.plan import CopyPlan, LaunchGroups
+from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
 from transfer_kernels.quant_ref import TINY
+from transfer_kernels.triton_layout import _Lru
 
 SEG = 10
 
@@ -75,6 +77,7 @@ class TritonQuantBackend(CopyBackend):
         """
         super().__init__()
         self.max_programs = max_programs
+        self._layouts = _Lru(64)
 
     def check(self, plan: CopyPlan) -> None:
         """``ValueError`` when a CUDA plan's host side is not pinned, or a scale buffer is not
@@ -99,6 +102,21 @@ class TritonQuantBackend(CopyBackend):
         self.check(plan)
         return QuantLaunches(self, plan, groups)
 
+    def layout(self, plan: CopyPlan, groups: LaunchGroups) -> QuantLayout:
+        """The plan's launches and segment tables, cached per (groups, tables, row counts):
+        a load of a shape seen before only gathers and uploads its rows."""
+        cap = self.grid_cap(plan.device)
+        key = (groups, str(plan.device), cap,
+               tuple((weakref.ref(j.src), weakref.ref(j.dst), j.num_rows) for j in plan.jobs))
+        try:
+            found = self._layouts.get(key)
+        except TypeError:  # unhashable groups (lists): built each time
+            return build_layout(plan, groups, cap)
+        if found is None:
+            found = build_layout(plan, groups, cap)
+            self._layouts.put(key, found)
+        return found
+
     def grid_cap(self, device: torch.device) -> int:
         """Programs one launch may take on ``device`` (see ``max_programs``)."""
         if self.max_programs is not None:
@@ -106,33 +124,25 @@ class TritonQuantBackend(CopyBackend):
         return tuning.TRITON_MAX_PROGRAMS if device.type == "cuda" else tuning.TRITON_INTERPRET_MAX_PROGRAMS
 
 
+class QuantLayout(NamedTuple):
+    """What a plan's launches need besides its rows: cached per shape (`TritonQuantBackend.layout`)."""
+
+    jobs: tuple[int, ...]  # jobs with rows, in ``meta``'s index order
+    launches: list[list[_Launch]]  # per group
+    calls: list[list[tuple]]  # per group: each launch's (seg_at, grid, constants)
+    segs: torch.Tensor  # int64 CPU: the segment tables, after the indices in ``meta``
+
+
 class QuantLaunches(PreparedPlan):
     """The launches of every group of one plan, sharing one ``meta`` buffer."""
 
     def __init__(self, backend: TritonQuantBackend, plan: CopyPlan, groups: LaunchGroups) -> None:
         self.backend, self.device = backend, plan.device
-        parts: list[torch.Tensor] = []
-        offsets = {}
-        at = 0
-        for j, job in enumerate(plan.jobs):  # each job's rows once
-            if job.num_rows:
-                dev_rows, host_rows = ((job.src_rows, job.dst_rows) if job.mode == "quantize"
-                                       else (job.dst_rows, job.src_rows))
-                offsets[j] = (at, at + job.num_rows)
-                parts += [dev_rows.cpu(), host_rows.cpu()]
-                at += 2 * job.num_rows
-        self.groups: list[list[_Launch]] = []
-        tables: list[np.ndarray] = []
-        for group in groups:
-            launches = []
-            for key, segs in _segments(plan, group, offsets).items():
-                launches.append(_Launch(at, len(segs), max(int(s[9]) for s in segs), *key))
-                tables.append(np.asarray(segs, dtype=np.int64).reshape(-1))
-                at += len(segs) * SEG
-            self.groups.append(launches)
-        seg = torch.from_numpy(np.concatenate(tables)) if tables else torch.empty(0, dtype=torch.int64)
+        lay = backend.layout(plan, groups)
+        self.groups, self._calls = lay.launches, lay.calls
+        parts = [t for j in lay.jobs for t in _dev_host_rows(plan.jobs[j])]
         # one upload per plan, on the launching stream (`runtime`: the load's call budget)
-        self.meta = runtime.upload(parts + [seg], self.device)
+        self.meta = runtime.upload(parts + [lay.segs], self.device)
         self._bound: BoundQuant | None = None  # bound at the first launch
 
     @property
@@ -148,27 +158,53 @@ class QuantLaunches(PreparedPlan):
         """Launch group ``group`` (no counting) through the plan's pre-bound launcher."""
         if self.groups[group]:
             if self._bound is None:
-                self._bound = BoundQuant(self.meta, self.groups, self.backend.grid_cap(self.device))
+                self._bound = BoundQuant(self.meta, self._calls)
             runtime.launch(self._bound, group)
 
 
 class BoundQuant:
     """The quant launches of one ``meta`` buffer, bound once (`runtime.launch` calls
-    :meth:`launch`): grids and constants resolved per launch here, and whether the plan's
-    device is current (then no device switch per launch)."""
+    :meth:`launch`): grids and constants resolved (the layout's ``calls``), and whether the
+    plan's device is current (then no device switch per launch)."""
 
-    def __init__(self, meta: torch.Tensor, groups: list[list[_Launch]], cap: int) -> None:
-        self.meta = meta
-        cuda = meta.device.type == "cuda"
-        switch = cuda and not runtime.device_is_current(meta.device)
+    def __init__(self, meta: torch.Tensor, calls: list[list[tuple]]) -> None:
+        self.meta, self.calls = meta, calls
+        switch = meta.device.type == "cuda" and not runtime.device_is_current(meta.device)
         self.device = meta.device if switch else None
-        self.calls = [[_bind(lau, cap) for lau in launches] for launches in groups]
 
     def launch(self, group: int) -> None:
         """Enqueue group ``group``'s launches (CUDA: the current stream; CPU: done on return)."""
         from transfer_kernels import quant_triton
         for seg_at, grid, consts in self.calls[group]:
             quant_triton.run(self.meta, seg_at, grid, device=self.device, **consts)
+
+
+def _dev_host_rows(job: PlannedJob) -> tuple[torch.Tensor, torch.Tensor]:
+    """A converting job's device rows and host rows (CPU int64)."""
+    pair = (job.src_rows, job.dst_rows) if job.mode == "quantize" else (job.dst_rows, job.src_rows)
+    return pair[0].cpu(), pair[1].cpu()
+
+
+def build_layout(plan: CopyPlan, groups: LaunchGroups, cap: int) -> QuantLayout:
+    """The plan's launches per group and their segment tables (row counts, not rows)."""
+    offsets: dict[int, tuple[int, int]] = {}
+    at = 0
+    for j, job in enumerate(plan.jobs):  # each job's rows once
+        if job.num_rows:
+            offsets[j] = (at, at + job.num_rows)
+            at += 2 * job.num_rows
+    launches: list[list[_Launch]] = []
+    tables: list[np.ndarray] = []
+    for group in groups:
+        mine = []
+        for key, segs in _segments(plan, group, offsets).items():
+            mine.append(_Launch(at, len(segs), max(int(s[9]) for s in segs), *key))
+            tables.append(np.asarray(segs, dtype=np.int64).reshape(-1))
+            at += len(segs) * SEG
+        launches.append(mine)
+    segs_t = torch.from_numpy(np.concatenate(tables)) if tables else torch.empty(0, dtype=torch.int64)
+    calls = [[_bind(lau, cap) for lau in mine] for mine in launches]
+    return QuantLayout(tuple(offsets), launches, calls, segs_t)
 
 
 def _segments(plan: CopyPlan, group: Sequence[tuple[int, int]],

@@ -86,3 +86,27 @@ def test_dma_ring_stages_int8_chunks_per_group(direction, gen, monkeypatch):
     else:
         assert all(torch.equal(t.view(torch.int16), u.view(torch.int16))
                    for ts, us in zip(side.dev, dev_before) for t, u in zip(ts, us))
+
+
+def test_quant_layout_is_built_once_per_shape(gen, monkeypatch):
+    """Two loads of one shape (other rows, same counts, hashable groups): the segment
+    tables are built once; the second load's bytes come from its own rows."""
+    from transfer_kernels import quant_kernel
+    built = []
+    real = quant_kernel.build_layout
+    monkeypatch.setattr(quant_kernel, "build_layout", lambda *a: built.append(1) or real(*a))
+    side = Side([(2, 2, 16)], torch.bfloat16, rows=6, layers=2, gen=gen)
+    copy_rows(side.dev_table, side.host_table, torch.arange(6), torch.arange(6), backend="torch")
+    kernel = quant_kernel.TritonQuantBackend()
+    dev_rows = torch.tensor([5, 1, 0])
+    for host_rows in (torch.tensor([0, 1, 2]), torch.tensor([4, 3, 2])):
+        prepared = kernel.prepare(make_plan([(side.host_table, side.dev_table, host_rows, dev_rows)]),
+                                  (((0, 0),), ((0, 1),)))
+        for g in range(2):
+            prepared.launch(g)
+        sync()
+        for layer in range(2):
+            q, s = side.host_qs(layer, 0, host_rows, (2, 2, 16))
+            assert torch.equal(side.dev[layer][0][dev_rows].cpu().view(torch.int16),
+                               dequantize_int8_ref(q, s, torch.bfloat16).view(torch.int16))
+    assert len(built) == 1
