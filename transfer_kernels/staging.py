@@ -243,18 +243,18 @@ class Ring:
 def dma(pieces: np.ndarray, stream: int, device: torch.device, batch: bool | None) -> int:
     """Copy ``pieces`` ``[3, n]`` (dst, src, bytes) on ``stream``; the runtime calls made.
 
-    One ``cudaMemcpyBatchAsync`` on CUDA >= 12.8 (``batch`` None or True), else one
-    ``cudaMemcpyAsync`` per piece; on the CPU, a memmove per piece (addresses of live
-    tensors the staged backend holds)."""
+    One ``cudaMemcpyBatchAsync`` on CUDA >= 12.8 (``batch`` None or True; a uint64 slice
+    of a load's pieces goes to the runtime in place), else one ``cudaMemcpyAsync`` per
+    piece; on the CPU, a memmove per piece (addresses of live tensors the staged backend
+    holds)."""
     if device.type != "cuda":
         for d, s, n in pieces.T.tolist():
             ctypes.memmove(d, s, n)
         return 1
     from transfer_kernels import cudart
-    dst, src, size = pieces
     if cudart.batch_available() if batch is None else batch:
-        cudart.memcpy_batch_async(dst, src, size, stream)
+        cudart.memcpy_batch_rows(pieces, stream)
         return 1
-    for d, s, n in zip(dst.tolist(), src.tolist(), size.tolist()):
+    for d, s, n in pieces.T.tolist():
         cudart.memcpy_async(d, s, n, stream)
-    return size.size
+    return pieces.shape[1]

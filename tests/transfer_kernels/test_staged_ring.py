@@ -235,8 +235,8 @@ def test_cuda_calls_are_the_runtime_calls_with_the_ring_stream(monkeypatch):
     from transfer_kernels import cudart
     from transfer_kernels.staging import Ring, dma
     calls = []
-    monkeypatch.setattr(cudart, "memcpy_batch_async", lambda d, s, n, st: calls.append(
-        ("batch", d.tolist(), s.tolist(), n.tolist(), st)))
+    monkeypatch.setattr(cudart, "memcpy_batch_rows", lambda p, st: calls.append(
+        ("batch", *p.tolist(), st)))
     monkeypatch.setattr(cudart, "memcpy_async", lambda d, s, n, st: calls.append(("one", d, s, n, st)))
     monkeypatch.setattr(cudart, "event_record", lambda ev, st: calls.append(("record", ev, st)))
     monkeypatch.setattr(cudart, "stream_wait_event", lambda st, ev: calls.append(("wait", st, ev)))
@@ -251,3 +251,34 @@ def test_cuda_calls_are_the_runtime_calls_with_the_ring_stream(monkeypatch):
     assert calls == [("batch", [100, 200], [300, 400], [8, 16], 7), ("one", 100, 300, 8, 7),
                      ("one", 200, 400, 16, 7), ("record", 12, 7), ("wait", 3, 12)]
     assert (staged.records, staged.waits) == (1, 1)
+
+
+def test_batched_dma_reads_a_column_slice_in_place(monkeypatch):
+    # A group's slice of a load's uint64 pieces reaches cudaMemcpyBatchAsync as three row
+    # addresses into the array itself, with the cached attributes (source reads in stream
+    # order, one attribute set at index 0). The runtime is a C-callable stand-in with the
+    # CUDA 13 signature, so the ctypes marshalling is the real one.
+    import ctypes
+
+    import numpy as np
+
+    from transfer_kernels import cudart
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    seen = []
+
+    def batch(dsts, srcs, sizes, count, attrs, idxs, num_attrs, stream):
+        rows = [np.ctypeslib.as_array(ctypes.cast(p, ctypes.POINTER(ctypes.c_uint64)), (count,))
+                for p in (dsts, srcs, sizes)]
+        seen.append(([r.tolist() for r in rows], attrs[0].srcAccessOrder, idxs[0], num_attrs,
+                     stream))
+        return 0
+    proto = ctypes.CFUNCTYPE(ctypes.c_int, vp, vp, vp, sz, ctypes.POINTER(cudart._MemcpyAttributes),
+                             ctypes.POINTER(sz), sz, vp)
+    fake = proto(batch)
+    monkeypatch.setattr(cudart, "_batch_fn", lambda: fake)
+    monkeypatch.setattr(cudart, "runtime_version", lambda: 13000)
+    pieces = np.arange(30, dtype=np.uint64).reshape(3, 10)
+    cudart.memcpy_batch_rows(pieces[:, 4:7], 5)
+    cudart.memcpy_batch_rows(pieces.astype(np.int64)[:, 8:], 6)  # other dtype: converted
+    assert seen == [([[4, 5, 6], [14, 15, 16], [24, 25, 26]], 1, 0, 1, 5),
+                    ([[8, 9], [18, 19], [28, 29]], 1, 0, 1, 6)]
