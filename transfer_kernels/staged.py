@@ -98,7 +98,8 @@ class StagedBackend(CopyBackend):
     def __init__(self, kernel: CopyBackend | None = None,
                  min_piece_bytes: int = 1,
                  max_staging_bytes: int = tuning.DMA_STAGING_MAX_BYTES,
-                 batch: bool | None = None) -> None:
+                 batch: bool | None = None,
+                 window_growth: int = tuning.DMA_WINDOW_GROWTH) -> None:
         """Args:
             kernel: the backend that scatters, gathers and copies the unstaged jobs;
                 ``None``: ``"triton"`` (under the interpreter on a CPU plan).
@@ -106,13 +107,22 @@ class StagedBackend(CopyBackend):
                 this; by default every job that can be.
             max_staging_bytes: bytes of each staging ring (one per device and direction).
             batch: use ``cudaMemcpyBatchAsync``; ``None`` means when the runtime has it.
+            window_growth: 1: one DMA call per launch group; k > 1: one per window of
+                groups, windows growing k-fold (``staging.window_ends``).
+
+        Raises:
+            ValueError: ``window_growth`` is not an int >= 1.
         """
+        if isinstance(window_growth, bool) or not isinstance(window_growth, int) \
+                or window_growth < 1:
+            raise ValueError(f"window_growth: must be an int >= 1, got {window_growth!r}")
         super().__init__()
         if kernel is None:
             from transfer_kernels.triton_backend import TritonBackend
             kernel = TritonBackend()
         self.kernel, self.min_piece_bytes = kernel, min_piece_bytes
         self.max_staging_bytes, self.batch = max_staging_bytes, batch
+        self.window_growth = window_growth
         self.copies = self.pieces = self.records = self.waits = self.built = 0
         self._rings: dict[tuple[str, str], Ring] = {}
         self._layouts = _Lru(64)
@@ -229,7 +239,8 @@ class StagedBackend(CopyBackend):
         for direction, side in (("h2d", "src"), ("d2h", "dst")):
             mine = [(st, getattr(jobs[st.job], side)) for st in stages if st.ring == direction]
             if mine:
-                rings.append(ring_layout(self._ring(plan, direction), mine, len(groups)))
+                rings.append(ring_layout(self._ring(plan, direction), mine, len(groups),
+                                         self.window_growth))
         swaps = tuple((st.job, st.staging, torch.arange(st.staging.num_rows), st.ring == "h2d")
                       for st in stages)
         return Shape(table_refs(jobs), swaps, tuple(rings), tuple(stages))

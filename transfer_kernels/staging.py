@@ -155,8 +155,9 @@ class RingLayout(NamedTuple):
 
 
 def ring_layout(ring: Ring, stages: Sequence[tuple[StagedJob, RowTable]],
-                num_groups: int) -> RingLayout:
-    """The fixed part of one ring's pieces (``stages``: each with its host table)."""
+                num_groups: int, growth: int = 1) -> RingLayout:
+    """The fixed part of one ring's pieces (``stages``: each with its host table), issued
+    in DMA windows of groups growing by ``growth`` (:func:`window_ends`)."""
     base, at, fields = ring.base(), 0, []
     for st, host in stages:
         n, c = st.staging.num_rows, st.first.size
@@ -173,7 +174,26 @@ def ring_layout(ring: Ring, stages: Sequence[tuple[StagedJob, RowTable]],
     pair = (ring_addr, host) if ring.direction == "h2d" else (host, ring_addr)
     fixed = np.stack(pair + (size,))[:, order]
     return RingLayout(ring, tuple(st.job for st, _ in stages), row[order], span[order],
-                      np.ascontiguousarray(fixed), tuple(ends.tolist()))
+                      np.ascontiguousarray(fixed),
+                      window_ends(tuple(ends.tolist()), growth, ring.direction == "h2d"))
+
+
+def window_ends(ends: tuple[int, ...], growth: int, h2d: bool) -> tuple[int, ...]:
+    """Per group, the pieces issued by then when each DMA call covers a window of groups,
+    windows growing by ``growth`` (2: groups [0], [1, 2], [3..6], ...; 1: one window per
+    group, ``ends`` unchanged). H2D issues a window's pieces before its first group's
+    scatter, D2H after its last group's gather: fewer DMA calls, event records and waits
+    per load, while the first group still waits for its own pieces alone."""
+    if growth <= 1:
+        return ends
+    out, start, size = list(ends), 0, 1
+    while start < len(ends):
+        stop = min(len(ends), start + size)
+        before = ends[start - 1] if start else 0
+        for g in range(start, stop):
+            out[g] = ends[stop - 1] if h2d or g == stop - 1 else before
+        start, size = stop, size * growth
+    return tuple(out)
 
 
 class RingWork(NamedTuple):

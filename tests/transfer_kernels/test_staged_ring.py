@@ -200,7 +200,7 @@ def _random_case(gen, seed):
 def test_random_plans_and_groups_match_the_reference(gen, monkeypatch, seed):
     monkeypatch.setattr("transfer_kernels.tuning.DMA_PIECE_BYTES", [1, 69, 200, 1 << 20][seed % 4])
     jobs, groups = _random_case(gen, seed)
-    staged = StagedBackend(TorchBackend())
+    staged = StagedBackend(TorchBackend(), window_growth=1 + seed % 3)
     plan = make_plan(jobs)
     tables = {id(t): t for job in jobs for t in (job.src, job.dst)}
     before = {k: snapshot(t) for k, t in tables.items()}
@@ -217,6 +217,35 @@ def test_random_plans_and_groups_match_the_reference(gen, monkeypatch, seed):
         for layer in range(table.num_layers):
             for b, view in enumerate(table.views[layer]):
                 assert view.equal(want[k][layer][b]), (seed, table.name, layer, b)
+
+
+def test_dma_windows_grow_and_keep_the_first_group_alone():
+    from transfer_kernels.staging import window_ends
+    ends = tuple(range(1, 8))  # 7 groups, each bringing one piece
+    assert window_ends(ends, 1, True) == ends
+    assert window_ends(ends, 2, True) == (1, 3, 3, 7, 7, 7, 7)  # before the window's first
+    assert window_ends(ends, 2, False) == (1, 1, 3, 3, 3, 3, 7)  # after the window's last
+    with pytest.raises(ValueError, match="window_growth: must be an int >= 1"):
+        StagedBackend(TorchBackend(), window_growth=0)
+
+
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+def test_windowed_dma_makes_one_call_per_window(gen, monkeypatch, direction):
+    # 7 layers, a group each, a chunk per layer: windows [0], [1, 2], [3..6] -> 3 DMA
+    # calls (and their record + wait) instead of 7; bytes as ever.
+    monkeypatch.setattr("transfer_kernels.tuning.DMA_PIECE_BYTES", 1)
+    pool = make_pool(gen, 7, 12, MIXED, "page_first", device="cpu", pin=False)
+    src, dst = _sides(pool, direction)
+    staged = StagedBackend(TorchBackend(), window_growth=2)
+    before = snapshot(src), snapshot(dst)
+    prepared = staged.prepare(make_plan([CopyJob(src, dst, [4, 5, 0], [1, 2, 3])]),
+                              [[(0, layer)] for layer in range(7)])
+    for g in range(7):
+        prepared.launch(g)
+    assert_copied(src, dst, *before, [4, 5, 0], [1, 2, 3])
+    per_call = 1 if direction == "h2d" else 2  # D2H also orders the DMA after the gathers
+    assert staged.copies == 3 and staged.pieces == 21
+    assert staged.records == staged.waits == 1 + 3 * per_call
 
 
 def test_chunks_are_runs_of_grouped_layers_cut_evenly():
