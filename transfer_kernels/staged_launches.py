@@ -22,7 +22,7 @@ class StagedLaunches(PreparedPlan):
         self.backend, self.inner, self.work = backend, inner, work
         self.h2d, self.d2h = work.get("h2d"), work.get("d2h")
         self._rings = tuple(w.ring for w in work.values())
-        self._issued = {d: 0 for d in work}
+        self._h2d_at = self._d2h_at = 0  # pieces issued so far, per ring
         self._launched = [False] * num_groups if self.d2h is not None else None
         self._prefix = 0  # groups 0.._prefix-1 have all launched
         self._current: int | None = None  # the caller's stream, from the first launch
@@ -47,8 +47,10 @@ class StagedLaunches(PreparedPlan):
                                        "prepared plan's groups before starting another")
         try:
             h2d = self.h2d
-            if h2d is not None and h2d.ends[group] > self._issued["h2d"]:
-                self._h2d(h2d, h2d.ends[group])
+            if h2d is not None and h2d.ends[group] > self._h2d_at:
+                # the chunks groups up to this one read first; the caller's stream waits
+                self.backend._issue(h2d, self._h2d_at, h2d.ends[group], self._current)
+                self._h2d_at = h2d.ends[group]
             self.inner.launch(group)
             if self.d2h is not None:
                 launched = self._launched
@@ -86,22 +88,16 @@ class StagedLaunches(PreparedPlan):
         if self._current is None:
             self._current = 0
 
-    def _h2d(self, w: RingWork, end: int) -> None:
-        """DMA the chunks groups up to this one read first (``end`` is past what was
-        issued); the caller's stream waits for it."""
-        self.backend._issue(w, self._issued["h2d"], end, self._current)
-        self._issued["h2d"] = end
-
     def _d2h(self, w: RingWork, end: int) -> None:
         """DMA the chunks whose layers are all gathered, after the gathers; the caller's
         stream waits for it."""
-        if end <= self._issued["d2h"]:
+        if end <= self._d2h_at:
             return
         b, ring = self.backend, w.ring
         b._record(ring, ring.events[0], self._current)
         b._wait(ring, ring.stream, ring.events[0])
-        b._issue(w, self._issued["d2h"], end, self._current)
-        self._issued["d2h"] = end
+        b._issue(w, self._d2h_at, end, self._current)
+        self._d2h_at = end
 
     def _join(self) -> None:
         """After a failure: the caller's stream waits for whatever the DMA streams hold."""
