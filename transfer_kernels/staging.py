@@ -35,7 +35,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from transfer_kernels import tuning
+from transfer_kernels import runtime, tuning
 from transfer_kernels.plan import LaunchGroups, PlannedJob
 from transfer_kernels.table import RowTable
 
@@ -254,10 +254,9 @@ class Ring:
         return self.buffer().data_ptr()
 
     def current(self) -> int:
-        """The caller's current stream (0 on CPU)."""
-        if self.device.type != "cuda":
-            return 0
-        return torch.cuda.current_stream(self.device).cuda_stream
+        """The caller's current stream (0 on CPU), through ``runtime.stream_handle``: the
+        controller's declared copy stream answers without asking torch."""
+        return runtime.stream_handle(self.device)
 
 
 def dma(pieces: np.ndarray, stream: int, device: torch.device, batch: bool | None) -> int:
