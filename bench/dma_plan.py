@@ -74,7 +74,7 @@ def _load(model: str, pages: int) -> _Recording:
 def pieces_table(staged: _Recording) -> list[dict]:
     """Per pool: rows, row bytes, the per-group piece sizes and the backend's chunks."""
     plan, groups, prepared = staged.last
-    layouts = {st.job: st for st in staged._layout(plan, groups, staged.sides(plan))[0]}
+    layouts = {st.job: st for st in staged._shape(plan, groups, None).stages}
     out = []
     for j, job in enumerate(plan.jobs):
         rb = sum(job.src.row_bytes)

@@ -64,17 +64,6 @@ def _copy_engine_host(self: CopyEngineBackend, parts: list[tuple[PlannedJob, Seq
         self.copies += 1
 
 
-def _dma_host(self: StagedBackend, stages, device, to_host: bool) -> None:
-    """The CUDA branch of ``StagedBackend._dma`` up to the runtime call."""
-    host = np.concatenate([st.pieces[0] + st.host_base for st in stages])
-    ring = np.concatenate([st.pieces[1] + st.flat.data_ptr() for st in stages])
-    size = np.concatenate([st.pieces[2] for st in stages])
-    dst, src = (host, ring) if to_host else (ring, host)
-    self.pieces += size.size
-    NULL_RUNTIME.memcpy_batch_async(dst, src, size, 1)
-    self.copies += 1
-
-
 def cuda_rules_on_cpu(table: auto_table.AutoTable) -> auto_table.AutoTable:
     """``table``'s CUDA rules, applied to CPU plans (what ``auto`` would decide on a GPU)."""
     rules = tuple(dataclasses.replace(r, device="cpu") for r in table.rules if r.device == "cuda")
@@ -118,10 +107,7 @@ def _patches() -> list[tuple[object, str, object]]:
                (TorchQuantBackend, "_execute", _nothing), (TorchQuantBackend, "_execute_group", _nothing),
                (auto, "converting", _converting_as_on_cuda),
                (CopyEngineBackend, "_make_quant_backend", _fused_quant)]
-    # The staged backend's DMA: a module-level `dma(pieces, ...)` where the staging ring has
-    # landed, else the backend's own `_dma(stages, device, to_host)`.
-    patches.append((staged, "dma", _null_dma) if hasattr(staged, "dma")
-                    else (StagedBackend, "_dma", _dma_host))
+    patches.append((staged, "dma", _null_dma))  # the staged backend's DMA call
     return patches
 
 

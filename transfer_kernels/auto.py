@@ -25,18 +25,28 @@ from __future__ import annotations
 
 import importlib.util
 import weakref
+from typing import NamedTuple
 
 from transfer_kernels import auto_table
 from transfer_kernels.auto_table import AutoTable, Shape
 from transfer_kernels.base import CopyBackend, PreparedPlan
 from transfer_kernels.copy_engine import CopyEngineBackend
 from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
-from transfer_kernels.staged import StagedBackend, host_side
+from transfer_kernels.staged import StagedBackend, host_side, same_tables, table_refs
 from transfer_kernels.torch_ref import TorchBackend
 from transfer_kernels.triton_backend import TritonBackend
+from transfer_kernels.triton_layout import _Lru
 
 KERNEL = ("triton", "dma")  # choices served by the staged backend's kernel launches
 Decision = tuple[str, "str | None"]  # (backend name, staged side for "dma")
+
+
+class Route(NamedTuple):
+    """A plan shape's routing (``AutoBackend._route``)."""
+
+    refs: tuple  # per job: weak references to (src, dst), verifying a hit
+    routed: dict[str, tuple[tuple[int, ...], tuple[str | None, ...]]]  # name -> (jobs, sides)
+    whole: bool  # one backend takes every job: it gets the plan and groups unchanged
 
 
 class AutoBackend(CopyBackend):
@@ -78,6 +88,7 @@ class AutoBackend(CopyBackend):
             "dma": StagedBackend(triton),
         }
         self.analyses = 0
+        self._routes = _Lru(64)
         # src table -> {(id(dst), layers, row class): (name, side, dst ref)}; weak on src so
         # a dropped pool takes its decisions along.
         self._decisions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -96,52 +107,73 @@ class AutoBackend(CopyBackend):
         per_src[key] = (name, side, weakref.ref(job.dst))
         return name, side
 
-    def _route(self, plan: CopyPlan) -> dict[str, tuple[list[int], list[str | None]]]:
-        """Backend name -> (job indices, staged side per job: only for ``"dma"``)."""
+    def _route(self, plan: CopyPlan) -> Route:
+        """The plan's :class:`Route`, cached per (device, per job: both tables, layer
+        count, row class); a new route is checked by every backend it uses before it is
+        cached (the checks read the tables only)."""
+        jobs = plan.jobs
+        key = (plan.device, tuple([(id(j.src), id(j.dst), len(j.layers),
+                                    j.src_rows.numel().bit_length()) for j in jobs]))
+        found = self._routes.get(key)
+        if found is not None and same_tables(jobs, found.refs):
+            return found
         routed: dict[str, tuple[list[int], list[str | None]]] = {}
-        for j, job in enumerate(plan.jobs):
+        for j, job in enumerate(jobs):
             if job.num_rows and job.layers:
                 name, side = self.decide(job, plan)
                 if name in KERNEL:
                     name = "dma"
-                jobs, sides = routed.setdefault(name, ([], []))
-                jobs.append(j)
+                js, sides = routed.setdefault(name, ([], []))
+                js.append(j)
                 sides.append(side)
-        return routed
+        frozen = {n: (tuple(js), tuple(ss)) for n, (js, ss) in routed.items()}
+        route = Route(table_refs(jobs), frozen,
+                      len(routed) == 1 and len(next(iter(routed.values()))[0]) == len(jobs))
+        for n, sub in self._subplans(plan, route).items():  # all checked before any runs
+            self.inner[n].check(sub)
+        self._routes.put(key, route)
+        return route
+
+    def _subplans(self, plan: CopyPlan, route: Route) -> dict[str, CopyPlan]:
+        if route.whole:
+            return {n: plan for n in route.routed}
+        return {n: plan.subset(plan.jobs[j] for j in js) for n, (js, _) in route.routed.items()}
 
     def execute(self, plan: CopyPlan) -> None:
         """Route, then run each inner backend once on its jobs (see :class:`CopyBackend`)."""
         if plan.is_empty:
             return
-        routed = self._route(plan)
-        subplans = {n: plan.subset(plan.jobs[j] for j in js) for n, (js, _) in routed.items()}
-        for n, sub in subplans.items():  # check all before copying anything
-            self.inner[n].check(sub)
-        for n, sub in subplans.items():
+        route = self._route(plan)
+        for n, sub in self._subplans(plan, route).items():
             if n == "dma":
                 self.inner[n].launches += 1
-                self.inner[n]._execute(sub, routed[n][1])
+                self.inner[n]._execute(sub, route.routed[n][1])
             else:
                 self.inner[n].execute(sub)
             self.launches += 1
 
     def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
-        """Route every job once, then prepare each inner backend on its jobs' groups.
+        """Route every job (a seen shape: one cached look-up), then prepare each inner
+        backend on its jobs' groups.
 
         When one backend takes every job (the usual load), it gets the plan and the
-        caller's groups unchanged: hashable groups keep the kernel's layout cache hit.
+        caller's groups unchanged: hashable groups keep the layout caches hit.
         """
-        routed = self._route(plan)
-        if len(routed) == 1 and len(next(iter(routed.values()))[0]) == len(plan.jobs):
-            subplans, sub_groups = {n: plan for n in routed}, {n: groups for n in routed}
-        else:
-            subplans = {n: plan.subset(plan.jobs[j] for j in js) for n, (js, _) in routed.items()}
-            sub_groups = _split_groups(groups, routed)
-        for n, sub in subplans.items():  # check all before preparing anything
-            self.inner[n].check(sub)
-        prepared = [self.inner[n].prepare(subplans[n], sub_groups[n], routed[n][1]) if n == "dma"
-                    else self.inner[n].prepare(subplans[n], sub_groups[n]) for n in routed]
-        return AutoLaunches(self, prepared, len(groups))
+        route = self._route(plan)
+        if route.whole:  # the usual load: one backend, no sub-plans
+            (name, (_, sides)), = route.routed.items()
+            return AutoLaunches(self, [self._prepare_on(name, plan, groups, sides)], len(groups))
+        subplans = self._subplans(plan, route)
+        sub_groups = _split_groups(groups, route.routed)
+        return AutoLaunches(self, [self._prepare_on(n, subplans[n], sub_groups[n], sides)
+                                   for n, (_, sides) in route.routed.items()], len(groups))
+
+    def _prepare_on(self, name: str, plan: CopyPlan, groups: LaunchGroups,
+                    sides: tuple[str | None, ...]) -> PreparedPlan:
+        """Inner backend ``name``'s prepared plan (the dma path takes the staged sides)."""
+        if name == "dma":
+            return self.inner[name].prepare(plan, groups, sides)
+        return self.inner[name].prepare(plan, groups)
 
     def _execute(self, plan: CopyPlan) -> None:  # pragma: no cover - execute overrides
         raise NotImplementedError
@@ -152,6 +184,8 @@ class AutoLaunches(PreparedPlan):
 
     def __init__(self, auto: AutoBackend, inner: list[PreparedPlan], num_groups: int) -> None:
         self.auto, self.inner, self._num_groups = auto, inner, num_groups
+        if len(inner) == 1:  # the usual load: one inner plan, no loop per launch
+            self.launch = self._launch_one
 
     @property
     def num_groups(self) -> int:
@@ -162,8 +196,12 @@ class AutoLaunches(PreparedPlan):
             prepared.launch(group)
         self.auto.launches += 1
 
+    def _launch_one(self, group: int) -> None:
+        self.inner[0].launch(group)
+        self.auto.launches += 1
 
-def _split_groups(groups: LaunchGroups, routed: dict[str, tuple[list[int], list]]
+
+def _split_groups(groups: LaunchGroups, routed: dict[str, tuple[tuple[int, ...], tuple]]
                   ) -> dict[str, tuple[tuple[tuple[int, int], ...], ...]]:
     """Each backend's launch groups, in its sub-plan's job indices (tuples: hashable)."""
     local = {j: (n, i) for n, (js, _) in routed.items() for i, j in enumerate(js)}

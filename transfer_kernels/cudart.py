@@ -8,6 +8,8 @@ the host-registration calls the same way (the two packages never import each oth
     memcpy_2d_async(dst, dpitch, src, spitch, width, height)  a strided run in one copy
     memcpy_batch_async(dsts, srcs, sizes, stream)             many 1-D copies, one call
                                                               (CUDA >= 12.8; else None)
+    memcpy_batch_rows(pieces, stream) / memcpy_batch_ptrs(...) the same from a [3, n]
+                                                              array / raw addresses
     event_create() / event_record(event, stream) / stream_wait_event(stream, event)
                                                               ordering between streams
                                                               without a torch call
@@ -125,19 +127,48 @@ def memcpy_batch_async(dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray,
     Raises:
         RuntimeError: the runtime has no batched copy, or the call failed.
     """
+    arrays = [np.ascontiguousarray(a, dtype=np.uint64) for a in (dsts, srcs, sizes)]
+    memcpy_batch_ptrs(*(a.ctypes.data for a in arrays), len(arrays[2]), stream)
+
+
+def memcpy_batch_rows(pieces: np.ndarray, stream: int) -> None:
+    """:func:`memcpy_batch_async` of a ``[3, n]`` array (dst, src, bytes). A uint64 one
+    whose rows are each contiguous (a column slice of a C-contiguous array) is read in
+    place: one address read for the three rows, nothing copied."""
+    if pieces.dtype != np.uint64 or pieces.strides[1] != 8:
+        pieces = np.ascontiguousarray(pieces, dtype=np.uint64)
+    at, row = pieces.__array_interface__["data"][0], pieces.strides[0]
+    memcpy_batch_ptrs(at, at + row, at + 2 * row, pieces.shape[1], stream)
+
+
+def memcpy_batch_ptrs(dsts: int, srcs: int, sizes: int, count: int, stream: int) -> None:
+    """``cudaMemcpyBatchAsync`` of ``count`` copies whose uint64 address and size arrays
+    start at ``dsts`` / ``srcs`` / ``sizes`` (host addresses); every copy orders its source
+    reads on ``stream``.
+
+    Raises:
+        RuntimeError: the runtime has no batched copy, or the call failed.
+    """
     fn = _batch_fn()
     if fn is None:
         raise RuntimeError("cudaMemcpyBatchAsync needs CUDA >= 12.8")
-    count = len(sizes)
     if count == 0:
         return
-    arrays = [np.ascontiguousarray(a, dtype=np.uint64) for a in (dsts, srcs, sizes)]
-    attr = _MemcpyAttributes(srcAccessOrder=_SRC_ACCESS_ORDER_STREAM)
-    idx = ctypes.c_size_t(0)
-    args = [a.ctypes.data for a in arrays] + [count, ctypes.byref(attr), ctypes.byref(idx), 1]
+    attr, idx = _batch_attrs()
     if runtime_version() < 13000:
-        args.append(ctypes.byref(ctypes.c_size_t(0)))  # failIdx
-    check(fn(*args, stream), "cudaMemcpyBatchAsync")
+        err = fn(dsts, srcs, sizes, count, attr, idx, 1, ctypes.byref(ctypes.c_size_t(0)), stream)
+    else:
+        err = fn(dsts, srcs, sizes, count, attr, idx, 1, stream)
+    check(err, "cudaMemcpyBatchAsync")
+
+
+@functools.lru_cache(maxsize=1)
+def _batch_attrs() -> tuple:
+    """Pointers to the one attribute set every batched copy uses (source reads in stream
+    order) and to its index array ``[0]``: built once (a pointer keeps its target alive),
+    read-only to the runtime."""
+    attr = _MemcpyAttributes(srcAccessOrder=_SRC_ACCESS_ORDER_STREAM)
+    return ctypes.pointer(attr), ctypes.pointer(ctypes.c_size_t(0))
 
 
 _EVENT_DISABLE_TIMING = 2  # cudaEventDisableTiming: the cheapest event to record and wait on

@@ -25,6 +25,13 @@ is left goes straight through the kernel. A load that starts waits (on the devic
 previous user of the ring; the plan that started last owns it, and an older plan that
 launches after that raises ``RuntimeError`` instead of racing it.
 
+The host work of a load does not grow with its layers or groups beyond one pass over its
+pieces: the layout of a shape — (launch groups, device, per job: both tables, row count,
+layers) — is built once and cached (``Shape``: staging tables, every piece's fixed
+fields, sorted by issuing group); a load of a seen shape fills in its host rows' addresses
+in one vectorized step per ring, the kernel uploads its indices once, and each group's
+launch issues its slice of the pieces in one call.
+
 On a CPU plan the same steps run in program order: memmoves for the DMA, no-ops for the
 events (counted all the same: ``copies``, ``records``, ``waits`` are what the CUDA path
 would issue).
@@ -32,18 +39,19 @@ would issue).
 from __future__ import annotations
 
 import weakref
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
 
-from transfer_kernels import tuning
+from transfer_kernels import cudart, tuning
 from transfer_kernels.base import CopyBackend, PreparedPlan
 from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
 from transfer_kernels.quant import check_split
 from transfer_kernels.staged_launches import StagedLaunches
 from transfer_kernels.staging import Ring, RingLayout, RingWork, StagedJob, dma, layer_groups, \
     plan_job, region_end, ring_layout, ring_work
+from transfer_kernels.table import RowTable
 from transfer_kernels.triton_layout import _Lru
 
 
@@ -62,16 +70,19 @@ def host_side(job: PlannedJob, plan: CopyPlan) -> str | None:
 
 
 def page_piece_bytes(job: PlannedJob, side: str) -> int:
-    """Mean bytes of one whole-row DMA piece of ``job`` staged on ``side``: its layers'
-    bytes of a row, times the mean run of consecutive host rows when it copies every layer
-    (chunks of a multi-group load are cut to ``tuning.DMA_PIECE_BYTES``)."""
-    table = getattr(job, side)
-    rows = (job.src_rows if side == "src" else job.dst_rows).numpy()
-    per_row = len(job.layers) * sum(table.row_bytes)
-    if len(job.layers) != table.num_layers:
-        return per_row
-    num_runs = 1 + int(np.count_nonzero(np.diff(rows) != 1)) if rows.size else 1
-    return per_row * rows.size // num_runs
+    """Bytes of one host row of ``job``'s layers on ``side``: its DMA piece when the job's
+    layers fall in one launch group (a multi-group load cuts it into chunks of
+    ``tuning.DMA_PIECE_BYTES``). Read from the table alone: never from the rows."""
+    return len(job.layers) * sum(getattr(job, side).row_bytes)
+
+
+class Shape(NamedTuple):
+    """What every load of one shape reuses (``StagedBackend._shape``)."""
+
+    refs: tuple[tuple[weakref.ref, weakref.ref], ...]  # per job (src, dst): verifies a hit
+    swaps: tuple[tuple[int, RowTable, torch.Tensor, bool], ...]  # (job, staging, 0..n-1, h2d)
+    rings: tuple[RingLayout, ...]
+    stages: tuple[StagedJob, ...]  # for inspection (bench/dma_plan.py)
 
 
 class StagedBackend(CopyBackend):
@@ -80,6 +91,7 @@ class StagedBackend(CopyBackend):
     Attributes:
         copies / pieces: DMA calls issued and pieces they moved.
         records / waits: event records and stream waits issued (CUDA; counted on CPU too).
+        built: shapes laid out (layout cache misses); for tests.
     """
 
     name = "dma"
@@ -90,23 +102,32 @@ class StagedBackend(CopyBackend):
     def __init__(self, kernel: CopyBackend | None = None,
                  min_piece_bytes: int = 1,
                  max_staging_bytes: int = tuning.DMA_STAGING_MAX_BYTES,
-                 batch: bool | None = None) -> None:
+                 batch: bool | None = None,
+                 window_growth: int = tuning.DMA_WINDOW_GROWTH) -> None:
         """Args:
             kernel: the backend that scatters, gathers and copies the unstaged jobs;
                 ``None``: ``"triton"`` (under the interpreter on a CPU plan).
-            min_piece_bytes: a job is staged when its mean DMA piece is at least this;
-                by default every job that can be (``"auto"`` passes
-                ``tuning.DMA_MIN_PIECE_BYTES``).
+            min_piece_bytes: a job is staged when :func:`page_piece_bytes` is at least
+                this; by default every job that can be.
             max_staging_bytes: bytes of each staging ring (one per device and direction).
             batch: use ``cudaMemcpyBatchAsync``; ``None`` means when the runtime has it.
+            window_growth: 1: one DMA call per launch group; k > 1: one per window of
+                groups, windows growing k-fold (``staging.window_ends``).
+
+        Raises:
+            ValueError: ``window_growth`` is not an int >= 1.
         """
+        if isinstance(window_growth, bool) or not isinstance(window_growth, int) \
+                or window_growth < 1:
+            raise ValueError(f"window_growth: must be an int >= 1, got {window_growth!r}")
         super().__init__()
         if kernel is None:
             from transfer_kernels.triton_backend import TritonBackend
             kernel = TritonBackend()
         self.kernel, self.min_piece_bytes = kernel, min_piece_bytes
         self.max_staging_bytes, self.batch = max_staging_bytes, batch
-        self.copies = self.pieces = self.records = self.waits = 0
+        self.window_growth = window_growth
+        self.copies = self.pieces = self.records = self.waits = self.built = 0
         self._rings: dict[tuple[str, str], Ring] = {}
         self._layouts = _Lru(64)
 
@@ -144,33 +165,29 @@ class StagedBackend(CopyBackend):
     def prepare(self, plan: CopyPlan, groups: LaunchGroups,
                 sides: Sequence[str | None] | None = None) -> PreparedPlan:
         """Lay the staged jobs out in the rings and prepare the kernel's launches; nothing
-        is copied until a group launches (module docstring).
+        is copied until a group launches (module docstring). The plan is checked when its
+        shape is new (the check reads the tables only: a seen shape passed it).
 
         Args:
             sides: per job, the side to stage (``None``: straight to the kernel); by
                 default :meth:`sides` (``"auto"`` passes the choice it made).
         """
-        self.check(plan)
         return self._prepare(plan, groups, sides)
 
     def _prepare(self, plan: CopyPlan, groups: LaunchGroups,
                  sides: Sequence[str | None] | None) -> StagedLaunches:
-        stages, rings = self._layout(plan, groups, sides or self.sides(plan))
-        jobs = list(plan.jobs)
-        for st in stages:
-            job = jobs[st.job]
-            local = _arange(job.num_rows)  # rows 0..n-1 of the job's staging regions
-            jobs[st.job] = (PlannedJob(st.staging, job.dst, local, job.dst_rows, job.layers)
-                            if st.ring == "h2d" else
-                            PlannedJob(job.src, st.staging, job.src_rows, local, job.layers))
-        work = {}
-        for direction, lay in rings.items():
-            side = "src" if direction == "h2d" else "dst"
-            work[direction] = ring_work(lay, [getattr(plan.jobs[j], side) for j in lay.jobs],
-                                        [getattr(plan.jobs[j], f"{side}_rows").numpy()
-                                         for j in lay.jobs])
-        inner = self.kernel.prepare(plan.subset(jobs), groups)
-        return StagedLaunches(self, inner, work, len(groups))
+        """The cached shape, this load's host rows filled in, and the kernel's launches."""
+        shape = self._shape(plan, groups, sides)
+        jobs = plan.jobs
+        work = {lay.ring.direction: ring_work(lay, _host_rows(jobs, lay)) for lay in shape.rings}
+        if shape.swaps:
+            jobs = list(jobs)
+            for j, staging, local, h2d in shape.swaps:  # the kernel's side of the ring
+                job = jobs[j]
+                jobs[j] = (PlannedJob(staging, job.dst, local, job.dst_rows, job.layers) if h2d
+                           else PlannedJob(job.src, staging, job.src_rows, local, job.layers))
+            plan = plan.subset(jobs)
+        return StagedLaunches(self, self.kernel.prepare(plan, groups), work, len(groups))
 
     def _ring(self, plan: CopyPlan, direction: str) -> Ring:
         key = (str(plan.device), direction)
@@ -179,72 +196,99 @@ class StagedBackend(CopyBackend):
             ring = self._rings[key] = Ring(plan.device, direction, self.max_staging_bytes)
         return ring
 
-    def _layout(self, plan: CopyPlan, groups: LaunchGroups,
-                sides: Sequence[str | None]) -> tuple[list[StagedJob], dict[str, RingLayout]]:
-        """The staged jobs' chunks and regions, cached per (tables, sides, row counts,
-        groups): a load of a seen shape reuses its staging tables (and the kernel's layout
-        cache, keyed by tables, hits)."""
-        picked = [(j, s) for j, s in enumerate(sides) if s is not None]
-        if not picked:
-            return [], {}
+    def _shape(self, plan: CopyPlan, groups: LaunchGroups,
+               sides: Sequence[str | None] | None) -> Shape:
+        """The plan's :class:`Shape`, cached per (groups, device, sides, per job: both
+        tables, rows, layers, where the rows are). Tables are keyed by id and a hit is
+        verified against weak references: a new table at a reused id is a miss, and no
+        pool is kept alive."""
         try:
             hash(groups)
-        except TypeError:  # lists (auto's sub-groups): a tuple of them keys the same layout
+        except TypeError:  # lists (tests, a caller's own groups): a tuple of them keys the same
             groups = tuple(map(tuple, groups))
-        key = (groups, str(plan.device), self.max_staging_bytes,
-               tuple((weakref.ref(plan.jobs[j].src), weakref.ref(plan.jobs[j].dst), s,
-                      plan.jobs[j].num_rows) for j, s in picked))
+        jobs = plan.jobs
+        key = (groups, plan.device, sides if sides is None else tuple(sides),
+               tuning.DMA_PIECE_BYTES,
+               tuple([(id(j.src), id(j.dst), j.src_rows.numel(), len(j.layers),
+                       j.src_rows.is_cuda, j.dst_rows.is_cuda) for j in jobs]))
         found = self._layouts.get(key)
-        if found is None:
-            found = self._build_layout(plan, groups, picked)
-            self._layouts.put(key, found)
+        if found is not None and same_tables(jobs, found.refs):
+            return found
+        found = self._build_shape(plan, groups, sides)
+        self._layouts.put(key, found)
         return found
 
-    def _build_layout(self, plan: CopyPlan, groups: LaunchGroups, picked: list[tuple[int, str]]
-                      ) -> tuple[list[StagedJob], dict[str, RingLayout]]:
-        seen = layer_groups(groups, len(plan.jobs))
+    def _build_shape(self, plan: CopyPlan, groups: LaunchGroups,
+                     sides: Sequence[str | None] | None) -> Shape:
+        """A new shape: check the plan, then lay out every staged job's chunks and regions."""
+        self.check(plan)
+        self.built += 1
+        jobs = plan.jobs
+        if sides is None:
+            sides = self.sides(plan)
+        else:  # host rows on the device cannot be read without a sync: not staged
+            sides = [s if s is not None and getattr(job, f"{s}_rows").device.type == "cpu"
+                     else None for job, s in zip(jobs, sides)]
+        seen = layer_groups(groups, len(jobs))
         used = {"h2d": 0, "d2h": 0}
         stages: list[StagedJob] = []
-        for j, side in picked:
-            if not seen[j]:
-                continue  # no group names a layer of it
+        for j, side in enumerate(sides):
+            if side is None or not seen[j]:
+                continue  # not staged, or no group names a layer of it
             direction = "h2d" if side == "src" else "d2h"
-            st = plan_job(j, plan.jobs[j], side, seen[j], self._ring(plan, direction),
-                          used[direction])
+            st = plan_job(j, jobs[j], side, seen[j], self._ring(plan, direction), used[direction])
             if st is not None:  # else over the ring's bytes: the kernel copies it directly
                 used[direction] = region_end(st)
                 stages.append(st)
-        rings = {}
+        rings = []
         for direction, side in (("h2d", "src"), ("d2h", "dst")):
-            mine = [(st, getattr(plan.jobs[st.job], side)) for st in stages if st.ring == direction]
+            mine = [(st, getattr(jobs[st.job], side)) for st in stages if st.ring == direction]
             if mine:
-                rings[direction] = ring_layout(self._ring(plan, direction), mine, len(groups))
-        return stages, rings
+                rings.append(ring_layout(self._ring(plan, direction), mine, len(groups),
+                                         self.window_growth))
+        swaps = tuple((st.job, st.staging, torch.arange(st.staging.num_rows), st.ring == "h2d")
+                      for st in stages)
+        return Shape(table_refs(jobs), swaps, tuple(rings), tuple(stages))
 
-    def _dma(self, work: RingWork, begin: int, end: int) -> None:
-        pieces = work.pieces[:, begin:end]
-        self.copies += dma(pieces, work.ring.stream, work.ring.device, self.batch)
-        self.pieces += pieces.shape[1]
+    def _issue(self, work: RingWork, begin: int, end: int, caller: int) -> None:
+        """DMA pieces ``[begin, end)`` of ``work`` on the ring's stream, record its done
+        event there and make the ``caller`` stream wait for it (one launch's DMA)."""
+        ring = work.ring
+        self.copies += dma(work.pieces[:, begin:end], ring.stream, ring.device, self.batch)
+        self.pieces += end - begin
+        if ring.cuda:
+            cudart.event_record(ring.events[1], ring.stream)
+            cudart.stream_wait_event(caller, ring.events[1])
+        self.records += 1
+        self.waits += 1
 
     def _record(self, ring: Ring, event: int, stream: int) -> None:
-        if ring.device.type == "cuda":
-            from transfer_kernels import cudart
+        if ring.cuda:
             cudart.event_record(event, stream)
         self.records += 1
 
     def _wait(self, ring: Ring, stream: int, event: int) -> None:
-        if ring.device.type == "cuda":
-            from transfer_kernels import cudart
+        if ring.cuda:
             cudart.stream_wait_event(stream, event)
         self.waits += 1
 
 
-_ARANGE = torch.arange(0)
+def table_refs(jobs: Sequence[PlannedJob]) -> tuple[tuple[weakref.ref, weakref.ref], ...]:
+    """Per job, weak references to its (src, dst) tables: a cache keyed by table ids keeps
+    these to tell a hit from a new table at a reused id, without keeping a pool alive."""
+    return tuple((weakref.ref(j.src), weakref.ref(j.dst)) for j in jobs)
 
 
-def _arange(n: int) -> torch.Tensor:
-    """Rows ``0..n-1`` as an int64 CPU tensor (a view of one cached range)."""
-    global _ARANGE
-    if _ARANGE.numel() < n:
-        _ARANGE = torch.arange(max(n, 2 * _ARANGE.numel()), dtype=torch.int64)
-    return _ARANGE[:n]
+def same_tables(jobs: Sequence[PlannedJob], refs: tuple) -> bool:
+    """True when ``refs`` (from :func:`table_refs`) still name ``jobs``' tables."""
+    for job, (src, dst) in zip(jobs, refs):
+        if src() is not job.src or dst() is not job.dst:
+            return False
+    return True
+
+
+def _host_rows(jobs: Sequence[PlannedJob], lay: RingLayout) -> np.ndarray:
+    """The host rows of ``lay``'s jobs, concatenated (one torch call), as numpy."""
+    rows = [jobs[j].src_rows for j in lay.jobs] if lay.ring.direction == "h2d" else \
+        [jobs[j].dst_rows for j in lay.jobs]
+    return (torch.cat(rows) if len(rows) > 1 else rows[0]).numpy()

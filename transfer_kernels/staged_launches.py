@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from transfer_kernels.base import PreparedPlan
 from transfer_kernels.staging import RingWork
 
@@ -16,14 +14,16 @@ if TYPE_CHECKING:
 
 class StagedLaunches(PreparedPlan):
     """The kernel's prepared launches with each group's DMA before (H2D) or after (D2H)
-    it. Groups may launch in any order; each launches once."""
+    it. Groups may launch in any order; each launches once. A launch reads its group's
+    piece bounds from tuples and issues one slice: no per-launch array work."""
 
     def __init__(self, backend: StagedBackend, inner: PreparedPlan, work: dict[str, RingWork],
                  num_groups: int) -> None:
         self.backend, self.inner, self.work = backend, inner, work
         self.h2d, self.d2h = work.get("h2d"), work.get("d2h")
-        self._issued = {d: 0 for d in work}
-        self._launched = np.zeros(num_groups, dtype=bool)
+        self._rings = tuple(w.ring for w in work.values())
+        self._h2d_at = self._d2h_at = 0  # pieces issued so far, per ring
+        self._launched = [False] * num_groups if self.d2h is not None else None
         self._prefix = 0  # groups 0.._prefix-1 have all launched
         self._current: int | None = None  # the caller's stream, from the first launch
 
@@ -39,20 +39,26 @@ class StagedLaunches(PreparedPlan):
         """Launch ``group`` with its DMA (no counting of launches)."""
         if self._current is None:
             self._start()
-        elif any(w.ring.owner is not self for w in self.work.values()):
-            raise RuntimeError("dma: a later load or backup started on this staging ring "
-                               "before this one's launches ended; launch a prepared plan's "
-                               "groups before starting another")
+        else:
+            for ring in self._rings:
+                if ring.owner is not self:
+                    raise RuntimeError("dma: a later load or backup started on this staging "
+                                       "ring before this one's launches ended; launch a "
+                                       "prepared plan's groups before starting another")
         try:
-            if self.h2d is not None:
-                self._h2d(self.h2d, int(self.h2d.ends[group]))
+            h2d = self.h2d
+            if h2d is not None and h2d.ends[group] > self._h2d_at:
+                # the chunks groups up to this one read first; the caller's stream waits
+                self.backend._issue(h2d, self._h2d_at, h2d.ends[group], self._current)
+                self._h2d_at = h2d.ends[group]
             self.inner.launch(group)
             if self.d2h is not None:
-                self._launched[group] = True
-                while self._prefix < self._launched.size and self._launched[self._prefix]:
+                launched = self._launched
+                launched[group] = True
+                while self._prefix < len(launched) and launched[self._prefix]:
                     self._prefix += 1
-                end = int(self.d2h.ends[self._prefix - 1]) if self._prefix else 0
-                self._d2h(self.d2h, end)
+                if self._prefix:
+                    self._d2h(self.d2h, self.d2h.ends[self._prefix - 1])
         except BaseException:
             self._join()
             raise
@@ -82,30 +88,16 @@ class StagedLaunches(PreparedPlan):
         if self._current is None:
             self._current = 0
 
-    def _h2d(self, w: RingWork, end: int) -> None:
-        """DMA the chunks groups up to this one read first (not yet issued); the caller's
-        stream waits for it."""
-        if end <= self._issued["h2d"]:
-            return
-        b, ring = self.backend, w.ring
-        b._dma(w, self._issued["h2d"], end)
-        self._issued["h2d"] = end
-        b._record(ring, ring.events[1], ring.stream)
-        b._wait(ring, self._current, ring.events[1])
-
     def _d2h(self, w: RingWork, end: int) -> None:
         """DMA the chunks whose layers are all gathered, after the gathers; the caller's
         stream waits for it."""
-        if end <= self._issued["d2h"]:
+        if end <= self._d2h_at:
             return
         b, ring = self.backend, w.ring
-        mark, done = ring.events
-        b._record(ring, mark, self._current)
-        b._wait(ring, ring.stream, mark)
-        b._dma(w, self._issued["d2h"], end)
-        self._issued["d2h"] = end
-        b._record(ring, done, ring.stream)
-        b._wait(ring, self._current, done)
+        b._record(ring, ring.events[0], self._current)
+        b._wait(ring, ring.stream, ring.events[0])
+        b._issue(w, self._d2h_at, end, self._current)
+        self._d2h_at = end
 
     def _join(self) -> None:
         """After a failure: the caller's stream waits for whatever the DMA streams hold."""

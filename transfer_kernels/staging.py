@@ -12,9 +12,16 @@ ring (so two jobs of one plan never share staging bytes)::
 
 A chunk holds ``k = ceil(DMA_PIECE_BYTES / RB)`` layers (at most L): pieces of >= 128 KiB
 run at the copy engines' limit (H100: 0.98 of one contiguous copy at 128 KiB, 0.68 at
-32 KiB). A job whose layers all fall in one launch group is one chunk of whole rows, and a
-run of consecutive host rows is then one piece. Only layers that a launch group names are
-chunked: no other layer of the host or the device is touched.
+32 KiB). A job whose layers all fall in one launch group is one chunk of whole rows. Only
+layers that a launch group names are chunked: no other layer of the host or the device is
+touched.
+
+A load of a seen shape reuses its layout (``RingLayout``: every piece's staging address,
+bytes and host offset, sorted by issuing group) and only fills in its host rows' addresses
+(``ring_work``: one vectorized pass). Pieces are never merged across consecutive host rows:
+that would be a run analysis of every batch and a piece count that changes per batch, for
+rows that are >= 32 KiB whenever ``auto`` stages them (and never straddle a pinned
+registration chunk, so no piece needs cutting).
 
 A chunk's DMA is issued by one launch group: H2D by the first group that reads any of its
 layers (before that group's scatter), D2H by the group after which all of its layers are
@@ -28,8 +35,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from transfer_kernels import tuning
-from transfer_kernels.copy_engine import _cut_at_chunks
+from transfer_kernels import runtime, tuning
 from transfer_kernels.plan import LaunchGroups, PlannedJob
 from transfer_kernels.table import RowTable
 
@@ -48,7 +54,7 @@ class StagedJob(NamedTuple):
     count: np.ndarray  # per chunk: layers
     offset: np.ndarray  # per chunk: byte offset of its region in the ring
     key: np.ndarray  # per chunk: the launch group that issues its DMA
-    whole: bool  # one chunk of every layer: runs of host rows are single pieces
+    whole: bool  # one chunk of every layer (a piece is a whole host row)
     staging: RowTable
 
 
@@ -137,61 +143,58 @@ def _staging_table(host: RowTable, ring: Ring, chunks: np.ndarray, offsets: np.n
     return RowTable.from_views(views, f"{host.name}.staging", codec=host.codec)
 
 
-def _whole_pieces(stage: StagedJob, host: RowTable, rows: np.ndarray, ring_base: int
-                  ) -> np.ndarray:
-    """``[3, n]`` (ring, host, bytes): a piece per run of consecutive host rows."""
-    # the staging rows 0..n-1 are always consecutive: runs break on the host rows only
-    d0 = np.concatenate(([0], np.flatnonzero(np.diff(rows) != 1) + 1)).astype(np.int64)
-    s0, k = rows[d0], np.diff(np.append(d0, rows.size))
-    # no piece across a pinned registration chunk (rows never straddle one)
-    s0, d0, k = _cut_at_chunks(host, stage.staging, 0, 0, s0, d0, k)
-    return np.stack([ring_base + int(stage.offset[0]) + d0 * stage.stride,
-                     int(host.ptrs[0, 0]) + s0 * stage.span, k * stage.span])
-
-
 class RingLayout(NamedTuple):
-    """One ring's pieces of a cached layout. Per-row pieces (chunks of some layers) have
-    fixed fields, sorted by issuing group once; a load only fills in its host rows.
-    Whole-row jobs get a piece per run of rows, found per load."""
+    """One ring's pieces of a cached layout: a piece per (host row, chunk), sorted by the
+    group that issues it. Everything but the host rows is fixed; a load fills them in."""
 
     ring: Ring
     jobs: tuple[int, ...]  # plan jobs whose host rows ``row`` indexes (concatenated)
     row: np.ndarray  # per piece: index into the concatenated host rows
-    host: np.ndarray  # per piece: host address, less row * span
     span: np.ndarray  # per piece: host row stride
-    ring_addr: np.ndarray  # per piece: staging address
-    size: np.ndarray
-    key: np.ndarray  # per piece: the group that issues it
-    ends: np.ndarray  # per group: per-row pieces issued by then
-    whole: tuple[tuple[int, StagedJob], ...]  # (position in jobs, stage)
+    fixed: np.ndarray  # int64 [3, P] (dst, src, bytes); the host row holds address - row * span
+    ends: tuple[int, ...]  # per group: pieces issued by then
 
 
 def ring_layout(ring: Ring, stages: Sequence[tuple[StagedJob, RowTable]],
-                num_groups: int) -> RingLayout:
-    """The fixed part of one ring's pieces (``stages``: each with its host table)."""
-    base, at, fields, whole = ring.base(), 0, [], []
-    for pos, (st, host) in enumerate(stages):
-        n = st.staging.num_rows
-        if st.whole:
-            whole.append((pos, st))
-        else:
-            c = st.first.size
-            fields.append((np.tile(at + np.arange(n, dtype=np.int64), c),
-                           np.repeat(int(host.ptrs[0, 0]) + st.first * st.row, n),
-                           np.full(c * n, st.span, dtype=np.int64),
-                           (base + st.offset[:, None]
-                            + np.arange(n, dtype=np.int64)[None, :] * st.stride).ravel(),
-                           np.repeat(st.count * st.row, n), np.repeat(st.key, n)))
+                num_groups: int, growth: int = 1) -> RingLayout:
+    """The fixed part of one ring's pieces (``stages``: each with its host table), issued
+    in DMA windows of groups growing by ``growth`` (:func:`window_ends`)."""
+    base, at, fields = ring.base(), 0, []
+    for st, host in stages:
+        n, c = st.staging.num_rows, st.first.size
+        rows = np.arange(n, dtype=np.int64)
+        host_at = int(host.ptrs[0, 0]) + st.first * st.row  # per chunk, less row * span
+        fields.append((np.tile(at + rows, c), np.repeat(host_at, n),
+                       np.full(c * n, st.span, dtype=np.int64),
+                       (base + st.offset[:, None] + rows[None, :] * st.stride).ravel(),
+                       np.repeat(st.count * st.row, n), np.repeat(st.key, n)))
         at += n
-    if fields:
-        cols = [np.concatenate(f) for f in zip(*fields)]
-    else:
-        cols = [np.zeros(0, dtype=np.int64)] * 6
-    order = np.argsort(cols[5], kind="stable")
-    row, host, span, ring_addr, size, key = (c[order] for c in cols)
-    ends = np.searchsorted(key, np.arange(num_groups), side="right")
-    return RingLayout(ring, tuple(st.job for st, _ in stages), row, host, span, ring_addr,
-                      size, key, ends, tuple(whole))
+    row, host, span, ring_addr, size, key = (np.concatenate(f) for f in zip(*fields))
+    order = np.argsort(key, kind="stable")
+    ends = np.searchsorted(key[order], np.arange(num_groups), side="right")
+    pair = (ring_addr, host) if ring.direction == "h2d" else (host, ring_addr)
+    fixed = np.stack(pair + (size,))[:, order]
+    return RingLayout(ring, tuple(st.job for st, _ in stages), row[order], span[order],
+                      np.ascontiguousarray(fixed),
+                      window_ends(tuple(ends.tolist()), growth, ring.direction == "h2d"))
+
+
+def window_ends(ends: tuple[int, ...], growth: int, h2d: bool) -> tuple[int, ...]:
+    """Per group, the pieces issued by then when each DMA call covers a window of groups,
+    windows growing by ``growth`` (2: groups [0], [1, 2], [3..6], ...; 1: one window per
+    group, ``ends`` unchanged). H2D issues a window's pieces before its first group's
+    scatter, D2H after its last group's gather: fewer DMA calls, event records and waits
+    per load, while the first group still waits for its own pieces alone."""
+    if growth <= 1:
+        return ends
+    out, start, size = list(ends), 0, 1
+    while start < len(ends):
+        stop = min(len(ends), start + size)
+        before = ends[start - 1] if start else 0
+        for g in range(start, stop):
+            out[g] = ends[stop - 1] if h2d or g == stop - 1 else before
+        start, size = stop, size * growth
+    return tuple(out)
 
 
 class RingWork(NamedTuple):
@@ -199,28 +202,17 @@ class RingWork(NamedTuple):
     of the pieces issued by then."""
 
     ring: Ring
-    pieces: np.ndarray  # [3, P] (dst, src, bytes), sorted by the group that issues them
-    ends: np.ndarray  # [num_groups]
+    pieces: np.ndarray  # uint64 [3, P] (dst, src, bytes), sorted by the group issuing them
+    ends: tuple[int, ...]  # per group
 
 
-def ring_work(lay: RingLayout, hosts: Sequence[RowTable], rows: Sequence[np.ndarray]
-              ) -> RingWork:
-    """This load's pieces in ``lay``'s ring (``hosts`` / ``rows``: per job of ``lay.jobs``,
-    its host table and host rows)."""
-    cat = np.concatenate(rows) if len(rows) > 1 else rows[0]
-    pieces = np.stack([lay.ring_addr, lay.host + cat[lay.row] * lay.span, lay.size])
-    ends = lay.ends
-    if lay.whole:
-        base = lay.ring.base()
-        extra = [_whole_pieces(st, hosts[pos], rows[pos], base) for pos, st in lay.whole]
-        keys = np.concatenate([lay.key] + [np.full(p.shape[1], int(st.key[0]), dtype=np.int64)
-                                           for p, (_, st) in zip(extra, lay.whole)])
-        order = np.argsort(keys, kind="stable")
-        pieces = np.concatenate([pieces] + extra, axis=1)[:, order]
-        ends = np.searchsorted(keys[order], np.arange(ends.size), side="right")
-    if lay.ring.direction == "d2h":
-        pieces = pieces[[1, 0, 2]]
-    return RingWork(lay.ring, pieces, ends)
+def ring_work(lay: RingLayout, rows: np.ndarray) -> RingWork:
+    """This load's pieces in ``lay``'s ring (``rows``: the host rows of ``lay.jobs``,
+    concatenated): the layout's fixed fields plus each piece's host row, vectorized. Each
+    of the 3 fields is contiguous (a group's slice goes to the runtime uncopied)."""
+    pieces = lay.fixed.copy()
+    pieces[1 if lay.ring.direction == "h2d" else 0] += rows[lay.row] * lay.span
+    return RingWork(lay.ring, pieces.view(np.uint64), lay.ends)
 
 
 class Ring:
@@ -234,6 +226,7 @@ class Ring:
 
     def __init__(self, device: torch.device, direction: str, nbytes: int) -> None:
         self.device, self.direction, self.nbytes = device, direction, nbytes
+        self.cuda = device.type == "cuda"
         self._buffer: torch.Tensor | None = None
         self.owner: object | None = None
         self.last_stream: int | None = None
@@ -262,27 +255,26 @@ class Ring:
         return self.buffer().data_ptr()
 
     def current(self) -> int:
-        """The caller's current stream (0 on CPU)."""
-        if self.device.type != "cuda":
-            return 0
-        return torch.cuda.current_stream(self.device).cuda_stream
+        """The caller's current stream (0 on CPU), through ``runtime.stream_handle``: the
+        controller's declared copy stream answers without asking torch."""
+        return runtime.stream_handle(self.device)
 
 
 def dma(pieces: np.ndarray, stream: int, device: torch.device, batch: bool | None) -> int:
     """Copy ``pieces`` ``[3, n]`` (dst, src, bytes) on ``stream``; the runtime calls made.
 
-    One ``cudaMemcpyBatchAsync`` on CUDA >= 12.8 (``batch`` None or True), else one
-    ``cudaMemcpyAsync`` per piece; on the CPU, a memmove per piece (addresses of live
-    tensors the staged backend holds)."""
+    One ``cudaMemcpyBatchAsync`` on CUDA >= 12.8 (``batch`` None or True; a uint64 slice
+    of a load's pieces goes to the runtime in place), else one ``cudaMemcpyAsync`` per
+    piece; on the CPU, a memmove per piece (addresses of live tensors the staged backend
+    holds)."""
     if device.type != "cuda":
         for d, s, n in pieces.T.tolist():
             ctypes.memmove(d, s, n)
         return 1
     from transfer_kernels import cudart
-    dst, src, size = pieces
     if cudart.batch_available() if batch is None else batch:
-        cudart.memcpy_batch_async(dst, src, size, stream)
+        cudart.memcpy_batch_rows(pieces, stream)
         return 1
-    for d, s, n in zip(dst.tolist(), src.tolist(), size.tolist()):
+    for d, s, n in pieces.T.tolist():
         cudart.memcpy_async(d, s, n, stream)
-    return size.size
+    return pieces.shape[1]

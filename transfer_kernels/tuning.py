@@ -57,8 +57,8 @@ LOAD_GROUP_MIN_BYTES = 1 << 20
 COPY_ENGINE_2D_MIN_ROWS = 2
 
 # --- the DMA path for page_first host pools (copy-engine value, H100, measured) ---
-# A page_first host pool whose whole-page pieces (all layers of a run of pages, contiguous
-# on the host) are at least this large is staged ("auto"): per launch group one batched
+# A page_first host pool whose whole-page pieces (all layers of a page, contiguous on the
+# host) are at least this large is staged ("auto"): per launch group one batched
 # cudaMemcpyBatchAsync of page chunks into a device staging ring, then the group's scatter
 # on the device (D2H: gather, then DMA). The value is the copy engine's measured crossover
 # above (pieces >= 64 KiB reach 52-55 GB/s); the staged path itself has not been measured
@@ -72,6 +72,12 @@ DMA_STAGING_MAX_BYTES = 128 << 20
 # of layers (H100, measured, cudaMemcpyBatchAsync of scattered pieces: 0.98 of one
 # contiguous copy at 128 KiB, 0.68 at 32 KiB); a chunk holds ceil(this / row) layers.
 DMA_PIECE_BYTES = 128 * 1024
+# Launch groups per DMA call of the dma backend grow by this factor (1: one call, one
+# event record and one stream wait per group, the pipeline as designed; 2: windows of
+# 1, 2, 4, ... groups, 21 groups -> 5 calls). NOT measured on a GPU: the host saves the
+# calls (H100: cudaMemcpyBatchAsync of 16 pieces cost 34 us of host), a consumer of a
+# later layer waits for its whole window's DMA. Calibrate before changing the default.
+DMA_WINDOW_GROWTH = 1
 
 # --- auto backend on CPU (measured on the 2-core dev VM) ---
 # On the CPU both backends are memcpy-like: the copy engine pays ~5 us of Python per run

@@ -115,19 +115,23 @@ class TierStore:
         return [page_view(host, int(r), rows) for r in first_rows]
 
     # ---- jobs ---------------------------------------------------------------------------
-    def lookup(self, hashes: Sequence[str], snapshots: bool, owner: Any) -> StoreJob:
+    def lookup(self, hashes: Sequence[str], snapshots: bool, owner: Any, held: Sequence[str] = ()) -> StoreJob:
         """Leading run of ``hashes`` present (first history pool; a stack without history
         data pools has no ``"history"`` result: every page is there), and with
-        ``snapshots`` which boundaries have one (first state pool).
+        ``snapshots`` which boundaries have one (first state pool). ``held``: more snapshot
+        keys, each checked on its own (``"held"`` result: boundaries whose history the
+        tree holds without a snapshot). Empty ``hashes`` look up ``held`` alone.
 
         Raises:
             ValueError: nothing to look up (no history data pool, and no snapshots asked).
         """
         ops = {}
-        if self.history:
+        if self.history and hashes:
             ops["history"] = self.io.query(self.backends[self.history[0]], hashes, channel=self._results)
-        if snapshots and self.state:
+        if snapshots and self.state and hashes:
             ops["state"] = self.io.presence(self.backends[self.state[0]], hashes, channel=self._results)
+        if held and self.state:
+            ops["held"] = self.io.presence(self.backends[self.state[0]], held, channel=self._results)
         if not ops:
             raise ValueError("snapshots: a stack without history data pools is looked up by its snapshots")
         return self._track(StoreJob(LOOKUP, ops, owner))
@@ -156,6 +160,19 @@ class TierStore:
         """Pin the host pages of ``slots`` (per own-indexed pool) until ``job`` is done."""
         for root, s in slots.items():
             job.pins[root] = self.pins.pin(root, s)
+
+    def read_snapshot(self, key: str, snapshot: dict[str, torch.Tensor], timeout_s: float | None,
+                      owner: Any) -> StoreJob:
+        """Read the snapshot stored under ``key`` (a boundary's page hash) into its host
+        slots, every state pool; no history page moves."""
+        ops = {}
+        for name in self.state:
+            root = self.stack.root_of(name).name
+            ops[name] = self.io.prefetch(self.backends[name], [key], self.objects(name, snapshot[root]),
+                                         timeout_s=timeout_s, channel=self._results)
+        job = StoreJob(READ, ops, owner)
+        self._pin(job, snapshot)  # a read past its prefetch's deadline still writes them
+        return self._track(job)
 
     def write(self, hashes: Sequence[str], anchor_slots: torch.Tensor, snap_hashes: Sequence[str],
               snap_slots: dict[str, torch.Tensor], owner: Any) -> StoreJob:

@@ -110,6 +110,9 @@ def summary(runs: list[RunStats], workload: str, status: int) -> str:
     lines = [workload,
              "rows: ratio = host tokens per device token (0 = device only: no host or storage tier, the "
              f"baseline); hit = {tiers}, the share of prompt tokens served from cache instead of recomputed"]
+    if storage:  # why the total can stop growing with the ratio while the host column still does
+        lines.append("storage: the store keeps what the host drops, so once the host can stage a whole prompt the "
+                     "hit is all the workload reuses; a larger host serves more of it from host instead of storage")
     checked = (f"{len(runs)} runs, every device hit and every page restored from host or storage checked byte "
                f"for byte ({sum(st.bytes_checked for st in runs) / 1e9:.2f} GB), "
                f"{sum(st.mismatches for st in runs)} mismatches")

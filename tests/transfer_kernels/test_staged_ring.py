@@ -48,7 +48,7 @@ def test_two_jobs_on_one_host_table_get_their_own_staging(gen, monkeypatch, dire
     d_all = [r for _, d in pairs for r in d]
     assert_copied(src, dst, *before, s_all, d_all)
     staged = backend.inner["dma"] if via == "auto" else backend
-    assert staged.copies == 1 and staged.pieces == 2  # both jobs staged, one run each
+    assert staged.copies == 1 and staged.pieces == 4  # both jobs staged, a piece per row
 
 
 @pytest.mark.parametrize("direction", ["h2d", "d2h"])
@@ -200,7 +200,7 @@ def _random_case(gen, seed):
 def test_random_plans_and_groups_match_the_reference(gen, monkeypatch, seed):
     monkeypatch.setattr("transfer_kernels.tuning.DMA_PIECE_BYTES", [1, 69, 200, 1 << 20][seed % 4])
     jobs, groups = _random_case(gen, seed)
-    staged = StagedBackend(TorchBackend())
+    staged = StagedBackend(TorchBackend(), window_growth=1 + seed % 3)
     plan = make_plan(jobs)
     tables = {id(t): t for job in jobs for t in (job.src, job.dst)}
     before = {k: snapshot(t) for k, t in tables.items()}
@@ -219,6 +219,35 @@ def test_random_plans_and_groups_match_the_reference(gen, monkeypatch, seed):
                 assert view.equal(want[k][layer][b]), (seed, table.name, layer, b)
 
 
+def test_dma_windows_grow_and_keep_the_first_group_alone():
+    from transfer_kernels.staging import window_ends
+    ends = tuple(range(1, 8))  # 7 groups, each bringing one piece
+    assert window_ends(ends, 1, True) == ends
+    assert window_ends(ends, 2, True) == (1, 3, 3, 7, 7, 7, 7)  # before the window's first
+    assert window_ends(ends, 2, False) == (1, 1, 3, 3, 3, 3, 7)  # after the window's last
+    with pytest.raises(ValueError, match="window_growth: must be an int >= 1"):
+        StagedBackend(TorchBackend(), window_growth=0)
+
+
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+def test_windowed_dma_makes_one_call_per_window(gen, monkeypatch, direction):
+    # 7 layers, a group each, a chunk per layer: windows [0], [1, 2], [3..6] -> 3 DMA
+    # calls (and their record + wait) instead of 7; bytes as ever.
+    monkeypatch.setattr("transfer_kernels.tuning.DMA_PIECE_BYTES", 1)
+    pool = make_pool(gen, 7, 12, MIXED, "page_first", device="cpu", pin=False)
+    src, dst = _sides(pool, direction)
+    staged = StagedBackend(TorchBackend(), window_growth=2)
+    before = snapshot(src), snapshot(dst)
+    prepared = staged.prepare(make_plan([CopyJob(src, dst, [4, 5, 0], [1, 2, 3])]),
+                              [[(0, layer)] for layer in range(7)])
+    for g in range(7):
+        prepared.launch(g)
+    assert_copied(src, dst, *before, [4, 5, 0], [1, 2, 3])
+    per_call = 1 if direction == "h2d" else 2  # D2H also orders the DMA after the gathers
+    assert staged.copies == 3 and staged.pieces == 21
+    assert staged.records == staged.waits == 1 + 3 * per_call
+
+
 def test_chunks_are_runs_of_grouped_layers_cut_evenly():
     from transfer_kernels.staging import chunk_layers
     assert chunk_layers(list(range(30)), 4) == [[0, 4], [4, 4], [8, 4], [12, 4], [16, 4],
@@ -235,8 +264,8 @@ def test_cuda_calls_are_the_runtime_calls_with_the_ring_stream(monkeypatch):
     from transfer_kernels import cudart
     from transfer_kernels.staging import Ring, dma
     calls = []
-    monkeypatch.setattr(cudart, "memcpy_batch_async", lambda d, s, n, st: calls.append(
-        ("batch", d.tolist(), s.tolist(), n.tolist(), st)))
+    monkeypatch.setattr(cudart, "memcpy_batch_rows", lambda p, st: calls.append(
+        ("batch", *p.tolist(), st)))
     monkeypatch.setattr(cudart, "memcpy_async", lambda d, s, n, st: calls.append(("one", d, s, n, st)))
     monkeypatch.setattr(cudart, "event_record", lambda ev, st: calls.append(("record", ev, st)))
     monkeypatch.setattr(cudart, "stream_wait_event", lambda st, ev: calls.append(("wait", st, ev)))
@@ -251,3 +280,34 @@ def test_cuda_calls_are_the_runtime_calls_with_the_ring_stream(monkeypatch):
     assert calls == [("batch", [100, 200], [300, 400], [8, 16], 7), ("one", 100, 300, 8, 7),
                      ("one", 200, 400, 16, 7), ("record", 12, 7), ("wait", 3, 12)]
     assert (staged.records, staged.waits) == (1, 1)
+
+
+def test_batched_dma_reads_a_column_slice_in_place(monkeypatch):
+    # A group's slice of a load's uint64 pieces reaches cudaMemcpyBatchAsync as three row
+    # addresses into the array itself, with the cached attributes (source reads in stream
+    # order, one attribute set at index 0). The runtime is a C-callable stand-in with the
+    # CUDA 13 signature, so the ctypes marshalling is the real one.
+    import ctypes
+
+    import numpy as np
+
+    from transfer_kernels import cudart
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    seen = []
+
+    def batch(dsts, srcs, sizes, count, attrs, idxs, num_attrs, stream):
+        rows = [np.ctypeslib.as_array(ctypes.cast(p, ctypes.POINTER(ctypes.c_uint64)), (count,))
+                for p in (dsts, srcs, sizes)]
+        seen.append(([r.tolist() for r in rows], attrs[0].srcAccessOrder, idxs[0], num_attrs,
+                     stream))
+        return 0
+    proto = ctypes.CFUNCTYPE(ctypes.c_int, vp, vp, vp, sz, ctypes.POINTER(cudart._MemcpyAttributes),
+                             ctypes.POINTER(sz), sz, vp)
+    fake = proto(batch)
+    monkeypatch.setattr(cudart, "_batch_fn", lambda: fake)
+    monkeypatch.setattr(cudart, "runtime_version", lambda: 13000)
+    pieces = np.arange(30, dtype=np.uint64).reshape(3, 10)
+    cudart.memcpy_batch_rows(pieces[:, 4:7], 5)
+    cudart.memcpy_batch_rows(pieces.astype(np.int64)[:, 8:], 6)  # other dtype: converted
+    assert seen == [([[4, 5, 6], [14, 15, 16], [24, 25, 26]], 1, 0, 1, 5),
+                    ([[8, 9], [18, 19], [28, 29]], 1, 0, 1, 6)]
