@@ -14,8 +14,10 @@ vllm-setup: setup
 	@bash scripts/setup_vllm.sh || echo "hicache: vLLM set-up failed (log: ~/.cache/hicache/vllm-setup.log); the vLLM tests will skip" >&2
 	@bash scripts/setup_vllm_adapter.sh || echo "hicache: vLLM 0.33 adapter set-up failed (log: ~/.cache/hicache/vllm-0.33-setup.log); its tests will skip" >&2
 
+# the flagship DeepSeek-V4 through device, host and a file storage tier, bytes checked; ends
+# with a verdict line (scripts/run.sh: bounded in time, store capped at 1 GB and removed)
 run: setup
-	$(PY) -m hicache.cli replay
+	@PY=$(PY) bash scripts/run.sh
 
 test: setup vllm-setup
 	$(PY) -m pytest tests
@@ -32,7 +34,9 @@ bench-vllm: vllm-setup
 plan: setup
 	$(PY) -m hicache.cli plan --model deepseek-v4-pro --device-tokens 1048576 --hicache-ratio 2 || [ $$? -eq 1 ]
 
+# results under bench/results/local/ (git-ignored); each script takes --out
 bench: setup
+	$(PY) bench/load_batch.py --quick
 	$(PY) bench/allocator.py
 	$(PY) bench/h2d.py --quick
 	$(PY) bench/controller.py

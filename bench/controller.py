@@ -30,7 +30,7 @@ nothing launched. SGLang's side (its script's docstring has the detail): device 
 allocation and the op queued, no argument checked; at ``start_loading`` the ops merged and
 61 per-layer calls into its host pool whose copy kernel is a no-op stub. Neither side moves
 bytes or launches a real kernel; acks are taken untimed. Both sides: same CPU, one torch
-thread, the shared anchor's fixed malloc thresholds (this script re-executes itself with
+thread, the anchor's fixed malloc thresholds (this script re-executes itself with
 them, as the anchor does).
 
 Targets on the 2-core CPU VM (null backend): 16-op load enqueued <= 0.5 ms, 1-op load
@@ -266,6 +266,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                     help="interpreter with SGLang 0.5.23 (default $SGLANG_PYTHON on the CPU; "
                          "none: hicache only)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds beside SGLang (>= 1)")
+    ap.add_argument("--out", default=None,
+                    help="JSON path (default: bench/results/local/controller_<device>[_<backend>].json)")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device is available")
@@ -333,9 +335,9 @@ def run(argv: list[str] | None = None) -> int:
         out["versus_sglang"] = _versus_sglang(args.sglang_python, caches, stack.num_model_layers,
                                               args.rounds, args.reps)
         _print_versus(out["versus_sglang"], args.backend)
-    os.makedirs(RESULTS, exist_ok=True)
     suffix = "" if args.backend == "triton" else f"_{args.backend}"
-    path = os.path.join(RESULTS, f"controller_{harness.device_slug(dev)}{suffix}.json")
+    path = args.out or os.path.join(RESULTS, f"controller_{harness.device_slug(dev)}{suffix}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
     print(f"wrote {path}")

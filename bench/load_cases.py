@@ -7,7 +7,8 @@ in random order (scattered, as a server's prefixes are) into device pages handed
 random order. Times are microseconds:
 
     host_us     perf_counter from the first load()/write() to the return of start_*()
-    e2e_us      from the first load()/write() until the batch's last copy has ended
+    e2e_us      from the first load()/write() until the batch's last copy has ended (on
+                CUDA: an event after the last copy, synchronized on the host clock)
     layer0_us   (loads) from the first load() until layer 0 may be read
     gpu_us      a gated run: the GPU held by a sleep while the host enqueues, then
                 from the gate's end to the last copy (the GPU's time alone)
@@ -37,6 +38,21 @@ class Batch(NamedTuple):
     bytes_by_pool: dict[str, int]
     times: dict[str, float]
     groups: list[tuple[int, int, float]]  # gated loads: (first layer, end layer, ms from start)
+
+
+def host_dtype_error(host_dtype: str, models: list[tuple[str, int | None]], calibrate: bool) -> str | None:
+    """Why ``--hicache-host-dtype`` cannot run these models (or ``--calibrate``), else ``None``."""
+    if host_dtype == "auto":
+        return None
+    if calibrate:
+        return "--calibrate: measures exact copies (auto's table); drop --hicache-host-dtype"
+    from hicache.host_dtype import resolve_host_stack
+    for model, layers in models:
+        try:
+            resolve_host_stack(preset(model, layers), HiCacheConfig(host_dtype=host_dtype))
+        except ValueError as e:
+            return f"--models: {e}"
+    return None
 
 
 def _cuda(device: torch.device) -> bool:
@@ -140,12 +156,12 @@ class LoadBench:
         late = start is not None and start.query()  # the GPU did not wait for the host
         if late:
             self.gate_cycles *= 2  # a longer gate for the next batches
-        if cuda:
+        if cuda:  # to the last copy's completion
             times.update(self._wait(direction, k, end, t0, start))
+        else:  # the copies ran inside start_*()
+            times["e2e_us"] = times["host_us"]
         if late:  # this sample's GPU span includes host time: not reported
             times = {k: v for k, v in times.items() if not k.startswith("gpu")}
-        else:
-            times["e2e_us"] = times["host_us"]
         acks = ctrl.poll()
         assert len(acks) == len(args) and all(a.success for a in acks), acks
         groups = self._group_times(start)
@@ -188,6 +204,33 @@ class LoadBench:
         assert all(a.success for a in acks), acks
         for args, dst in zip(batches, got):
             self._release(direction, args, dst)
+        return sum(n for a in acks for n in a.bytes.values()), elapsed
+
+    def run_both(self, count: int, pages: int, ops: int) -> tuple[int, float]:
+        """``count`` loads and ``count`` backups of (pages, ops) issued alternately, no sync
+        between: (bytes of both, wall us until both copy streams are done)."""
+        loads = [self.load_args(pages, ops) for _ in range(count)]
+        backups = [self.backup_args(pages, ops) for _ in range(count)]
+        ctrl, cuda = self.ctrl, _cuda(self.device)
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        got_loads, got_backups = [], []
+        for load, backup in zip(loads, backups):
+            got_loads.append([ctrl.load(a, e, trusted=True) for a, e in load])
+            ctrl.start_loading()
+            got_backups.append([ctrl.write(a, e, trusted=True) for a, e in backup])
+            ctrl.start_writing()
+        if cuda:
+            ctrl.load_stream.synchronize()
+            ctrl.write_stream.synchronize()
+        elapsed = (time.perf_counter() - t0) * 1e6
+        acks = ctrl.poll()
+        assert len(acks) == 2 * count * ops and all(a.success for a in acks), acks
+        for args, dst in zip(loads, got_loads):
+            self._release("h2d", args, dst)
+        for args, dst in zip(backups, got_backups):
+            self._release("d2h", args, dst)
         return sum(n for a in acks for n in a.bytes.values()), elapsed
 
     def _gate(self) -> Any:

@@ -2,11 +2,11 @@
 
 Runs parts c (``UnifiedRadixCache`` with its default Rust core, no host tier) and d
 (``UnifiedRadixCache.init_hicache``: SGLang's HiCache, copy kernels stubbed to no-ops) of
-the shared anchor script (``../shared/anchors/sglang_cpu_anchor.py``, which documents how
+the anchor script (``bench/sglang_cpu_anchor.py``, which documents how
 to install SGLang 0.5.23 without its GPU dependencies), once each, and prints their rows
 as one JSON object on the last line of stdout. Run it with the interpreter that has SGLang:
 
-    $SGLANG_PY bench/sglang_anchor.py --anchor ../shared/anchors/sglang_cpu_anchor.py --pages 64 1
+    $SGLANG_PY bench/sglang_anchor.py --anchor bench/sglang_cpu_anchor.py --pages 64 1
 
 `bench/tree.py --anchor-python $SGLANG_PY` calls it between its own rounds. Nothing of
 SGLang is copied here: the anchor imports the installed package and this script calls

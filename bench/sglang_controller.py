@@ -12,7 +12,7 @@ repetition. Cases: 1 page as 1 op, 16 pages as 16 ops, 16 pages as 1 op. p20/p50
 microseconds over ``--reps`` repetitions after 3 warm-up ones, one torch thread, printed as
 one JSON object on the last stdout line. Run it with the interpreter that has SGLang:
 
-    $SGLANG_PYTHON bench/sglang_controller.py [--anchor ../shared/anchors/sglang_cpu_anchor.py]
+    $SGLANG_PYTHON bench/sglang_controller.py [--anchor bench/sglang_cpu_anchor.py]
 
 `bench/controller.py --sglang-python $SGLANG_PYTHON` calls it between its own rounds.
 
@@ -27,7 +27,7 @@ What is counted on SGLang's side:
                     ``torch.cpu``'s stand-ins) and its per-layer loop: for each of the 61
                     layers ``load_to_device_per_layer_physical`` -> the host pool's
                     ``load_to_device_per_layer`` (layout dispatch, packed-row check, then the
-                    ``transfer_kv_per_layer_pf_lf`` copy kernel, which the shared anchor
+                    ``transfer_kv_per_layer_pf_lf`` copy kernel, which the anchor
                     replaces by a no-op lambda) and the layer-done event's ``record``;
                     then the ack appended.
 What is not counted: the copies themselves (no bytes move), a CUDA kernel launch per layer
@@ -35,7 +35,7 @@ What is not counted: the copies themselves (no bytes move), a CUDA kernel launch
 event records and stream switches (``torch.cpu``'s are trivial), the ack handling
 (``loading_check``) and the radix tree around the controller.
 
-Nothing of SGLang is copied here: the shared anchor installs its import stubs and the
+Nothing of SGLang is copied here: the anchor installs its import stubs and the
 kernel stubs; this script calls SGLang's installed API.
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 
 from bench.sglang_anchor import load_anchor  # noqa: E402
 
-DEFAULT_ANCHOR = Path(__file__).resolve().parents[2] / "shared" / "anchors" / "sglang_cpu_anchor.py"
+DEFAULT_ANCHOR = Path(__file__).resolve().parent / "sglang_cpu_anchor.py"  # shipped in bench/
 CASES = ((1, 1), (16, 16), (16, 1))  # (pages, ops)
 PAGE, SLOTS, WARMUP = 64, 1 << 16, 3
 

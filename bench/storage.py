@@ -50,7 +50,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-pages", type=int, default=8, help="objects per batch call")
     p.add_argument("--budget-mb", type=int, default=768, help="bytes moved per pool and op (sets the reps)")
     p.add_argument("--layout", default="page_first", choices=("page_first", "layer_first"))
-    p.add_argument("--dir", type=Path, default=None, help="scratch directory of the file runs (default: a temp dir)")
+    p.add_argument("--dir", type=Path, default=None, help="scratch directory of the file runs (default: a fresh folder under bench/results/local/, removed at the end)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     args.backends = args.backends.split(",")
@@ -172,7 +172,8 @@ def bench_file(root: Path, case: Case) -> list[dict]:
     backend = FileBackend(case.ns, root / "store")
     ours, raw = run(backend_calls(backend, case), raw_file(root / "raw", case))
     backend.close()
-    shutil.rmtree(root)
+    for made in ("store", "raw"):  # only what this case made: a --dir of the user's stays
+        shutil.rmtree(root / made, ignore_errors=True)
     return rows_for("file", case, ours, raw)
 
 
@@ -189,9 +190,13 @@ def bench_mooncake(master_address: str, case: Case) -> list[dict]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    root = args.dir or Path(tempfile.mkdtemp(prefix="hicache-bench-storage-"))
+    harness.RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    # scratch under the results folder, never the shared system temp folder; removed at the end
+    root = args.dir or Path(tempfile.mkdtemp(prefix="storage-scratch-", dir=harness.RESULTS_DIR))
     rows = []
     with contextlib.ExitStack() as stack:
+        if args.dir is None:
+            stack.callback(shutil.rmtree, root, True)
         if "mooncake" in args.backends:
             from hicache.storage.mooncake_master import MooncakeMaster
             master = stack.enter_context(MooncakeMaster())

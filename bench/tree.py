@@ -1,6 +1,6 @@
 """Radix-tree bookkeeping speed beside SGLang's, on SGLang's own workload (tokens counted once per turn).
 
-Workload (the shared anchor's, ``../shared/anchors/sglang_cpu_anchor.py``): 200
+Workload (the anchor's, ``bench/sglang_cpu_anchor.py``): 200
 conversations x 8 turns; each turn appends 512 random tokens to the conversation so far;
 turns interleave (turn 1 of every conversation, then turn 2...). Per turn:
 ``match_prefix`` of the whole sequence, device slots for the new tokens (not timed),
@@ -64,7 +64,7 @@ from host_pools.memory import HostBudget  # noqa: E402
 from transfer_kernels.fault import NullBackend  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_ANCHOR = ROOT.parent / "shared" / "anchors" / "sglang_cpu_anchor.py"
+DEFAULT_ANCHOR = ROOT / "bench" / "sglang_cpu_anchor.py"  # shipped in bench/
 CONVERSATIONS, TURNS, TURN_TOKENS, VOCAB, DEVICE_SLOTS = 200, 8, 512, 32000, 1_000_000
 CASES = (("host", 64), ("host", 1), ("none", 64), ("none", 1))  # (host tier, page size)
 MEAN_TURN_TOKENS = TURN_TOKENS * (TURNS + 1) / 2  # a turn's sequence, on average

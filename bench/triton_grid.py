@@ -49,14 +49,15 @@ def run(argv: list[str] | None = None) -> Path:
     p.add_argument("--warps", default="0,16", help="0: the default for the tile")
     p.add_argument("--pools", default="llama31_8b_kv,v4_c4_kv,v4_c4_indexer,v4_c128_kv")
     p.add_argument("--max-rows", default="256")
-    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--out", type=Path, default=None, help="JSON path (default: bench/results/local/)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA device (the interpreter's timings mean nothing)")
     device = torch.device("cuda")
     tiles, warps = [int(t) for t in args.tiles.split(",")], [int(w) for w in args.warps.split(",")]
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    harness.RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=harness.RESULTS_DIR) as tmp:  # the sweep's per-setting JSON
         for programs in args.programs.split(","):
             for tile in tiles:
                 for w in warps:
@@ -66,7 +67,7 @@ def run(argv: list[str] | None = None) -> Path:
                                    "--triton-programs", programs, "--tile-bytes", str(tile),
                                    "--out", f"{tmp}/h2d.json", *extra])
                     rows += [dict(r, programs=int(programs), tile=tile, warps=w) for r in got]
-    out = args.out or Path(tempfile.gettempdir()) / "hicache-bench" / f"triton_grid_{harness.device_slug(device)}.json"
+    out = args.out or harness.RESULTS_DIR / f"triton_grid_{harness.device_slug(device)}.json"
     resources = _resources(tiles, warps)
     harness.write_json(out, rows + [{"resources": resources}], vars(args) | {"out": str(out)}, device)
     best = {}

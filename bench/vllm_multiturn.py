@@ -39,7 +39,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repo root importable
@@ -121,7 +120,9 @@ def server_argv(args: argparse.Namespace, mode: str, port: int) -> list[str]:
 
 
 def server_log(mode: str) -> Path:
-    return Path(tempfile.gettempdir()) / f"hicache_vllm_multiturn_{mode}.log"
+    """Where one server's log goes: the results folder, never the shared system temp folder."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    return RESULTS_DIR / f"vllm_multiturn_{mode}.log"
 
 
 def run(args: argparse.Namespace, mode: str) -> tuple[list[dict], dict[str, float], str | None]:

@@ -38,6 +38,16 @@ class Op:
     dst: dict[str, torch.Tensor]
     # d2h: per pool, the destination host pages and their allocation generations
     host_stamps: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+    # queued together by load_many/write_many: every op of the call's slots, merged once
+    merged: MergedOps | None = None
+
+
+class MergedOps(NamedTuple):
+    """The slots of ``size`` ops queued by one call, per pool, op after op."""
+
+    src: dict[str, torch.Tensor]
+    dst: dict[str, torch.Tensor]
+    size: int
 
 
 @dataclass(slots=True)
@@ -54,12 +64,28 @@ class Batch:
     freed: bool = False
 
 
+def _merged_once(ops: list[Op]) -> MergedOps | None:
+    """The ops' merged slots when they are exactly the ops of one ``load_many`` call."""
+    merged = ops[0].merged
+    if merged is None or merged.size != len(ops) or any(op.merged is not merged for op in ops):
+        return None
+    return merged
+
+
 def _merge(ops: list[Op], side: str) -> dict[str, torch.Tensor]:
     if len(ops) == 1:
         return getattr(ops[0], side)
+    merged = _merged_once(ops)
+    if merged is not None:
+        return getattr(merged, side)
+    return merge_slots([getattr(op, side) for op in ops])
+
+
+def merge_slots(per_op: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Slots of several ops per root pool, op after op (one concatenation per pool)."""
     per_root: dict[str, list[torch.Tensor]] = {}
-    for op in ops:
-        for root, slots in getattr(op, side).items():
+    for slots_of in per_op:
+        for root, slots in slots_of.items():
             per_root.setdefault(root, []).append(slots)
     return {root: torch.cat(parts) if len(parts) > 1 else parts[0] for root, parts in per_root.items()}
 
@@ -79,7 +105,8 @@ def plan_jobs(stack: Stack, ops: list[Op], tables: Callable[[str], tuple[Any, An
         ValueError: a destination page twice in the batch (only with ``dst_pages``).
     """
     dst = _merge(ops, "dst")
-    if dst_pages is not None and len(ops) > 1:
+    # one call's pages come from one allocation per pool: distinct by construction
+    if dst_pages is not None and len(ops) > 1 and _merged_once(ops) is None:
         for root, slots in dst.items():
             _check_distinct(slots, dst_pages[root], root)
     src_rows = stack.derive_rows(_merge(ops, "src"), check=False)

@@ -88,7 +88,8 @@ def build_parser(command: str | None = None, *, every: bool = False) -> argparse
     return parser
 
 
-BENCHES = ("h2d", "allocator", "controller", "tree", "replay", "storage")
+BENCHES = ("load_batch", "dma_plan", "h2d", "allocator", "controller", "tree", "replay", "storage", "triton_grid",
+           "vllm_multiturn", "host_dtype_accuracy", "host_dtype_replay")  # every runnable script of bench/ (a test keeps this list whole)
 BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
 
 
@@ -121,8 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args, extra = parser.parse_known_args(argv)
         spec = SUBCOMMANDS[args.command]
-        if extra and not spec.passes_extra:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        if extra and not spec.passes_extra:  # point at the flags of the subcommand the user ran
+            parser.exit(2, f"hicache {args.command}: error: unrecognized arguments: {' '.join(extra)} "
+                           f"(see hicache {args.command} --help)\n")
     except SystemExit as exc:  # --help (0) or a usage error, already printed on one line (2)
         return int(exc.code or 0)
     try:

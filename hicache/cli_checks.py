@@ -18,7 +18,7 @@ import torch
 from host_pools.spec import Stack
 from hicache.config import HiCacheConfig
 from hicache.models import PRESETS, preset
-from hicache.sizing import MAX_DEVICE_TOKENS, CachePlan, device_tokens_for_bytes
+from hicache.sizing import MAX_DEVICE_TOKENS, CachePlan, device_root_tokens, device_tokens_for_bytes
 
 GIB = 1 << 30
 
@@ -47,7 +47,13 @@ def tokens_from_gib(gib: float, stack: Stack, config: HiCacheConfig) -> int:
         raise ValueError(f"--device-gib: must be a finite number > 0, got {gib}")
     if gib * GIB > MAX_DEVICE_TOKENS * 1e6:  # far past any device; keeps the int conversion sane
         raise ValueError(f"--device-gib: {gib:g} GiB is past any device (at most {MAX_DEVICE_TOKENS:,} tokens)")
-    return check_device_tokens(device_tokens_for_bytes(stack, int(gib * GIB), config), stack, "--device-gib")
+    tokens = check_device_tokens(device_tokens_for_bytes(stack, int(gib * GIB), config), stack, "--device-gib")
+    try:  # a scaled root (SWA) must get one row too: name the flag the user gave
+        device_root_tokens(stack, tokens, config)
+    except ValueError as exc:
+        raise ValueError(f"--device-gib: {gib:g} GiB gives {tokens:,} device tokens, too few for every "
+                         f"pool ({exc})") from None
+    return tokens
 
 
 def parse_device(text: str) -> torch.device:

@@ -61,6 +61,9 @@ FLAGS = {
     "tp_rank": "--hicache-tp-rank",
     "tp_size": "--hicache-tp-size",
 }
+# a model id (a weights path, or a hub name and revision): PATH_MAX bytes. Every storage
+# namespace carries it, and the file store's marker (namespace.json) must stay within its read limit.
+MAX_MODEL_ID_BYTES = 4096
 # the largest --hicache-storage-capacity: 2^63 bytes (a byte count is an int64 everywhere)
 MAX_STORAGE_CAPACITY_GB = (1 << 63) / 1e9
 
@@ -76,6 +79,15 @@ def flag_error(field: str, msg: str) -> ValueError:
 
 
 _bad = flag_error
+
+
+def model_id_too_long(model: str) -> str:
+    """Why ``model`` is too long to be a model id (the limit and its length), or ``""``."""
+    size = len(model.encode("utf-8", "surrogatepass"))
+    if size <= MAX_MODEL_ID_BYTES:
+        return ""
+    return (f"must be at most {MAX_MODEL_ID_BYTES} bytes in UTF-8 (a weights path, or a hub name and "
+            f"revision), got {size}")
 
 
 @dataclass(frozen=True)
@@ -102,8 +114,9 @@ class HiCacheConfig:
         storage_backend: third tier, ``none`` | ``file`` | ``mooncake``.
         storage_dir: directory of the ``file`` backend (required with it).
         storage_master: ``host:port`` of the ``mooncake`` backend's master.
-        storage_capacity_gb: GB (1e9); ``file``: bytes on disk before LRU eviction (0 =
-            unlimited); ``mooncake``: memory this process contributes to the store.
+        storage_capacity_gb: GB (1e9); ``file``: bytes the whole directory holds before LRU
+            eviction, all processes on it together (0 = unlimited); ``mooncake``: memory this
+            process contributes to the store.
         storage_prefetch_policy: ``best_effort`` | ``wait_complete`` | ``timeout``.
         storage_prefetch_timeout_s: seconds a ``timeout`` prefetch may take (> 0).
         storage_write_policy: host -> storage: ``write_through`` | ``write_back`` (on host eviction).
@@ -190,6 +203,8 @@ class HiCacheConfig:
         if self.storage_backend != "none" and not self.storage_model_id.strip():
             raise _bad("storage_model_id", "required with a storage backend: the served model's weights path or "
                        "revision (pages of models without one could be read by another model)")
+        if model_id_too_long(self.storage_model_id):
+            raise _bad("storage_model_id", model_id_too_long(self.storage_model_id))
         if self.tp_size < 1:
             raise _bad("tp_size", f"must be >= 1, got {self.tp_size}")
         if not 0 <= self.tp_rank < self.tp_size:
@@ -302,7 +317,9 @@ def add_storage_args(g: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
                    help="mooncake_master host:port (default %(default)s)")
     g.add_argument("--hicache-storage-capacity", dest="storage_capacity_gb", type=float,
                    default=d.storage_capacity_gb,
-                   help="GB; file: disk limit with LRU eviction (0 = none); mooncake: memory contributed")
+                   help="GB; file: bytes the whole directory may hold (LRU eviction, 0 = none), shared by every "
+                        "process on it (TP ranks, servers): give each the same value; mooncake: memory this "
+                        "process contributes")
     g.add_argument("--hicache-storage-prefetch-policy", dest="storage_prefetch_policy",
                    default=d.storage_prefetch_policy, help=f"one of {', '.join(STORAGE_PREFETCH_POLICIES)}")
     g.add_argument("--hicache-storage-prefetch-timeout", dest="storage_prefetch_timeout_s", type=float,

@@ -5,7 +5,9 @@ Life of an operation (``write`` = backup D2H, ``load`` = H2D):
     write()/load()     validate (once, here; ``trusted=True`` skips it), allocate
          |             destination slots all-or-nothing,
          |             queue (short on any pool -> free what this call took, return None;
-         |             an allocator that raises -> free what this call took, re-raise)
+         |             an allocator that raises -> free what this call took, re-raise);
+         |             write_many()/load_many(): several ops, one allocator call per
+         |             pool for all of them, their slots merged once
     start_writing()/start_loading()
          |             merge every queued op of that direction into one batch (see
          |             hicache.batch; the plan is built unchecked: its rows come from
@@ -39,7 +41,8 @@ from hicache.layer_sync import LayerDoneCounter, OnStream
 from hicache.queueing import QueueingMixin
 from hicache.slots import free_all
 from hicache.stats import TransferStats, volume_table
-from transfer_kernels import AutoBackend, CopyBackend, RowTable, TritonBackend, get_backend, tuning
+from transfer_kernels import (AutoBackend, CopyBackend, RowTable, TritonBackend, get_backend, runtime,
+                              tuning)
 from transfer_kernels.plan import exec_device, trusted_plan
 
 AllocFn = Callable[[int], "torch.Tensor | None"]
@@ -108,6 +111,10 @@ class HybridCacheController(QueueingMixin):
         self.write_stream = _copy_stream(self.device) if self._cuda else None
         self.load_stream = _copy_stream(self.device) if self._cuda else None
         self.layer_done = LayerDoneCounter(self.stack.num_model_layers, self.device)
+        self.layer_done.stream = self.load_stream  # resolved once: records look nothing up
+        self._streams = {"d2h": self.write_stream, "h2d": self.load_stream}
+        self._on_stream = {d: OnStream(s) for d, s in self._streams.items()}  # built once
+        self._spare_events: list = []  # batch events whose batch was acked: recorded again
         self._tables: dict[tuple[str, str], RowTable] = {}
         self._anchor = self.stack.anchor.name
         # What a batch needs, computed once: per direction, each data pool's (source,
@@ -179,7 +186,7 @@ class HybridCacheController(QueueingMixin):
         if direction == "h2d":
             batch.consumer = self.layer_done.begin()
         if self._cuda:
-            on_stream = OnStream(self.write_stream if direction == "d2h" else self.load_stream)
+            on_stream = self._on_stream[direction]
             with on_stream:
                 self._launch_or_rollback(batch, on_stream.outer)
         else:
@@ -207,15 +214,19 @@ class HybridCacheController(QueueingMixin):
         else:
             groups = self.load_groups.groups(tuple(name for name, _ in jobs),
                                              tuple(job.num_rows for job in plan.jobs))
+            # on the CPU too: the same runtime calls (a record of no event), one per group
             consumer, record = batch.consumer, self.layer_done.record_span
-            launch_load(plan, groups, self.backend,
-                        (lambda first, end: record(first, end, consumer)) if self._cuda else None)
+            launch_load(plan, groups, self.backend, lambda first, end: record(first, end, consumer))
         self._record_event(batch)
 
     def _record_event(self, batch: Batch) -> None:
-        if self._cuda:
-            batch.event = torch.cuda.Event()
-            batch.event.record()
+        """One record of the batch's event on its stream (through ``runtime.record``, a
+        record of no event on the CPU): an event of an acked batch is reused."""
+        if not self._cuda:
+            runtime.record(None, None)
+            return
+        batch.event = self._spare_events.pop() if self._spare_events else torch.cuda.Event()
+        runtime.record(batch.event, self._streams[batch.direction])
 
     def _rollback(self, batch: Batch, exc: BaseException, outer: Any = None) -> None:
         """Fail the batch; on CUDA it runs on the batch's stream and ``outer`` is the
@@ -232,7 +243,7 @@ class HybridCacheController(QueueingMixin):
             self.layer_done.record_all(batch.consumer)
         if outer is not None:
             # Whatever the compute stream runs next (with these slots) runs after that too.
-            outer.wait_stream(torch.cuda.current_stream(self.device))
+            outer.wait_stream(self._streams[batch.direction])
         self._record_event(batch)
         if outer is None:
             self._free_destinations(batch)
@@ -257,7 +268,11 @@ class HybridCacheController(QueueingMixin):
         acks: list[Ack] = []
         for queue in self._inflight.values():
             while queue and (queue[0].event is None or queue[0].event.query()):
-                acks.extend(self._finish(queue.popleft()))
+                batch = queue.popleft()
+                acks.extend(self._finish(batch))
+                if batch.event is not None:  # completed: free to record for a later batch
+                    self._spare_events.append(batch.event)
+                    batch.event = None
         return acks
 
     def _finish(self, batch: Batch) -> list[Ack]:

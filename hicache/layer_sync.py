@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from transfer_kernels import runtime
+
 
 class LayerDoneCounter:
     """Ring of per-layer event sets shared by the load stream and the compute stream.
@@ -43,6 +45,9 @@ class LayerDoneCounter:
         self._waits = [list(events) for events in self._events] if self._cuda else None
         self._next = 0
         self.consumer = 0
+        # The stream records go to (the controller's load stream), resolved once: a record
+        # then looks nothing up. None: the current stream.
+        self.stream: Any = None
 
     def begin(self) -> int:
         """Take the next ring slot for a new batch; returns its consumer index."""
@@ -55,12 +60,18 @@ class LayerDoneCounter:
         self.record_span(layer, layer + 1, index)
 
     def record_span(self, first: int, end: int, index: int) -> None:
-        """Mark layers ``[first, end)`` of batch ``index`` done on the current (load)
-        stream: one event record for all of them."""
-        if self._cuda and end > first:
-            event = self._events[index][first]
-            event.record()
-            self._waits[index][first:end] = (event,) * (end - first)
+        """Mark layers ``[first, end)`` of batch ``index`` done on ``stream`` (the load
+        stream; ``None``: the current one): one event record for all of them, made through
+        ``runtime.record`` on the CPU too (a record of no event), so the call count is
+        the same on every device."""
+        if end <= first:
+            return
+        if not self._cuda:
+            runtime.record(None, None)
+            return
+        event = self._events[index][first]
+        runtime.record(event, self.stream)
+        self._waits[index][first:end] = (event,) * (end - first)
 
     def record_all(self, index: int) -> None:
         """Mark every layer of batch ``index`` done now (a rolled-back batch: waiters
@@ -94,20 +105,47 @@ class LayerDoneCounter:
 
 
 class OnStream:
-    """``torch.cuda.stream(s)`` that first orders ``s`` after the current stream (kept as
-    ``outer``); a no-op on CPU."""
+    """Make ``stream`` current, ordered after the current stream (kept as ``outer``), and
+    restore ``outer`` on exit; a no-op on CPU (``stream`` is ``None``).
+
+    Reusable, not re-entrant (the controller keeps one per copy stream): its ordering
+    event is created once and recorded anew on each entry (a wait sees the latest record
+    made before it). When the current device is the stream's, entering costs one stream
+    lookup, one record, one wait and one ``set_stream`` (``torch.cuda.stream()`` and
+    ``wait_stream`` would add a lookup, a set and an event creation), and the stream is
+    declared to ``transfer_kernels.runtime`` meanwhile (launches then look up neither the
+    stream nor the device); on another device it falls back to ``torch.cuda.stream``.
+    """
 
     def __init__(self, stream: Any) -> None:
-        self.stream, self.ctx, self.outer = stream, None, None
+        self.stream, self.ctx, self.outer, self._declared = stream, None, None, None
+        self._order = torch.cuda.Event() if stream is not None else None
+        # (device index, raw handle): declared to ``runtime`` while current (no lookups)
+        self._bound = None if stream is None else (stream.device.index, stream.cuda_stream)
 
     def __enter__(self) -> "OnStream":
-        if self.stream is not None:
-            self.outer = torch.cuda.current_stream(self.stream.device)
-            self.stream.wait_stream(self.outer)
+        if self.stream is None:
+            return self
+        outer = torch.cuda.current_stream()
+        if outer.device != self.stream.device:  # another device is current: the full switch
+            outer = torch.cuda.current_stream(self.stream.device)
             self.ctx = torch.cuda.stream(self.stream)
+        self.outer = outer
+        runtime.record(self._order, outer)
+        self.stream.wait_event(self._order)
+        if self.ctx is not None:
             self.ctx.__enter__()
+        else:  # the current device is the stream's: declared, launches look nothing up
+            torch.cuda.set_stream(self.stream)
+            self._declared = runtime.bind_stream(self._bound)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self.stream is None:
+            return
         if self.ctx is not None:
-            self.ctx.__exit__(*exc)
+            ctx, self.ctx = self.ctx, None
+            ctx.__exit__(*exc)
+        else:
+            runtime.bind_stream(self._declared)
+            torch.cuda.set_stream(self.outer)

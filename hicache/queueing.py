@@ -8,12 +8,12 @@ is checked like a caller's slots). A queued op waits for ``start_writing`` /
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from hicache.batch import Op
-from hicache.slots import alloc_all, check_owned, check_pages, edge_slots, free_all
+from hicache.batch import MergedOps, Op, merge_slots
+from hicache.slots import alloc_all, alloc_pages_many, check_owned, check_pages, edge_slots, free_all
 from transfer_kernels.rows import first_duplicate
 
 
@@ -49,10 +49,10 @@ class QueueingMixin:
             RuntimeError: the controller is closed.
         """
         src = self._sources(device_indices, extra, trusted, "device_indices", self._check_device_slots)
-        got = _alloc_own(self._host_allocs, src, "device_indices", "host")
+        got = alloc_pages_many(self._host_allocs, [src], lambda _, n: _label("device_indices", n), "host")
         if got is None:
             return None
-        return self._enqueue(Op(-1, "d2h", src, *got))
+        return self._enqueue(Op(-1, "d2h", src, got.slots[0], got.stamps[0]))
 
     def _sources(self, anchor: Any, extra: Mapping[str, Any] | None, trusted: bool, what: str,
                  check: Callable[[str, torch.Tensor], None]) -> dict[str, torch.Tensor]:
@@ -108,8 +108,9 @@ class QueueingMixin:
         """
         src = self._sources(host_indices, extra, trusted, "host_indices", self._check_loadable)
         if not self._server_alloc:  # the device pools' own allocators: pages straight from them
-            got = _alloc_own(self._device_allocs, src, "host_indices", "device")
-            return None if got is None else self._enqueue(Op(-1, "h2d", src, got[0]))
+            got = alloc_pages_many(self._device_allocs, [src], lambda _, n: _label("host_indices", n),
+                                   "device")
+            return None if got is None else self._enqueue(Op(-1, "h2d", src, got.slots[0]))
         # a server's allocator: its slots are coerced and checked
         dst = alloc_all(src, lambda n, k: self._alloc[n](k), lambda n, s: self._free[n](s),
                         self._server_alloc)
@@ -130,6 +131,94 @@ class QueueingMixin:
         except ValueError:
             free_all(dst, lambda n, s: self._free[n](s))
             raise
+
+    def load_many(self, requests: Sequence[tuple[Any, Mapping[str, Any] | None]], *,
+                  trusted: bool = False) -> list[dict[str, torch.Tensor]] | None:
+        """Queue several loads at once: one allocator call per device pool for all of them,
+        and their slots merged once, here (``start_loading`` then merges nothing).
+
+        Each request is checked as ``load(host_indices, extra, trusted=...)`` checks it;
+        the set is all or nothing. With a server ``device_alloc`` each op allocates on its
+        own (still all or nothing). The ops get consecutive ids (``last_op_id`` is the last).
+
+        Args:
+            requests: ``(host_indices, extra)`` pairs (``extra`` may be ``None``).
+            trusted: as for :meth:`load`, for every request.
+        Returns:
+            Per request, its device slots keyed by pool (as :meth:`load` returns them), or
+            ``None`` when a device pool is short for the sum (nothing allocated or queued).
+        Raises:
+            ValueError / TypeError: a bad request, naming ``requests[i]``; nothing changes
+                (also when an allocator raises: what it took is given back, then it re-raises).
+            RuntimeError: the controller is closed.
+        """
+        return self._many("h2d", requests, trusted)
+
+    def write_many(self, requests: Sequence[tuple[Any, Mapping[str, Any] | None]], *,
+                   trusted: bool = False) -> list[dict[str, torch.Tensor]] | None:
+        """Queue several backups at once; :meth:`load_many` for ``write``: one host
+        allocator call per pool, all or nothing.
+
+        Args:
+            requests: ``(device_indices, extra)`` pairs (``extra`` may be ``None``).
+            trusted: as for :meth:`write`, for every request.
+        Returns:
+            Per request, its host slots keyed by pool, or ``None`` when a host pool is short.
+        Raises:
+            ValueError / TypeError: a bad request, naming ``requests[i]``; nothing changes.
+            RuntimeError: the controller is closed.
+        """
+        return self._many("d2h", requests, trusted)
+
+    def _many(self, direction: str, requests: Any, trusted: bool) -> list[dict] | None:
+        load = direction == "h2d"
+        what, check = (("host_indices", self._check_loadable) if load
+                       else ("device_indices", self._check_device_slots))
+        srcs = []
+        for i, (anchor, extra) in enumerate(_requests(requests)):
+            try:
+                srcs.append(self._sources(anchor, extra, trusted, what, check))
+            except (ValueError, TypeError) as exc:  # name the request; nothing was taken yet
+                raise type(exc)(f"requests[{i}]: {exc}") from None
+        if not srcs:
+            self._check_open()
+            return []
+        if load and self._server_alloc:  # a server's allocator, op by op: undone if one fails
+            return self._load_each(srcs)
+        allocs = self._device_allocs if load else self._host_allocs
+        got = alloc_pages_many(allocs, srcs, lambda i, n: f"requests[{i}]: {_label(what, n)}",
+                               "device" if load else "host")
+        if got is None:
+            return None
+        merged = MergedOps(merge_slots(srcs), got.merged, len(srcs))
+        return [self._enqueue(Op(-1, direction, src, dst, None if load else stamps, merged))
+                for src, dst, stamps in zip(srcs, got.slots, got.stamps)]
+
+    def _load_each(self, srcs: list[dict[str, torch.Tensor]]) -> list[dict] | None:
+        """Loads allocated by a server's allocator one op at a time; a shortfall or a raise
+        gives back every op queued so far (and ``last_op_id`` is as before)."""
+        queue, done, last = self._queues["h2d"], [], self.last_op_id
+        try:
+            for src in srcs:
+                dst = alloc_all(src, lambda n, k: self._alloc[n](k), lambda n, sl: self._free[n](sl),
+                                self._server_alloc)
+                if dst is None:
+                    break
+                self._check_server_slots(dst)
+                done.append(self._enqueue(Op(-1, "h2d", src, dst)))
+        except BaseException:
+            self._unqueue(queue, len(done), last)
+            raise
+        if len(done) == len(srcs):
+            return done
+        self._unqueue(queue, len(done), last)
+        return None
+
+    def _unqueue(self, queue: list, count: int, last_op_id: int) -> None:
+        """Drop the last ``count`` queued ops and give back their device slots."""
+        for _ in range(count):
+            free_all(queue.pop().dst, lambda n, sl: self._free[n](sl))
+        self.last_op_id = last_op_id
 
     def mark_host_written(self, host_indices: Any, extra: Mapping[str, Any] | None = None) -> None:
         """Declare host slots that were filled outside the controller loadable.
@@ -170,31 +259,15 @@ class QueueingMixin:
         return dict(op.dst)
 
 
-def _alloc_own(allocators: Mapping[str, Any], src: Mapping[str, torch.Tensor], what: str,
-               tier: str) -> tuple[dict, dict] | None:
-    """Whole pages for every pool of ``src`` from the controller's own allocators, all or
-    nothing: ``(slots, (pages, generations))`` per pool, or ``None`` when one is short.
-
-    Raises:
-        ValueError: slots that are not whole pages of the destination's page size
-            (nothing is taken then).
-    """
-    dst, stamps = {}, {}
-    for name, slots in src.items():
-        alloc = allocators[name]
-        count, rest = divmod(slots.numel(), alloc.page_size)
-        got = None if rest else alloc.alloc_pages(count)
-        if got is None:
-            for taken, (pages, _) in stamps.items():
-                allocators[taken].free_pages(pages)
-            if rest:
-                raise ValueError(f"{_label(what, name)}: {slots.numel()} slots are not whole {tier} pages "
-                                 f"of {alloc.page_size}")
-            return None
-        stamps[name] = got
-        dst[name] = torch.from_numpy(alloc.page_slots(got[0], ascending=True))
-    return dst, stamps
-
-
 def _label(what: str, pool: str) -> str:
     return f"{what} (pool {pool!r})"
+
+
+def _requests(requests: Any) -> list[tuple[Any, Any]]:
+    """``requests`` as a list of ``(slots, extra)`` pairs (``TypeError`` naming the bad one)."""
+    if not isinstance(requests, (list, tuple)):
+        raise TypeError(f"requests: must be a list of (slots, extra) pairs, got {type(requests).__name__}")
+    for i, req in enumerate(requests):
+        if not isinstance(req, tuple) or len(req) != 2:
+            raise TypeError(f"requests[{i}]: must be a (slots, extra) pair, got {type(req).__name__}")
+    return list(requests)

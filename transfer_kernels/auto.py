@@ -1,131 +1,179 @@
-"""The ``"auto"`` backend: picks a path per job from its piece sizes and run count.
+"""The ``"auto"`` backend: routes each job by a decision table, decided once per shape.
 
-Rule (thresholds in :mod:`transfer_kernels.tuning`)::
+A job's path comes from :class:`transfer_kernels.auto_table.AutoTable` (the seed table
+from the H100 measurements cited in :mod:`transfer_kernels.tuning`, or a measured one:
+``bench/load_batch.py --calibrate`` writes it, ``HICACHE_AUTO_TABLE=PATH`` or
+``AutoBackend(table=...)`` loads it). The shape it looks up is read from the job's two
+tables and its row-count class only (``auto_table`` module docstring): no run analysis of
+the rows. The decision is cached per (source table, destination table, layer count, row
+class): a batch of a shape seen before costs a dictionary look-up per job.
 
-    plan on CUDA, triton importable, host sides pinned:
-        page_first host side, all layers, page piece >= DMA_MIN_PIECE_BYTES  -> dma
-        piece_bytes >= COPY_ENGINE_MIN_PIECE_BYTES                           -> copy_engine
-        otherwise                                                            -> triton
-    plan on CUDA otherwise                                                   -> copy_engine
-    plan on CPU:
-        piece_bytes >= CPU_COPY_ENGINE_MIN_PIECE_BYTES -> copy_engine
-        otherwise                                    -> torch
+Two conditions override the table on CUDA: a host side that is not pinned, or no
+``triton`` to import, sends the job to ``copy_engine`` (the only path that can run it).
 
-``page piece`` is what one DMA piece of the staged path moves: all layers of a run of
-consecutive host rows (``staged.page_piece_bytes``). ``piece_bytes`` is the mean piece one
-copy of the copy engine would move, over the job's buffers: row bytes times the mean run
-length (on CUDA only where both sides are dense; a strided run is copied row by row
-there). A mean, not a minimum, so a tiny scale buffer does not drag a pool's large data
-buffer off the copy engine. The ``dma`` and ``triton`` jobs share the kernel's launches
-(the staged backend scatters and copies the others in one launch per group); the
-``copy_engine`` jobs share one launch of it.
+A converting job (int8 host rows, `transfer_kernels.codec`) is decided in the same terms
+and cached the same way: on CUDA ``dma`` (int8 pages staged in the ring, converted by the
+fused kernel from there) where the table would stage its shape, else the fused kernel
+(``triton``); ``torch`` (`quant_torch`) on the CPU, and on CUDA where the kernel cannot run
+it (no ``triton``, a host side not pinned).
+
+``dma`` and ``triton`` jobs share the kernel's launches (the staged backend scatters and
+copies the others in one launch per group); ``copy_engine`` and ``torch`` jobs share one
+launch of their backend.
 """
 from __future__ import annotations
 
 import importlib.util
+import weakref
+from typing import NamedTuple
 
-import torch
-
-from transfer_kernels import tuning
+from transfer_kernels import auto_table
+from transfer_kernels.auto_table import AutoTable, Shape
 from transfer_kernels.base import CopyBackend, PreparedPlan
 from transfer_kernels.copy_engine import CopyEngineBackend
 from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
-from transfer_kernels.quant import execute_split, prepare_split
-from transfer_kernels.staged import StagedBackend, host_side, page_piece_bytes
+from transfer_kernels.staged import StagedBackend, host_side, same_tables, table_refs
 from transfer_kernels.torch_ref import TorchBackend
 from transfer_kernels.triton_backend import TritonBackend
+from transfer_kernels.triton_layout import _Lru
 
 KERNEL = ("triton", "dma")  # choices served by the staged backend's kernel launches
+Decision = tuple[str, "str | None"]  # (backend name, staged side for "dma")
+
+
+class Route(NamedTuple):
+    """A plan shape's routing (``AutoBackend._route``)."""
+
+    refs: tuple  # per job: weak references to (src, dst), verifying a hit
+    routed: dict[str, tuple[tuple[int, ...], tuple[str | None, ...]]]  # name -> (jobs, sides)
+    whole: bool  # one backend takes every job: it gets the plan and groups unchanged
 
 
 class AutoBackend(CopyBackend):
     """``"auto"``: routes each job to the kernel (directly or staged), the copy engine or
-    torch.
+    torch, by its table (module docstring).
 
-    ``launches`` counts the launches of the inner backends it used (each inner backend
-    also counts its own).
+    Attributes:
+        table: the decision table.
+        analyses: decisions computed (not served from the cache); for tests.
+        launches: the launches of the inner backends it used (each inner backend also
+            counts its own).
     """
 
     name = "auto"
+    converts = True  # routes converting jobs itself (`decide`)
 
     def __init__(self, triton: TritonBackend | None = None,
                  copy_engine: CopyEngineBackend | None = None,
-                 torch_ref: TorchBackend | None = None) -> None:
+                 torch_ref: TorchBackend | None = None,
+                 table: AutoTable | None = None) -> None:
         """Args:
             triton: the kernel backend (its ``max_programs`` bounds every kernel launch of
                 this backend, the staged path's included).
+            copy_engine / torch_ref: the other inner backends (fresh ones by default).
+            table: the decision table; ``None``: ``$HICACHE_AUTO_TABLE`` if set, else
+                :data:`transfer_kernels.auto_table.SEED`.
+
+        Raises:
+            ValueError: ``$HICACHE_AUTO_TABLE`` names a bad file (the message names the
+                file and the field).
         """
         super().__init__()
         triton = triton or TritonBackend()
+        self.table = table if table is not None else auto_table.from_env()
         self.inner: dict[str, CopyBackend] = {
             "triton": triton,
             "copy_engine": copy_engine or CopyEngineBackend(),
             "torch": torch_ref or TorchBackend(),
-            "dma": StagedBackend(triton, min_piece_bytes=tuning.DMA_MIN_PIECE_BYTES),
+            "dma": StagedBackend(triton),
         }
+        self.analyses = 0
+        self._routes = _Lru(64)
+        # src table -> {(id(dst), layers, row class): (name, side, dst ref)}; weak on src so
+        # a dropped pool takes its decisions along.
+        self._decisions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def _route(self, plan: CopyPlan) -> dict[str, tuple[list[int], list[str | None]]]:
-        """Backend name -> (job indices, staged side per job: only for ``"dma"``)."""
+    def decide(self, job: PlannedJob, plan: CopyPlan) -> Decision:
+        """The job's (backend, staged side), computed once per shape (module docstring)."""
+        per_src = self._decisions.get(job.src)
+        if per_src is None:
+            per_src = self._decisions.setdefault(job.src, {})
+        key = (id(job.dst), len(job.layers), job.num_rows.bit_length())
+        hit = per_src.get(key)
+        if hit is not None and hit[2]() is job.dst:  # not a new table at a reused id
+            return hit[0], hit[1]
+        name, side = decide(job, plan, self.table)
+        self.analyses += 1
+        per_src[key] = (name, side, weakref.ref(job.dst))
+        return name, side
+
+    def _route(self, plan: CopyPlan) -> Route:
+        """The plan's :class:`Route`, cached per (device, per job: both tables, layer
+        count, row class); a new route is checked by every backend it uses before it is
+        cached (the checks read the tables only)."""
+        jobs = plan.jobs
+        key = (plan.device, tuple([(id(j.src), id(j.dst), len(j.layers),
+                                    j.src_rows.numel().bit_length()) for j in jobs]))
+        found = self._routes.get(key)
+        if found is not None and same_tables(jobs, found.refs):
+            return found
         routed: dict[str, tuple[list[int], list[str | None]]] = {}
-        for j, job in enumerate(plan.jobs):
+        for j, job in enumerate(jobs):
             if job.num_rows and job.layers:
-                name = choose(job, plan)
-                side = None
+                name, side = self.decide(job, plan)
                 if name in KERNEL:
-                    side = host_side(job, plan) if name == "dma" else None
                     name = "dma"
-                jobs, sides = routed.setdefault(name, ([], []))
-                jobs.append(j)
+                js, sides = routed.setdefault(name, ([], []))
+                js.append(j)
                 sides.append(side)
-        return routed
+        frozen = {n: (tuple(js), tuple(ss)) for n, (js, ss) in routed.items()}
+        route = Route(table_refs(jobs), frozen,
+                      len(routed) == 1 and len(next(iter(routed.values()))[0]) == len(jobs))
+        for n, sub in self._subplans(plan, route).items():  # all checked before any runs
+            self.inner[n].check(sub)
+        self._routes.put(key, route)
+        return route
+
+    def _subplans(self, plan: CopyPlan, route: Route) -> dict[str, CopyPlan]:
+        if route.whole:
+            return {n: plan for n in route.routed}
+        return {n: plan.subset(plan.jobs[j] for j in js) for n, (js, _) in route.routed.items()}
 
     def execute(self, plan: CopyPlan) -> None:
         """Route, then run each inner backend once on its jobs (see :class:`CopyBackend`)."""
         if plan.is_empty:
             return
-        if plan.has_quant:  # converting jobs: to the quant backend (transfer_kernels.quant)
-            execute_split(self, plan)
-            return
-        routed = self._route(plan)
-        subplans = {n: plan.subset(plan.jobs[j] for j in js) for n, (js, _) in routed.items()}
-        for n, sub in subplans.items():  # check all before copying anything
-            self.inner[n].check(sub)
-        for n, sub in subplans.items():
+        route = self._route(plan)
+        for n, sub in self._subplans(plan, route).items():
             if n == "dma":
                 self.inner[n].launches += 1
-                self.inner[n]._execute(sub, routed[n][1])
+                self.inner[n]._execute(sub, route.routed[n][1])
             else:
                 self.inner[n].execute(sub)
             self.launches += 1
 
     def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
-        """Route every job once, then prepare each inner backend on its jobs' groups."""
-        if plan.has_quant:
-            return prepare_split(self, plan, groups)
-        routed = self._route(plan)
-        local = {j: (n, i) for n, (js, _) in routed.items() for i, j in enumerate(js)}
-        sub_groups: dict[str, list[list[tuple[int, int]]]] = {n: [] for n in routed}
-        for group in groups:
-            for parts in sub_groups.values():
-                parts.append([])
-            for j, layer in group:
-                if j in local:
-                    name, i = local[j]
-                    sub_groups[name][-1].append((i, layer))
-        subplans = {n: plan.subset(plan.jobs[j] for j in js) for n, (js, _) in routed.items()}
-        for n, sub in subplans.items():  # check all before preparing anything
-            self.inner[n].check(sub)
-        prepared = [self.inner[n].prepare(subplans[n], sub_groups[n], routed[n][1]) if n == "dma"
-                    else self.inner[n].prepare(subplans[n], sub_groups[n]) for n in routed]
-        return AutoLaunches(self, prepared, len(groups))
+        """Route every job (a seen shape: one cached look-up), then prepare each inner
+        backend on its jobs' groups.
 
-    def _make_quant_backend(self, device: torch.device) -> CopyBackend:
-        """Converting jobs: on CUDA the dma path's (int8 pages staged where this backend would
-        stage a job, ``tuning.DMA_MIN_PIECE_BYTES``; the fused kernel reads the others), torch
-        on CPU."""
-        if device.type == "cuda" and triton_available():
-            return self.inner["dma"].quant_backend(device)
-        return self.inner["torch"].quant_backend(device)
+        When one backend takes every job (the usual load), it gets the plan and the
+        caller's groups unchanged: hashable groups keep the layout caches hit.
+        """
+        route = self._route(plan)
+        if route.whole:  # the usual load: one backend, no sub-plans
+            (name, (_, sides)), = route.routed.items()
+            return AutoLaunches(self, [self._prepare_on(name, plan, groups, sides)], len(groups))
+        subplans = self._subplans(plan, route)
+        sub_groups = _split_groups(groups, route.routed)
+        return AutoLaunches(self, [self._prepare_on(n, subplans[n], sub_groups[n], sides)
+                                   for n, (_, sides) in route.routed.items()], len(groups))
+
+    def _prepare_on(self, name: str, plan: CopyPlan, groups: LaunchGroups,
+                    sides: tuple[str | None, ...]) -> PreparedPlan:
+        """Inner backend ``name``'s prepared plan (the dma path takes the staged sides)."""
+        if name == "dma":
+            return self.inner[name].prepare(plan, groups, sides)
+        return self.inner[name].prepare(plan, groups)
 
     def _execute(self, plan: CopyPlan) -> None:  # pragma: no cover - execute overrides
         raise NotImplementedError
@@ -136,6 +184,8 @@ class AutoLaunches(PreparedPlan):
 
     def __init__(self, auto: AutoBackend, inner: list[PreparedPlan], num_groups: int) -> None:
         self.auto, self.inner, self._num_groups = auto, inner, num_groups
+        if len(inner) == 1:  # the usual load: one inner plan, no loop per launch
+            self.launch = self._launch_one
 
     @property
     def num_groups(self) -> int:
@@ -146,42 +196,74 @@ class AutoLaunches(PreparedPlan):
             prepared.launch(group)
         self.auto.launches += 1
 
+    def _launch_one(self, group: int) -> None:
+        self.inner[0].launch(group)
+        self.auto.launches += 1
+
+
+def _split_groups(groups: LaunchGroups, routed: dict[str, tuple[tuple[int, ...], tuple]]
+                  ) -> dict[str, tuple[tuple[tuple[int, int], ...], ...]]:
+    """Each backend's launch groups, in its sub-plan's job indices (tuples: hashable)."""
+    local = {j: (n, i) for n, (js, _) in routed.items() for i, j in enumerate(js)}
+    out: dict[str, list[tuple[tuple[int, int], ...]]] = {n: [] for n in routed}
+    for group in groups:
+        parts: dict[str, list[tuple[int, int]]] = {n: [] for n in routed}
+        for j, layer in group:
+            if j in local:
+                name, i = local[j]
+                parts[name].append((i, layer))
+        for n, pairs in parts.items():
+            out[n].append(tuple(pairs))
+    return {n: tuple(gs) for n, gs in out.items()}
+
 
 def triton_available() -> bool:
     """True when the ``triton`` package can be imported."""
     return importlib.util.find_spec("triton") is not None
 
 
-def choose(job: PlannedJob, plan: CopyPlan) -> str:
-    """The path :class:`AutoBackend` uses for ``job`` (module docstring rule)."""
-    on_cpu = job.src_rows.device.type == "cpu" and job.dst_rows.device.type == "cpu"
-    # Device indices are not read back (that would sync): assume every row is its own run.
-    num_runs = max(1, len(job.runs().lengths) if on_cpu else job.num_rows)
-    if plan.device.type == "cpu":
-        piece = piece_bytes(job, num_runs, dense_only=False)
-        return "copy_engine" if piece >= tuning.CPU_COPY_ENGINE_MIN_PIECE_BYTES else "torch"
-    host_ok = all(t.device.type != "cpu" or t.is_pinned for t in (job.src, job.dst))
-    if not (host_ok and triton_available()):
-        return "copy_engine"
-    if on_cpu and len(job.layers) == job.src.num_layers:
-        side = host_side(job, plan)
-        if side is not None and page_piece_bytes(job, side) >= tuning.DMA_MIN_PIECE_BYTES:
-            return "dma"
-    piece = piece_bytes(job, num_runs, dense_only=True)
-    return "copy_engine" if piece >= tuning.COPY_ENGINE_MIN_PIECE_BYTES else "triton"
+def shape(job: PlannedJob, plan: CopyPlan) -> Shape:
+    """The job's :class:`~transfer_kernels.auto_table.Shape`: read from its tables and row
+    count, never from its rows."""
+    src, dst = job.src, job.dst
+    on_host = src.device.type == "cpu", dst.device.type == "cpu"
+    direction = "same" if on_host[0] == on_host[1] else "h2d" if on_host[0] else "d2h"
+    side = host_side(job, plan) if len(job.layers) == src.num_layers else None
+    row_bytes = sum(src.row_bytes)
+    job_bytes = (1 << (max(1, job.num_rows).bit_length() - 1)) * row_bytes * len(job.layers)
+    piece = row_bytes // src.num_buffers
+    if side is not None:
+        span = getattr(job, side).page_span()[1]
+        return Shape(plan.device.type, direction, "stage", piece, span, job_bytes, side)
+    # each table against its own rows (a converting job's two sides differ in buffers)
+    dense = all(t.row_strides[b] == n for t in (src, dst) for b, n in enumerate(t.row_bytes))
+    return Shape(plan.device.type, direction, "dense" if dense else "strided", piece, 0, job_bytes)
 
 
-def piece_bytes(job: PlannedJob, num_runs: int, dense_only: bool) -> int:
-    """Mean bytes per copy-engine copy of ``job`` over its buffers.
+def decide(job: PlannedJob, plan: CopyPlan, table: AutoTable = auto_table.SEED) -> Decision:
+    """The (backend, staged side) of ``job`` under ``table``, uncached (module docstring)."""
+    s = shape(job, plan)
+    if s.device == "cuda":
+        host_ok = all(t.device.type != "cpu" or t.is_pinned for t in (job.src, job.dst))
+        if not (host_ok and triton_available()):
+            return ("torch" if job.mode else "copy_engine"), None
+    name = table.choose(s)
+    if job.mode:
+        return converting(name, s)
+    if name == "dma" and s.side is None:
+        return "triton", None
+    return name, s.side if name == "dma" else None
 
-    Args:
-        job: the job.
-        num_runs: its number of runs (>= 1).
-        dense_only: count whole runs only where both sides' rows are back to back.
-    """
-    pieces = []
-    for b, nbytes in enumerate(job.src.row_bytes):
-        dense = all(t.row_strides[b] == nbytes for t in (job.src, job.dst))
-        whole_runs = dense or not dense_only
-        pieces.append(nbytes * job.num_rows // num_runs if whole_runs else nbytes)
-    return sum(pieces) // len(pieces)
+
+def converting(name: str, s: Shape) -> Decision:
+    """A converting job's (backend, staged side) from the table's choice ``name`` for its
+    shape ``s``: on CUDA ``dma`` where the table stages the shape, else the fused kernel;
+    ``torch`` on the CPU."""
+    if s.device != "cuda":
+        return "torch", None
+    return ("dma", s.side) if name == "dma" and s.side is not None else ("triton", None)
+
+
+def choose(job: PlannedJob, plan: CopyPlan, table: AutoTable = auto_table.SEED) -> str:
+    """The backend name :func:`decide` gives ``job``."""
+    return decide(job, plan, table)[0]

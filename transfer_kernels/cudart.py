@@ -8,6 +8,11 @@ the host-registration calls the same way (the two packages never import each oth
     memcpy_2d_async(dst, dpitch, src, spitch, width, height)  a strided run in one copy
     memcpy_batch_async(dsts, srcs, sizes, stream)             many 1-D copies, one call
                                                               (CUDA >= 12.8; else None)
+    memcpy_batch_rows(pieces, stream) / memcpy_batch_ptrs(...) the same from a [3, n]
+                                                              array / raw addresses
+    event_create() / event_record(event, stream) / stream_wait_event(stream, event)
+                                                              ordering between streams
+                                                              without a torch call
 
 Every failing call raises ``RuntimeError`` with CUDA's error string, after clearing the
 runtime's last error so that an unrelated later torch call does not raise it again.
@@ -53,6 +58,10 @@ def lib() -> ctypes.CDLL:
     vp, sz = ctypes.c_void_p, ctypes.c_size_t
     cudart.cudaMemcpyAsync.argtypes = [vp, vp, sz, ctypes.c_int, vp]
     cudart.cudaMemcpy2DAsync.argtypes = [vp, sz, vp, sz, sz, sz, ctypes.c_int, vp]
+    cudart.cudaEventCreateWithFlags.argtypes = [ctypes.POINTER(vp), ctypes.c_uint]
+    cudart.cudaEventRecord.argtypes = [vp, vp]
+    cudart.cudaStreamWaitEvent.argtypes = [vp, vp, ctypes.c_uint]
+    cudart.cudaEventDestroy.argtypes = [vp]
     cudart.cudaGetErrorString.restype = ctypes.c_char_p
     cudart.cudaGetErrorString.argtypes = [ctypes.c_int]
     return cudart
@@ -118,16 +127,71 @@ def memcpy_batch_async(dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray,
     Raises:
         RuntimeError: the runtime has no batched copy, or the call failed.
     """
+    arrays = [np.ascontiguousarray(a, dtype=np.uint64) for a in (dsts, srcs, sizes)]
+    memcpy_batch_ptrs(*(a.ctypes.data for a in arrays), len(arrays[2]), stream)
+
+
+def memcpy_batch_rows(pieces: np.ndarray, stream: int) -> None:
+    """:func:`memcpy_batch_async` of a ``[3, n]`` array (dst, src, bytes). A uint64 one
+    whose rows are each contiguous (a column slice of a C-contiguous array) is read in
+    place: one address read for the three rows, nothing copied."""
+    if pieces.dtype != np.uint64 or pieces.strides[1] != 8:
+        pieces = np.ascontiguousarray(pieces, dtype=np.uint64)
+    at, row = pieces.__array_interface__["data"][0], pieces.strides[0]
+    memcpy_batch_ptrs(at, at + row, at + 2 * row, pieces.shape[1], stream)
+
+
+def memcpy_batch_ptrs(dsts: int, srcs: int, sizes: int, count: int, stream: int) -> None:
+    """``cudaMemcpyBatchAsync`` of ``count`` copies whose uint64 address and size arrays
+    start at ``dsts`` / ``srcs`` / ``sizes`` (host addresses); every copy orders its source
+    reads on ``stream``.
+
+    Raises:
+        RuntimeError: the runtime has no batched copy, or the call failed.
+    """
     fn = _batch_fn()
     if fn is None:
         raise RuntimeError("cudaMemcpyBatchAsync needs CUDA >= 12.8")
-    count = len(sizes)
     if count == 0:
         return
-    arrays = [np.ascontiguousarray(a, dtype=np.uint64) for a in (dsts, srcs, sizes)]
-    attr = _MemcpyAttributes(srcAccessOrder=_SRC_ACCESS_ORDER_STREAM)
-    idx = ctypes.c_size_t(0)
-    args = [a.ctypes.data for a in arrays] + [count, ctypes.byref(attr), ctypes.byref(idx), 1]
+    attr, idx = _batch_attrs()
     if runtime_version() < 13000:
-        args.append(ctypes.byref(ctypes.c_size_t(0)))  # failIdx
-    check(fn(*args, stream), "cudaMemcpyBatchAsync")
+        err = fn(dsts, srcs, sizes, count, attr, idx, 1, ctypes.byref(ctypes.c_size_t(0)), stream)
+    else:
+        err = fn(dsts, srcs, sizes, count, attr, idx, 1, stream)
+    check(err, "cudaMemcpyBatchAsync")
+
+
+@functools.lru_cache(maxsize=1)
+def _batch_attrs() -> tuple:
+    """Pointers to the one attribute set every batched copy uses (source reads in stream
+    order) and to its index array ``[0]``: built once (a pointer keeps its target alive),
+    read-only to the runtime."""
+    attr = _MemcpyAttributes(srcAccessOrder=_SRC_ACCESS_ORDER_STREAM)
+    return ctypes.pointer(attr), ctypes.pointer(ctypes.c_size_t(0))
+
+
+_EVENT_DISABLE_TIMING = 2  # cudaEventDisableTiming: the cheapest event to record and wait on
+
+
+def event_create() -> int:
+    """A new ``cudaEvent_t`` (no timing) on the current device, as an int."""
+    event = ctypes.c_void_p()
+    check(lib().cudaEventCreateWithFlags(ctypes.byref(event), _EVENT_DISABLE_TIMING),
+          "cudaEventCreateWithFlags")
+    return event.value
+
+
+def event_destroy(event: int) -> None:
+    """Release an event made by :func:`event_create` (safe while work still uses it)."""
+    check(lib().cudaEventDestroy(event), "cudaEventDestroy")
+
+
+def event_record(event: int, stream: int) -> None:
+    """Record ``event`` on ``stream``: it completes once the stream's earlier work has."""
+    check(lib().cudaEventRecord(event, stream), "cudaEventRecord")
+
+
+def stream_wait_event(stream: int, event: int) -> None:
+    """Make ``stream``'s later work wait for ``event``'s latest record (no host wait)."""
+    check(lib().cudaStreamWaitEvent(stream, event, 0), "cudaStreamWaitEvent")

@@ -24,6 +24,18 @@ def split_plan(plan: CopyPlan) -> tuple[list[int], list[int]]:
     return exact, quant
 
 
+def check_split(backend: CopyBackend, plan: CopyPlan) -> None:
+    """``backend.check`` of the plan's exact jobs and its quant backend's check of the
+    converting ones (a backend that hands converting jobs on checks both kinds)."""
+    if not plan.has_quant:
+        backend.check(plan)
+        return
+    exact, quant = split_plan(plan)
+    if exact:
+        backend.check(plan.subset(plan.jobs[j] for j in exact))
+    backend.quant_backend(plan.device).check(plan.subset(plan.jobs[j] for j in quant))
+
+
 def execute_split(backend: CopyBackend, plan: CopyPlan) -> None:
     """Run ``plan``'s exact jobs on ``backend`` and its quantized jobs on its quant backend
     (both checked before either runs)."""
@@ -46,7 +58,8 @@ def prepare_split(backend: CopyBackend, plan: CopyPlan, groups: LaunchGroups) ->
         if not idx:
             continue
         local = {j: i for i, j in enumerate(idx)}
-        sub_groups = [[(local[j], layer) for j, layer in g if j in local] for g in groups]
+        # tuples: hashable groups keep the kernel's layout cache hit from load to load
+        sub_groups = tuple(tuple((local[j], layer) for j, layer in g if j in local) for g in groups)
         parts.append((b, plan.subset(plan.jobs[j] for j in idx), sub_groups))
     for b, p, _ in parts:
         b.check(p)

@@ -19,7 +19,12 @@ The grid is about the copy kernel's program budget in all (``max(cap, segments)`
 programs, ``tuning.TRITON_MAX_PROGRAMS`` by default on CUDA): a conversion takes no more
 SMs from the model than a copy. (Not tuned on a GPU yet.)
 
-``meta`` (int64): per segment ``SEG`` fields, then the row indices::
+Like the copy kernel's, a prepared plan's calls go through `transfer_kernels.runtime`: one
+``upload`` of ``meta`` per plan and one ``launch`` per launch group (of a `BoundQuant`
+bound at the first launch), so an int8 load keeps the load's call budget.
+
+``meta`` (int64): each job's device and host row indices, then per segment ``SEG``
+fields::
 
     0 dev_base  1 dev_stride (elements)  2 q_base  3 q_stride (bytes)  4 s_base
     5 s_stride (fp32 elements)  6 dev_idx  7 host_idx (offsets in meta)  8 vpr  9 n_vec
@@ -27,15 +32,17 @@ SMs from the model than a copy. (Not tuned on a GPU yet.)
 from __future__ import annotations
 
 import importlib.util
+import weakref
 from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
 
-from transfer_kernels import tuning
+from transfer_kernels import runtime, tuning
 from transfer_kernels.base import CopyBackend, PreparedPlan
-from transfer_kernels.plan import CopyPlan, LaunchGroups
+from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
 from transfer_kernels.quant_ref import TINY
+from transfer_kernels.triton_layout import _Lru
 
 SEG = 10
 
@@ -70,6 +77,7 @@ class TritonQuantBackend(CopyBackend):
         """
         super().__init__()
         self.max_programs = max_programs
+        self._layouts = _Lru(64)
 
     def check(self, plan: CopyPlan) -> None:
         """``ValueError`` when a CUDA plan's host side is not pinned, or a scale buffer is not
@@ -87,12 +95,27 @@ class TritonQuantBackend(CopyBackend):
 
     def _execute(self, plan: CopyPlan) -> None:
         pairs = [(j, layer) for j, job in enumerate(plan.jobs) if job.num_rows for layer in job.layers]
-        QuantLaunches(self, plan, [pairs]).launch(0)
+        QuantLaunches(self, plan, [pairs]).run(0)  # counted by execute
 
     def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
         """Every group's segments and indices staged in one copy; a launch reads its part."""
         self.check(plan)
         return QuantLaunches(self, plan, groups)
+
+    def layout(self, plan: CopyPlan, groups: LaunchGroups) -> QuantLayout:
+        """The plan's launches and segment tables, cached per (groups, tables, row counts):
+        a load of a shape seen before only gathers and uploads its rows."""
+        cap = self.grid_cap(plan.device)
+        key = (groups, str(plan.device), cap,
+               tuple((weakref.ref(j.src), weakref.ref(j.dst), j.num_rows) for j in plan.jobs))
+        try:
+            found = self._layouts.get(key)
+        except TypeError:  # unhashable groups (lists): built each time
+            return build_layout(plan, groups, cap)
+        if found is None:
+            found = build_layout(plan, groups, cap)
+            self._layouts.put(key, found)
+        return found
 
     def grid_cap(self, device: torch.device) -> int:
         """Programs one launch may take on ``device`` (see ``max_programs``)."""
@@ -101,46 +124,87 @@ class TritonQuantBackend(CopyBackend):
         return tuning.TRITON_MAX_PROGRAMS if device.type == "cuda" else tuning.TRITON_INTERPRET_MAX_PROGRAMS
 
 
+class QuantLayout(NamedTuple):
+    """What a plan's launches need besides its rows: cached per shape (`TritonQuantBackend.layout`)."""
+
+    jobs: tuple[int, ...]  # jobs with rows, in ``meta``'s index order
+    launches: list[list[_Launch]]  # per group
+    calls: list[list[tuple]]  # per group: each launch's (seg_at, grid, constants)
+    segs: torch.Tensor  # int64 CPU: the segment tables, after the indices in ``meta``
+
+
 class QuantLaunches(PreparedPlan):
     """The launches of every group of one plan, sharing one ``meta`` buffer."""
 
     def __init__(self, backend: TritonQuantBackend, plan: CopyPlan, groups: LaunchGroups) -> None:
         self.backend, self.device = backend, plan.device
-        parts: list[torch.Tensor] = []
-        offsets = {}
-        at = 0
-        for j, job in enumerate(plan.jobs):  # each job's rows once
-            if job.num_rows:
-                dev_rows, host_rows = ((job.src_rows, job.dst_rows) if job.mode == "quantize"
-                                       else (job.dst_rows, job.src_rows))
-                offsets[j] = (at, at + job.num_rows)
-                parts += [dev_rows.cpu(), host_rows.cpu()]
-                at += 2 * job.num_rows
-        self.groups: list[list[_Launch]] = []
-        tables: list[np.ndarray] = []
-        for group in groups:
-            launches = []
-            for key, segs in _segments(plan, group, offsets).items():
-                launches.append(_Launch(at, len(segs), max(int(s[9]) for s in segs), *key))
-                tables.append(np.asarray(segs, dtype=np.int64).reshape(-1))
-                at += len(segs) * SEG
-            self.groups.append(launches)
-        idx = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
-        seg = torch.from_numpy(np.concatenate(tables)) if tables else torch.empty(0, dtype=torch.int64)
-        meta = torch.cat([idx, seg]).to(torch.int64)
-        self.meta = meta if self.device.type == "cpu" else meta.pin_memory().to(self.device, non_blocking=True)
+        lay = backend.layout(plan, groups)
+        self.groups, self._calls = lay.launches, lay.calls
+        parts = [t for j in lay.jobs for t in _dev_host_rows(plan.jobs[j])]
+        # one upload per plan, on the launching stream (`runtime`: the load's call budget)
+        self.meta = runtime.upload(parts + [lay.segs], self.device)
+        self._bound: BoundQuant | None = None  # bound at the first launch
 
     @property
     def num_groups(self) -> int:
         return len(self.groups)
 
     def launch(self, group: int) -> None:
-        if not self.groups[group]:
-            return
-        self.backend.launches += 1
-        cap = self.backend.grid_cap(self.device)
-        for lau in self.groups[group]:
-            launch_quant(self.meta, lau, cap)
+        if self.groups[group]:
+            self.backend.launches += 1
+            self.run(group)
+
+    def run(self, group: int) -> None:
+        """Launch group ``group`` (no counting) through the plan's pre-bound launcher."""
+        if self.groups[group]:
+            if self._bound is None:
+                self._bound = BoundQuant(self.meta, self._calls)
+            runtime.launch(self._bound, group)
+
+
+class BoundQuant:
+    """The quant launches of one ``meta`` buffer, bound once (`runtime.launch` calls
+    :meth:`launch`): grids and constants resolved (the layout's ``calls``), and whether the
+    plan's device is current (then no device switch per launch)."""
+
+    def __init__(self, meta: torch.Tensor, calls: list[list[tuple]]) -> None:
+        self.meta, self.calls = meta, calls
+        switch = meta.device.type == "cuda" and not runtime.device_is_current(meta.device)
+        self.device = meta.device if switch else None
+
+    def launch(self, group: int) -> None:
+        """Enqueue group ``group``'s launches (CUDA: the current stream; CPU: done on return)."""
+        from transfer_kernels import quant_triton
+        for seg_at, grid, consts in self.calls[group]:
+            quant_triton.run(self.meta, seg_at, grid, device=self.device, **consts)
+
+
+def _dev_host_rows(job: PlannedJob) -> tuple[torch.Tensor, torch.Tensor]:
+    """A converting job's device rows and host rows (CPU int64)."""
+    pair = (job.src_rows, job.dst_rows) if job.mode == "quantize" else (job.dst_rows, job.src_rows)
+    return pair[0].cpu(), pair[1].cpu()
+
+
+def build_layout(plan: CopyPlan, groups: LaunchGroups, cap: int) -> QuantLayout:
+    """The plan's launches per group and their segment tables (row counts, not rows)."""
+    offsets: dict[int, tuple[int, int]] = {}
+    at = 0
+    for j, job in enumerate(plan.jobs):  # each job's rows once
+        if job.num_rows:
+            offsets[j] = (at, at + job.num_rows)
+            at += 2 * job.num_rows
+    launches: list[list[_Launch]] = []
+    tables: list[np.ndarray] = []
+    for group in groups:
+        mine = []
+        for key, segs in _segments(plan, group, offsets).items():
+            mine.append(_Launch(at, len(segs), max(int(s[9]) for s in segs), *key))
+            tables.append(np.asarray(segs, dtype=np.int64).reshape(-1))
+            at += len(segs) * SEG
+        launches.append(mine)
+    segs_t = torch.from_numpy(np.concatenate(tables)) if tables else torch.empty(0, dtype=torch.int64)
+    calls = [[_bind(lau, cap) for lau in mine] for mine in launches]
+    return QuantLayout(tuple(offsets), launches, calls, segs_t)
 
 
 def _segments(plan: CopyPlan, group: Sequence[tuple[int, int]],
@@ -166,11 +230,10 @@ def _segments(plan: CopyPlan, group: Sequence[tuple[int, int]],
     return out
 
 
-def launch_quant(meta: torch.Tensor, lau: _Launch, cap: int) -> None:
-    """Enqueue one launch (CUDA: the current stream; CPU: interpreted, done on return)."""
-    from transfer_kernels import quant_triton
+def _bind(lau: _Launch, cap: int) -> tuple[int, tuple[int, int], dict]:
+    """One launch's (seg_at, grid, kernel constants)."""
     block_d = 1 << max(0, (lau.vec - 1).bit_length())
     bv = max(1, 4096 // block_d)
     blocks = min(-(-lau.max_vec // bv), max(1, cap // lau.num_segs))
-    quant_triton.run(meta, lau.seg_at, (lau.num_segs, blocks), quantize=lau.quantize, bf16=lau.bf16,
-                     vec=lau.vec, block_d=block_d, bv=bv, tiny=TINY)
+    return lau.seg_at, (lau.num_segs, blocks), dict(quantize=lau.quantize, bf16=lau.bf16, vec=lau.vec,
+                                                    block_d=block_d, bv=bv, tiny=TINY)

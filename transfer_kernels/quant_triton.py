@@ -102,12 +102,15 @@ def compile_ptx(quantize: bool, bf16: bool, vec: int = 128, arch: int = 90) -> s
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=COMPILE_OPTIONS).asm["ptx"]
 
 
-def run(meta: torch.Tensor, seg_at: int, grid: tuple[int, int], *, quantize: bool, bf16: bool,
-        vec: int, block_d: int, bv: int, tiny: float) -> None:
-    """Launch over ``grid`` = (segments, programs per segment); ``meta`` on the plan's device."""
+def run(meta: torch.Tensor, seg_at: int, grid: tuple[int, int], *, device: torch.device | None,
+        quantize: bool, bf16: bool, vec: int, block_d: int, bv: int, tiny: float) -> None:
+    """Launch over ``grid`` = (segments, programs per segment); ``meta`` on the plan's
+    device; ``device``: the CUDA device to make current first (``None``: it is)."""
     consts = dict(TINY=tiny, QUANTIZE=quantize, BF16=bf16, VEC=vec, BLOCK_D=block_d, BV=bv)
     if meta.device.type == "cpu":
         _interpreted[grid](meta, seg_at, INTERP=True, **consts)
-        return
-    with torch.cuda.device(meta.device):
+    elif device is None:
         _compiled[grid](meta, seg_at, INTERP=False, **COMPILE_OPTIONS, **consts)
+    else:
+        with torch.cuda.device(device):
+            _compiled[grid](meta, seg_at, INTERP=False, **COMPILE_OPTIONS, **consts)

@@ -1,24 +1,40 @@
-"""The ``"dma"`` backend: whole pages by DMA through a device staging buffer, then a
-device-side scatter (H2D) — or a gather, then whole pages by DMA (D2H).
+"""The ``"dma"`` backend: page chunks by DMA on the copy engines into a device staging
+ring, then a device-side scatter per launch group (H2D) — or a gather per group, then DMA
+(D2H).
 
 A ``page_first`` host table holds all layers of a row back to back (``RowTable.page_span``):
-DeepSeek-V4's rows span 54 KB-4.6 MB that way, where one layer's row is 1.7-75 KB. A
-*staged* job moves those spans, a run of consecutive host rows per piece, in ONE batched
-``cudaMemcpyBatchAsync`` (no SM involved), between the host and a device staging table of
-the same ``page_first`` geometry; the kernel backend then copies staging rows ``0..n-1``
-to or from the device pool's rows (HBM to HBM)::
+a chunk of consecutive layers of one row is one contiguous piece (``staging``'s module
+docstring: chunks of >= 128 KiB, or whole rows). Per launch group of a load, in order::
 
-    H2D   host rows r0 r1 ..  --DMA, one call-->  staging [n, L, RB]  --kernel-->  device rows
-    D2H   device rows  --kernel (gather)-->  staging [n, L, RB]  --DMA, one call-->  host rows
+    H2D   DMA stream:   [wait for the caller]  DMA(chunks first read by g)  record done
+          load stream:  wait done  ->  ONE kernel launch (scatter of g + the unstaged jobs)
+    D2H   load stream:  ONE kernel launch (gather of g + ...)  record mark
+          DMA stream:   wait mark  DMA(chunks complete after g)  record done; caller waits done
 
-Every other job of the plan goes straight through the kernel backend in the same launches
-(one launch per group carries both the scatter and the direct copies). On a CPU plan the
-same path runs with numpy copies for the DMA.
+so group g+1's DMA runs on the copy engines while group g's scatter runs on the SMs, and a
+consumer of group g's layers waits for nothing later (the caller's per-group event follows
+the scatter). Per group: at most one DMA call, one kernel launch, and one event record (H2D;
+D2H two: the caller's stream waits for each group's DMA, so a caller that abandons the plan
+after any launch has every issued copy behind its stream). Per load, one more record + wait
+orders the DMA stream after the caller's stream.
 
-Staging buffers are kept per (host table, direction, stream) and grow to the largest batch
-(at most ``max_staging_bytes`` in all; a job that would exceed it is not staged). All uses
-of one buffer are on one stream, so a batch's DMA into it is ordered after the previous
-batch's scatter out of it, without any host synchronization.
+Staging rings: one per (device, direction), ``max_staging_bytes`` each, allocated on first
+use and reused by every load (default 128 MiB: a 64-page DeepSeek-V4-Pro load, 98.6 MB,
+fits whole). Each staged job of a load gets its own region; a job that does not fit what
+is left goes straight through the kernel. A load that starts waits (on the device) for the
+previous user of the ring; the plan that started last owns it, and an older plan that
+launches after that raises ``RuntimeError`` instead of racing it.
+
+The host work of a load does not grow with its layers or groups beyond one pass over its
+pieces: the layout of a shape — (launch groups, device, per job: both tables, row count,
+layers) — is built once and cached (``Shape``: staging tables, every piece's fixed
+fields, sorted by issuing group); a load of a seen shape fills in its host rows' addresses
+in one vectorized step per ring, the kernel uploads its indices once, and each group's
+launch issues its slice of the pieces in one call.
+
+On a CPU plan the same steps run in program order: memmoves for the DMA, no-ops for the
+events (counted all the same: ``copies``, ``records``, ``waits`` are what the CUDA path
+would issue).
 """
 from __future__ import annotations
 
@@ -28,13 +44,15 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from transfer_kernels import tuning
+from transfer_kernels import cudart, tuning
 from transfer_kernels.base import CopyBackend, PreparedPlan
-from transfer_kernels.copy_engine import _cut_at_chunks
 from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
-from transfer_kernels.quant import prepare_split
-from transfer_kernels.rows import runs
+from transfer_kernels.quant import check_split
+from transfer_kernels.staged_launches import StagedLaunches
+from transfer_kernels.staging import Ring, RingLayout, RingWork, StagedJob, dma, layer_groups, \
+    plan_job, region_end, ring_layout, ring_work
 from transfer_kernels.table import RowTable
+from transfer_kernels.triton_layout import _Lru
 
 
 def host_side(job: PlannedJob, plan: CopyPlan) -> str | None:
@@ -52,65 +70,85 @@ def host_side(job: PlannedJob, plan: CopyPlan) -> str | None:
 
 
 def page_piece_bytes(job: PlannedJob, side: str) -> int:
-    """Mean bytes of one DMA piece of ``job`` staged on ``side``: span x mean run length."""
-    rows = (job.src_rows if side == "src" else job.dst_rows).numpy()
-    num_runs = 1 + int(np.count_nonzero(np.diff(rows) != 1)) if rows.size else 1
-    return getattr(job, side).page_span()[1] * rows.size // num_runs
+    """Bytes of one host row of ``job``'s layers on ``side``: its DMA piece when the job's
+    layers fall in one launch group (a multi-group load cuts it into chunks of
+    ``tuning.DMA_PIECE_BYTES``). Read from the table alone: never from the rows."""
+    return len(job.layers) * sum(getattr(job, side).row_bytes)
 
 
-class _Stage(NamedTuple):
-    """One staged job: its side, pieces (host offset, staging offset, bytes) and table."""
+class Shape(NamedTuple):
+    """What every load of one shape reuses (``StagedBackend._shape``)."""
 
-    side: str
-    pieces: np.ndarray  # [3, n] int64
-    host_base: int  # address of the host table's row 0
-    host: np.ndarray | None  # CPU plan: the host span view as flat bytes (numpy)
-    staging: RowTable
-    flat: torch.Tensor  # the staging buffer, flat
+    refs: tuple[tuple[weakref.ref, weakref.ref], ...]  # per job (src, dst): verifies a hit
+    swaps: tuple[tuple[int, RowTable, torch.Tensor, bool], ...]  # (job, staging, 0..n-1, h2d)
+    rings: tuple[RingLayout, ...]
+    stages: tuple[StagedJob, ...]  # for inspection (bench/dma_plan.py)
 
 
 class StagedBackend(CopyBackend):
-    """``"dma"``: stages whole pages of ``page_first`` host pools (module docstring).
+    """``"dma"``: stages page chunks of ``page_first`` host pools (module docstring).
 
     Attributes:
         copies / pieces: DMA calls issued and pieces they moved.
+        records / waits: event records and stream waits issued (CUDA; counted on CPU too).
+        built: shapes laid out (layout cache misses); for tests.
     """
 
     name = "dma"
+    # int8 host pages are staged like any other (the ring holds the host's bytes); the
+    # staging table carries the host's codec, so the kernel converts from or into it.
+    converts = True
 
     def __init__(self, kernel: CopyBackend | None = None,
                  min_piece_bytes: int = 1,
                  max_staging_bytes: int = tuning.DMA_STAGING_MAX_BYTES,
-                 batch: bool | None = None) -> None:
+                 batch: bool | None = None,
+                 window_growth: int = tuning.DMA_WINDOW_GROWTH) -> None:
         """Args:
             kernel: the backend that scatters, gathers and copies the unstaged jobs;
                 ``None``: ``"triton"`` (under the interpreter on a CPU plan).
-            min_piece_bytes: a job is staged when its mean DMA piece is at least this;
-                by default every job that can be (``"auto"`` passes
-                ``tuning.DMA_MIN_PIECE_BYTES``).
-            max_staging_bytes: device bytes all staging buffers may take together.
+            min_piece_bytes: a job is staged when :func:`page_piece_bytes` is at least
+                this; by default every job that can be.
+            max_staging_bytes: bytes of each staging ring (one per device and direction).
             batch: use ``cudaMemcpyBatchAsync``; ``None`` means when the runtime has it.
+            window_growth: 1: one DMA call per launch group; k > 1: one per window of
+                groups, windows growing k-fold (``staging.window_ends``).
+
+        Raises:
+            ValueError: ``window_growth`` is not an int >= 1.
         """
+        if isinstance(window_growth, bool) or not isinstance(window_growth, int) \
+                or window_growth < 1:
+            raise ValueError(f"window_growth: must be an int >= 1, got {window_growth!r}")
         super().__init__()
         if kernel is None:
             from transfer_kernels.triton_backend import TritonBackend
             kernel = TritonBackend()
         self.kernel, self.min_piece_bytes = kernel, min_piece_bytes
         self.max_staging_bytes, self.batch = max_staging_bytes, batch
-        self.copies = self.pieces = 0
-        self._buffers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._held = 0  # staging bytes allocated
+        self.window_growth = window_growth
+        self.copies = self.pieces = self.records = self.waits = self.built = 0
+        self._rings: dict[tuple[str, str], Ring] = {}
+        self._layouts = _Lru(64)
+
+    @property
+    def _held(self) -> int:
+        """Staging bytes allocated (rings used so far)."""
+        return sum(r.nbytes for r in self._rings.values() if r._buffer is not None)
 
     def check(self, plan: CopyPlan) -> None:
-        """The kernel backend's check (the unstaged jobs and the scatter go through it)."""
-        self.kernel.check(plan)
+        """The kernel backend's check (the unstaged jobs and the scatter go through it;
+        converting jobs through its quant backend, `quant.check_split`)."""
+        check_split(self.kernel, plan)
 
     def stages(self, job: PlannedJob, plan: CopyPlan) -> str | None:
         """The side ``job`` is staged on, or ``None`` when it goes straight to the kernel."""
-        if not job.num_rows or not job.layers or len(job.layers) != job.src.num_layers:
+        if not job.num_rows or not job.layers:
             return None
         side = host_side(job, plan)
-        if side is None or page_piece_bytes(job, side) < self.min_piece_bytes:
+        if side is None or getattr(job, f"{side}_rows").device.type != "cpu":
+            return None  # host rows on the device: reading them would synchronize
+        if self.min_piece_bytes > 1 and page_piece_bytes(job, side) < self.min_piece_bytes:
             return None
         return side
 
@@ -119,157 +157,138 @@ class StagedBackend(CopyBackend):
         return [self.stages(job, plan) for job in plan.jobs]
 
     def _execute(self, plan: CopyPlan, sides: Sequence[str | None] | None = None) -> None:
-        kernel_plan, stages = self._split(plan, sides)
-        h2d = [s for s in stages if s.side == "src"]
-        if h2d:
-            self._dma(h2d, plan.device, to_host=False)
-        self.kernel.execute(kernel_plan)
-        d2h = [s for s in stages if s.side == "dst"]
-        if d2h:
-            self._dma(d2h, plan.device, to_host=True)
+        """One group of every layer: one DMA call per direction, one kernel launch."""
+        group = tuple((j, layer) for j, job in enumerate(plan.jobs) if job.num_rows
+                      for layer in job.layers)
+        self._prepare(plan, (group,), sides)._run(0)
 
     def prepare(self, plan: CopyPlan, groups: LaunchGroups,
                 sides: Sequence[str | None] | None = None) -> PreparedPlan:
-        """Stage nothing yet: the first launch issues the H2D DMA before its scatter; the
-        last launch issues the D2H DMA after the gathers.
+        """Lay the staged jobs out in the rings and prepare the kernel's launches; nothing
+        is copied until a group launches (module docstring). The plan is checked when its
+        shape is new (the check reads the tables only: a seen shape passed it).
 
         Args:
             sides: per job, the side to stage (``None``: straight to the kernel); by
                 default :meth:`sides` (``"auto"`` passes the choice it made).
         """
-        if plan.has_quant:  # converting jobs: staged int8 pages (transfer_kernels.quant_staged)
-            return prepare_split(self, plan, groups)
+        return self._prepare(plan, groups, sides)
+
+    def _prepare(self, plan: CopyPlan, groups: LaunchGroups,
+                 sides: Sequence[str | None] | None) -> StagedLaunches:
+        """The cached shape, this load's host rows filled in, and the kernel's launches."""
+        shape = self._shape(plan, groups, sides)
+        jobs = plan.jobs
+        work = {lay.ring.direction: ring_work(lay, _host_rows(jobs, lay)) for lay in shape.rings}
+        if shape.swaps:
+            jobs = list(jobs)
+            for j, staging, local, h2d in shape.swaps:  # the kernel's side of the ring
+                job = jobs[j]
+                jobs[j] = (PlannedJob(staging, job.dst, local, job.dst_rows, job.layers) if h2d
+                           else PlannedJob(job.src, staging, job.src_rows, local, job.layers))
+            plan = plan.subset(jobs)
+        return StagedLaunches(self, self.kernel.prepare(plan, groups), work, len(groups))
+
+    def _ring(self, plan: CopyPlan, direction: str) -> Ring:
+        key = (str(plan.device), direction)
+        ring = self._rings.get(key)
+        if ring is None:
+            ring = self._rings[key] = Ring(plan.device, direction, self.max_staging_bytes)
+        return ring
+
+    def _shape(self, plan: CopyPlan, groups: LaunchGroups,
+               sides: Sequence[str | None] | None) -> Shape:
+        """The plan's :class:`Shape`, cached per (groups, device, sides, per job: both
+        tables, rows, layers, where the rows are). Tables are keyed by id and a hit is
+        verified against weak references: a new table at a reused id is a miss, and no
+        pool is kept alive."""
+        try:
+            hash(groups)
+        except TypeError:  # lists (tests, a caller's own groups): a tuple of them keys the same
+            groups = tuple(map(tuple, groups))
+        jobs = plan.jobs
+        key = (groups, plan.device, sides if sides is None else tuple(sides),
+               tuning.DMA_PIECE_BYTES,
+               tuple([(id(j.src), id(j.dst), j.src_rows.numel(), len(j.layers),
+                       j.src_rows.is_cuda, j.dst_rows.is_cuda) for j in jobs]))
+        found = self._layouts.get(key)
+        if found is not None and same_tables(jobs, found.refs):
+            return found
+        found = self._build_shape(plan, groups, sides)
+        self._layouts.put(key, found)
+        return found
+
+    def _build_shape(self, plan: CopyPlan, groups: LaunchGroups,
+                     sides: Sequence[str | None] | None) -> Shape:
+        """A new shape: check the plan, then lay out every staged job's chunks and regions."""
         self.check(plan)
-        kernel_plan, stages = self._split(plan, sides)
-        return StagedLaunches(self, self.kernel.prepare(kernel_plan, groups), stages,
-                              plan.device, len(groups))
+        self.built += 1
+        jobs = plan.jobs
+        if sides is None:
+            sides = self.sides(plan)
+        else:  # host rows on the device cannot be read without a sync: not staged
+            sides = [s if s is not None and getattr(job, f"{s}_rows").device.type == "cpu"
+                     else None for job, s in zip(jobs, sides)]
+        seen = layer_groups(groups, len(jobs))
+        used = {"h2d": 0, "d2h": 0}
+        stages: list[StagedJob] = []
+        for j, side in enumerate(sides):
+            if side is None or not seen[j]:
+                continue  # not staged, or no group names a layer of it
+            direction = "h2d" if side == "src" else "d2h"
+            st = plan_job(j, jobs[j], side, seen[j], self._ring(plan, direction), used[direction])
+            if st is not None:  # else over the ring's bytes: the kernel copies it directly
+                used[direction] = region_end(st)
+                stages.append(st)
+        rings = []
+        for direction, side in (("h2d", "src"), ("d2h", "dst")):
+            mine = [(st, getattr(jobs[st.job], side)) for st in stages if st.ring == direction]
+            if mine:
+                rings.append(ring_layout(self._ring(plan, direction), mine, len(groups),
+                                         self.window_growth))
+        swaps = tuple((st.job, st.staging, torch.arange(st.staging.num_rows), st.ring == "h2d")
+                      for st in stages)
+        return Shape(table_refs(jobs), swaps, tuple(rings), tuple(stages))
 
-    def _make_quant_backend(self, device: torch.device) -> CopyBackend:
-        """int8 host pages staged by DMA, converted by the kernel (`quant_staged`)."""
-        from transfer_kernels.quant_staged import StagedQuantBackend
-        return StagedQuantBackend(self, device)
+    def _issue(self, work: RingWork, begin: int, end: int, caller: int) -> None:
+        """DMA pieces ``[begin, end)`` of ``work`` on the ring's stream, record its done
+        event there and make the ``caller`` stream wait for it (one launch's DMA)."""
+        ring = work.ring
+        self.copies += dma(work.pieces[:, begin:end], ring.stream, ring.device, self.batch)
+        self.pieces += end - begin
+        if ring.cuda:
+            cudart.event_record(ring.events[1], ring.stream)
+            cudart.stream_wait_event(caller, ring.events[1])
+        self.records += 1
+        self.waits += 1
 
-    def _split(self, plan: CopyPlan, sides: Sequence[str | None] | None
-               ) -> tuple[CopyPlan, list[_Stage]]:
-        """The kernel's plan (staged jobs become scatters or gathers on their staging
-        table, in place) and the staged jobs' DMA pieces."""
-        jobs, stages, budget = list(plan.jobs), [], self.max_staging_bytes
-        for j, (job, side) in enumerate(zip(plan.jobs, sides or self.sides(plan))):
-            if side is None:
-                continue
-            stage = self._stage(job, side, plan.device, budget)
-            if stage is None:
-                continue
-            budget -= job.num_rows * getattr(job, side).page_span()[1]
-            stages.append(stage)
-            local = _arange(job.num_rows)
-            jobs[j] = (PlannedJob(job.src, stage.staging, job.src_rows, local, job.layers)
-                       if side == "dst" else
-                       PlannedJob(stage.staging, job.dst, local, job.dst_rows, job.layers))
-        return plan.subset(jobs), stages
+    def _record(self, ring: Ring, event: int, stream: int) -> None:
+        if ring.cuda:
+            cudart.event_record(event, stream)
+        self.records += 1
 
-    def _stage(self, job: PlannedJob, side: str, device: torch.device, budget: int) -> _Stage | None:
-        """The job's staging table (grown if needed) and DMA pieces; ``None`` over budget."""
-        host = getattr(job, side)
-        rows_view, span = host.page_span()
-        if job.num_rows * span > budget:
-            return None
-        buffers = self._buffers.setdefault(host, {})
-        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-        key = (side, stream)
-        staging, flat = buffers.get(key, (None, None))
-        if staging is None or staging.num_rows < job.num_rows:
-            grow = max(job.num_rows, 2 * (staging.num_rows if staging else 0))
-            extra = grow * span - (flat.numel() if flat is not None else 0)
-            if self._held + extra > self.max_staging_bytes:
-                return None
-            staging, flat = _staging_table(host, grow, device)
-            self._held += extra
-            buffers[key] = (staging, flat)
-        host_rows = job.src_rows if side == "src" else job.dst_rows
-        r = runs(host_rows, _arange(job.num_rows))
-        s0, d0, k = (np.asarray(x, dtype=np.int64) for x in r)
-        # no piece across a pinned registration chunk (rows never straddle one)
-        s0, d0, k = _cut_at_chunks(host, staging, 0, 0, s0, d0, k)
-        pieces = np.stack([s0 * span, d0 * span, k * span])
-        host_np = rows_view.numpy().reshape(-1) if device.type == "cpu" else None
-        return _Stage(side, pieces, int(host.ptrs[0, 0]), host_np, staging, flat)
-
-    def _dma(self, stages: Sequence[_Stage], device: torch.device, to_host: bool) -> None:
-        """One DMA call for every piece of ``stages`` (numpy copies on a CPU plan)."""
-        if device.type == "cpu":
-            for st in stages:
-                stage_np = st.flat.numpy()
-                for h, s, n in st.pieces.T.tolist():
-                    if to_host:
-                        st.host[h:h + n] = stage_np[s:s + n]
-                    else:
-                        stage_np[s:s + n] = st.host[h:h + n]
-                self.pieces += st.pieces.shape[1]
-            self.copies += 1
-            return
-        from transfer_kernels import cudart
-
-        host = np.concatenate([st.pieces[0] + st.host_base for st in stages])
-        staged = np.concatenate([st.pieces[1] + st.flat.data_ptr() for st in stages])
-        size = np.concatenate([st.pieces[2] for st in stages])
-        dst, src = (host, staged) if to_host else (staged, host)
-        stream = torch.cuda.current_stream(device).cuda_stream
-        self.pieces += size.size
-        if stream != 0 and (cudart.batch_available() if self.batch is None else self.batch):
-            cudart.memcpy_batch_async(dst, src, size, stream)
-            self.copies += 1
-        else:  # the batched call refuses the legacy default stream (handle 0)
-            for d, s, n in zip(dst.tolist(), src.tolist(), size.tolist()):
-                cudart.memcpy_async(d, s, n, stream)
-            self.copies += size.size
+    def _wait(self, ring: Ring, stream: int, event: int) -> None:
+        if ring.cuda:
+            cudart.stream_wait_event(stream, event)
+        self.waits += 1
 
 
-class StagedLaunches(PreparedPlan):
-    """The kernel's prepared launches with the DMA before the first (H2D) and after the
-    last (D2H): launch every group once, in any order."""
-
-    def __init__(self, backend: StagedBackend, inner: PreparedPlan, stages: list[_Stage],
-                 device: torch.device, num_groups: int) -> None:
-        self.backend, self.inner, self.device = backend, inner, device
-        self.h2d = [s for s in stages if s.side == "src"]
-        self.d2h = [s for s in stages if s.side == "dst"]
-        self._left = num_groups
-
-    @property
-    def num_groups(self) -> int:
-        return self.inner.num_groups
-
-    def launch(self, group: int) -> None:
-        if self.h2d:
-            stages, self.h2d = self.h2d, []
-            self.backend._dma(stages, self.device, to_host=False)
-        self.inner.launch(group)
-        self._left -= 1
-        if self._left == 0 and self.d2h:
-            self.backend._dma(self.d2h, self.device, to_host=True)
-        self.backend.launches += 1
+def table_refs(jobs: Sequence[PlannedJob]) -> tuple[tuple[weakref.ref, weakref.ref], ...]:
+    """Per job, weak references to its (src, dst) tables: a cache keyed by table ids keeps
+    these to tell a hit from a new table at a reused id, without keeping a pool alive."""
+    return tuple((weakref.ref(j.src), weakref.ref(j.dst)) for j in jobs)
 
 
-def _staging_table(host: RowTable, num_rows: int, device: torch.device
-                   ) -> tuple[RowTable, torch.Tensor]:
-    """A device table of ``host``'s page_first geometry over a new ``[num_rows, span]``
-    buffer (allocated on the current stream), and the buffer."""
-    span = host.page_span()[1]
-    flat = torch.empty(num_rows * span, dtype=torch.uint8, device=device)
-    rows = flat.view(num_rows, host.num_layers, sum(host.row_bytes))
-    offsets = np.cumsum((0,) + host.row_bytes[:-1]).tolist()
-    views = [[rows[:, layer, o:o + n] for o, n in zip(offsets, host.row_bytes)]
-             for layer in range(host.num_layers)]
-    return RowTable.from_views(views, f"{host.name}.staging"), flat
+def same_tables(jobs: Sequence[PlannedJob], refs: tuple) -> bool:
+    """True when ``refs`` (from :func:`table_refs`) still name ``jobs``' tables."""
+    for job, (src, dst) in zip(jobs, refs):
+        if src() is not job.src or dst() is not job.dst:
+            return False
+    return True
 
 
-_ARANGE = torch.arange(0)
-
-
-def _arange(n: int) -> torch.Tensor:
-    """Rows ``0..n-1`` as an int64 CPU tensor (a view of one cached range)."""
-    global _ARANGE
-    if _ARANGE.numel() < n:
-        _ARANGE = torch.arange(max(n, 2 * _ARANGE.numel()), dtype=torch.int64)
-    return _ARANGE[:n]
+def _host_rows(jobs: Sequence[PlannedJob], lay: RingLayout) -> np.ndarray:
+    """The host rows of ``lay``'s jobs, concatenated (one torch call), as numpy."""
+    rows = [jobs[j].src_rows for j in lay.jobs] if lay.ring.direction == "h2d" else \
+        [jobs[j].dst_rows for j in lay.jobs]
+    return (torch.cat(rows) if len(rows) > 1 else rows[0]).numpy()

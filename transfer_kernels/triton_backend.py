@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from transfer_kernels import tuning
+from transfer_kernels import runtime, tuning
 from transfer_kernels.base import CopyBackend, PreparedPlan
 from transfer_kernels.plan import CopyPlan, LaunchGroups
 from transfer_kernels.quant import prepare_split
@@ -150,7 +150,7 @@ class TritonLaunches(PreparedPlan):
 
     def __init__(self, backend: TritonBackend, launch_set: LaunchSet) -> None:
         self.backend, self.launch_set = backend, launch_set
-        self._kernel = None
+        self._bound = None  # bound at the first launch (importing triton costs a second)
 
     @property
     def num_groups(self) -> int:
@@ -167,15 +167,16 @@ class TritonLaunches(PreparedPlan):
             self.run(group)
 
     def run(self, group: int) -> None:
-        """Launch group ``group`` (no counting; ``execute`` counted already)."""
+        """Launch group ``group`` (no counting; ``execute`` counted already) through the
+        pre-bound launcher: stream handle and compiled kernels resolved once per plan."""
         ls = self.launch_set
-        grid = ls.layout.grids[group]
-        if grid:
-            if self._kernel is None:
-                self._kernel = kernel_module().launch_copy_rows
+        if ls.layout.grids[group]:
+            if self._bound is None:
+                lay = ls.layout
+                self._bound = kernel_module().BoundLaunches(ls.meta, lay.prog_at, lay.grids,
+                                                            lay.aligns, ls.vpt, ls.num_warps)
             self.backend._last = (ls, group)
-            self._kernel(ls.meta, ls.layout.prog_at[group], grid, ls.vpt, ls.layout.aligns[group],
-                         ls.num_warps)
+            runtime.launch(self._bound, group)
 
 
 def build_launch(plan: CopyPlan, backend: TritonBackend) -> Launch:
@@ -224,17 +225,6 @@ def _build(plan: CopyPlan, pairs, pairs_key: tuple | None, num_groups: int,
         return LaunchSet(torch.empty(0, dtype=torch.int64), lay, backend.vpt, backend.num_warps)
     jobs = plan.jobs
     idx_parts = [t for j in lay.used for t in (jobs[j].src_rows, jobs[j].dst_rows)]
-    meta = _to_device([lay.head] + idx_parts, plan.device)  # head is never written: a cached copy
+    # one index upload per plan (the head is never written: a cached copy)
+    meta = runtime.upload([lay.head] + idx_parts, plan.device)
     return LaunchSet(meta, lay, backend.vpt, backend.num_warps)
-
-
-def _to_device(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """Concatenate int64 CPU/device parts into one tensor on ``device`` with one copy, on
-    the current stream (the launches that read it follow on the same stream)."""
-    if device.type == "cpu":
-        return torch.cat(parts)
-    if all(p.device.type == "cpu" for p in parts):
-        staged = torch.empty(sum(p.numel() for p in parts), dtype=torch.int64, pin_memory=True)
-        torch.cat(parts, out=staged)
-        return staged.to(device, non_blocking=True)
-    return torch.cat([p.to(device, non_blocking=True) for p in parts])

@@ -49,6 +49,8 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
+from transfer_kernels import runtime
+
 try:  # triton >= 3.4: the launch hooks live in knobs (needed by the direct launch)
     from triton import knobs
 except ImportError:  # pragma: no cover - older triton: always the JITFunction path
@@ -162,6 +164,70 @@ def _run(kernel, meta: torch.Tensor, prog_at: int, grid: int, vpt: int, align: i
     kernel.run(grid, 1, 1, stream, kernel.function, kernel.packed_metadata,
                kernel.launch_metadata((grid, 1, 1), stream, *args),
                knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
+
+
+class BoundLaunches:
+    """The launches of one ``meta`` buffer, bound once (a prepared plan's launcher).
+
+    Binding resolves, once, the stream handle (``runtime.stream_handle``: the current
+    stream when bound), whether the fast entry can be taken (CUDA, ``meta`` 16-byte
+    aligned, its device current, triton's ``knobs`` present) and every launch's argument
+    tuple. A launch is then the compiled variant's low-level ``run`` (the call
+    ``JITFunction.run`` ends with) on that handle: no ``torch.cuda`` call, no argument
+    binding or cache-key work. A variant not compiled yet, and every launch where the fast
+    entry cannot be taken (the CPU interpreter included), goes through
+    :func:`launch_copy_rows`, the ordinary launch.
+
+    Args:
+        meta / prog_at / grids / aligns / vpt / num_warps: see :func:`launch_copy_rows`;
+            ``prog_at``, ``grids`` and ``aligns`` per launch.
+        kernels: compiled variants by ``(device index, vpt, align, warps)``; ``None``: the
+            ones this module loaded. Given explicitly (tests), the fast entry is taken on
+            any device with handle ``stream``.
+        stream: the handle for explicit ``kernels``.
+    """
+
+    def __init__(self, meta: torch.Tensor, prog_at: tuple[int, ...], grids: tuple[int, ...],
+                 aligns: tuple[int, ...], vpt: int, num_warps: int,
+                 kernels: dict | None = None, stream: int = 0) -> None:
+        self.meta, self.grids, self.vpt, self.num_warps = meta, grids, vpt, num_warps
+        self.args = tuple((meta, p, SEG_FIELDS, vpt, a) for p, a in zip(prog_at, aligns))
+        self.index = meta.device.index
+        if kernels is not None:
+            self.kernels, self.stream, self.fast = kernels, stream, knobs is not None
+        else:
+            cuda = meta.device.type == "cuda"
+            self.kernels, self.stream = _launchers, runtime.stream_handle(meta.device)
+            self.fast = (cuda and knobs is not None and meta.data_ptr() % 16 == 0
+                         and runtime.device_is_current(meta.device))
+        self._bound: dict[int, tuple] = {}  # align -> (run, function, packed metadata, kernel)
+
+    def launch(self, group: int) -> None:
+        """Enqueue launch ``group`` (grid > 0) on the bound stream."""
+        grid, args = self.grids[group], self.args[group]
+        bound = self._bound.get(args[4]) if self.fast else None
+        if bound is None:
+            kernel = self.kernels.get((self.index, self.vpt, args[4], self.num_warps)) \
+                if self.fast else None
+            if kernel is None:  # the ordinary launch (it compiles and caches the variant)
+                launch_copy_rows(self.meta, args[1], grid, self.vpt, args[4], self.num_warps)
+                return
+            bound = self._bound[args[4]] = (kernel.run, kernel.function, kernel.packed_metadata,
+                                            kernel)
+        run, function, packed, kernel = bound
+        hooks = knobs.runtime  # a profiler may set a hook at any time: read per launch
+        enter, leave = _active(hooks.launch_enter_hook), _active(hooks.launch_exit_hook)
+        metadata = None if enter is None else kernel.launch_metadata((grid, 1, 1), self.stream, *args)
+        run(grid, 1, 1, self.stream, function, packed, metadata, enter, leave, *args)
+
+
+def _active(hook):
+    """``hook``, or ``None`` when there is none: newer triton (3.9) keeps an empty ``HookChain``
+    (calling it does nothing) where older versions keep ``None``; an empty chain is passed
+    as ``None`` so that no launch metadata is built for it."""
+    if hook is None or getattr(hook, "calls", True) == []:
+        return None
+    return hook
 
 
 def compiled_kernel() -> JITFunction:

@@ -51,30 +51,61 @@ MAX_COPY_PROGRAMS = 4096
 # estimate; re-tune with `bench/load_batch.py --group-bytes`.
 LOAD_GROUP_MIN_BYTES = 1 << 20
 
-# --- auto backend on CUDA (H100, measured) ---
-# A contiguous piece (one copy of the copy engine) at least this large goes to the copy
-# engine; smaller or scattered pieces go to the triton kernel. Measured crossover: 37 KiB
-# rows (v4 c4_kv) are faster on triton (48.6 vs 24.7 GB/s at 1024 rows), 64-128 KiB
-# rows on the copy engine (52-55 vs 45-51 GB/s).
-COPY_ENGINE_MIN_PIECE_BYTES = 64 * 1024
+# --- the copy engine ---
 # A strided run (host page_first rows) of at least this many rows is one
 # cudaMemcpy2DAsync; shorter ones go row by row into the batched copy.
 COPY_ENGINE_2D_MIN_ROWS = 2
 
 # --- the DMA path for page_first host pools (copy-engine value, H100, measured) ---
-# A page_first host pool whose whole-page pieces (all layers of a run of pages, contiguous
-# on the host) are at least this large is moved by one batched cudaMemcpyBatchAsync into a
-# device staging buffer and scattered on the device (D2H: gathered, then copied out). The
-# value is the copy engine's measured crossover above (pieces >= 64 KiB reach 52-55 GB/s);
-# the staged path itself has not been measured yet.
+# A page_first host pool whose whole-page pieces (all layers of a page, contiguous on the
+# host) are at least this large is staged ("auto"): per launch group one batched
+# cudaMemcpyBatchAsync of page chunks into a device staging ring, then the group's scatter
+# on the device (D2H: gather, then DMA). The value is the copy engine's measured crossover
+# above (pieces >= 64 KiB reach 52-55 GB/s); the staged path itself has not been measured
+# on a GPU since it was made per group.
 DMA_MIN_PIECE_BYTES = 64 * 1024
-# Device staging of one DMA backend, per direction and stream: jobs beyond it take the
-# kernel path (DeepSeek-V4-Pro: 16 pages ~30 MB, 64 pages ~99 MB).
-DMA_STAGING_MAX_BYTES = 256 << 20
+# Bytes of each staging ring of the DMA backend (one per device and direction, allocated
+# once, reused by every load): a 64-page DeepSeek-V4-Pro load (98.6 MB, the largest
+# benchmarked batch) fits whole; a job beyond what is left takes the kernel path.
+DMA_STAGING_MAX_BYTES = 128 << 20
+# Bytes a DMA piece aims for when a load's launch groups cut a page_first row into chunks
+# of layers (H100, measured, cudaMemcpyBatchAsync of scattered pieces: 0.98 of one
+# contiguous copy at 128 KiB, 0.68 at 32 KiB); a chunk holds ceil(this / row) layers.
+DMA_PIECE_BYTES = 128 * 1024
+# Launch groups per DMA call of the dma backend grow by this factor (1: one call, one
+# event record and one stream wait per group, the pipeline as designed; 2: windows of
+# 1, 2, 4, ... groups, 21 groups -> 5 calls). NOT measured on a GPU: the host saves the
+# calls (H100: cudaMemcpyBatchAsync of 16 pieces cost 34 us of host), a consumer of a
+# later layer waits for its whole window's DMA. Calibrate before changing the default.
+DMA_WINDOW_GROWTH = 1
 
 # --- auto backend on CPU (measured on the 2-core dev VM) ---
 # On the CPU both backends are memcpy-like: the copy engine pays ~5 us of Python per run
 # and per (layer, buffer), torch's index_select/index_copy_ moves ~1-4 GB/s. Crossover
-# measured at 8 KiB per contiguous piece (p50 of one call, 1-256 scattered rows, 64 B -
-# 64 KiB rows): below it "torch" wins, at and above it "copy_engine" wins.
-CPU_COPY_ENGINE_MIN_PIECE_BYTES = 8 * 1024
+# of the seed table's CPU rule, which compares one row's bytes (runs are not analysed):
+# p50 of 7 calls, 4 layers, 4-1024 scattered rows of 64-8448 B, both layouts
+# (2026-11-25): torch wins at <= 512 B rows from 16-64 rows on; the copy engine wins at
+# 1728 B and above at every count (DeepSeek-V4-Pro c128_kv, 16 pages, 31 layers: 335 vs
+# 1,228 us). Crossover: 1 KiB.
+CPU_COPY_ENGINE_MIN_PIECE_BYTES = 1024
+
+# --- the auto backend's seed table (H100, measured 2026-11-25, main at b0a80f0) ---
+# The default decision table of "auto" (`transfer_kernels.auto_table.SEED`), from the
+# end-to-end and interference runs of `bench/load_batch.py` on one H100 (PCIe Gen5 x16):
+# * Copy engines by piece size (`cudaMemcpyBatchAsync` of scattered pieces, one call,
+#   share of one contiguous 100 MB copy): 4 KiB 0.05, 10 KiB 0.08, 32 KiB 0.68,
+#   128 KiB 0.98, 512 KiB 1.10. Pieces >= 128 KiB reach the PCIe limit; < 32 KiB the
+#   engines are useless.
+# * Idle, the SM kernel (triton) reaches 0.69-0.82 of the limit over its GPU span and was
+#   the fastest end to end for small loads (DeepSeek-V4-Pro 1 page: 1.0 ms vs 2.3 ms dma);
+#   that gap was host time (launches, Python), not the copy: the GPU spans were equal
+#   (1 page 228 us triton, 220 us dma; 16 pages 767 vs 745 us).
+# * While bf16 GEMMs run, the kernel starves (H2D 20-24 -> 3.4-4.2 GB/s) and its D2H slowed
+#   the GEMMs by up to 42-53 %; the page-DMA path held (9.9 -> 9.8 GB/s, compute -10 %).
+# * The per-row copy_engine backend was host-bound: Flash 16 pages 1.3 GB/s alone and
+#   under GEMMs; Llama-3.1-8B layer_first (auto picked it) 12.9 ms of host per load.
+# A server loads while it computes, so a job whose whole-page DMA pieces (page spans) are
+# >= 32 KiB goes to the copy engines through the staged path (0.68 of the limit at 32 KiB,
+# about the kernel's idle share, and unaffected by compute); everything else to the
+# kernel. Re-measure with `bench/load_batch.py --calibrate` on a device.
+AUTO_STAGE_MIN_PIECE_BYTES = 32 * 1024

@@ -27,6 +27,9 @@ row for DeepSeek-V4).
       snapshot is inserted.
     * a snapshot lives on a tier only while its node's history does (evicting the history
       drops the snapshot on that tier too).
+    * with a storage tier, a boundary past the match end whose history the tree holds and
+      whose snapshot storage holds is read back alone (`snapshotless_tail`,
+      `hicache.radix.prefetch`): the match then ends there.
 
 Non-hybrid stacks have no state root: every boundary qualifies, the match runs to the
 deepest page shared with the query (splitting a node there) and the device hit to the
@@ -89,3 +92,32 @@ def select_match_end(path: Sequence[TreeNode], hybrid: bool) -> tuple[int, int]:
         if node._state_device:
             d = i
     return d, e
+
+
+def snapshotless_tail(path: Sequence[TreeNode]) -> tuple[TreeNode, ...]:
+    """The boundaries a stored snapshot alone would make a match.
+
+    Args:
+        path: fully matched nodes of a hybrid walk, from the root's child downwards.
+    Returns:
+        The nodes past its match end (none has a snapshot on any tier) whose history is
+        on the host (a host snapshot needs it there), top-down.
+    """
+    end = select_match_end(path, True)[1]
+    return tuple(n for n in path[end + 1:] if n._host is not None)
+
+
+def deepest_needed(nodes: Sequence[TreeNode], present: Sequence[bool]) -> TreeNode | None:
+    """The node whose stored snapshot to read.
+
+    Args:
+        nodes: `snapshotless_tail` of a walk; present: per node, whether storage has its snapshot.
+    Returns:
+        The deepest node found in storage if it still needs the snapshot (in the tree, its
+        history on the host, no snapshot gained meanwhile), else ``None``.
+    """
+    for node, ok in zip(reversed(nodes), reversed(list(present))):
+        if ok:
+            needs = not node.dead and node._host is not None and not node._state_host and not node._state_device
+            return node if needs else None
+    return None

@@ -29,7 +29,7 @@ class StoreJob:
         ops: the `StorageOp` of each pool (lookup: ``"history"`` and ``"state"``).
         owner: the tree's record this job belongs to.
         results: each op's `IOResult` once polled.
-        pins: host pages a write pinned, per own-indexed pool (`HostPins`).
+        pins: host pages a read or write pinned until it is done, per own-indexed pool (`HostPins`).
     """
 
     kind: str

@@ -11,6 +11,8 @@ prefetch's lock, taken when it starts:
     make_host_room    a lookup found pages to read      host leaves (then snapshots) evicted
     land              a read finished                   a host-only node (split of the node
                                                         it starts inside), its snapshot
+    land_snapshot     a snapshot read alone finished    the host snapshot of a node whose
+                                                        history the tree holds
     mark_written      a write finished                  ``stored`` / ``state_stored``
 
 Nothing else of the tree is the storage side's to change: a prefetch that lands while
@@ -26,7 +28,7 @@ import torch
 
 from hicache.radix.evict import Evictor
 from hicache.radix.index import RadixIndex
-from hicache.radix.node import TreeNode, lock, unlock
+from hicache.radix.node import EMPTY_SLOTS, TreeNode, lock, unlock
 from hicache.radix.tiers import SlotLedger
 
 
@@ -88,6 +90,25 @@ class StorageEdits:
             node.state_stored = True
         self.index.touch([node])
         return end - covered
+
+    def land_snapshot(self, node: TreeNode, snap: dict[str, torch.Tensor]) -> bool:
+        """``node`` (history on host, no snapshot on any tier) takes ``snap`` read from
+        storage as its host snapshot; one that no longer needs it (deleted, history gone
+        from the host, a snapshot gained meanwhile) frees it instead.
+
+        Returns:
+            Whether ``node`` took it.
+        """
+        host_tier = self.ledger.host
+        if node.dead or node._host is None or node._state_host is not None or node._state_device is not None:
+            for name, slots in snap.items():
+                host_tier.free(name, slots)
+            return False
+        self.ctrl.mark_host_written(EMPTY_SLOTS, snap)
+        self.ledger.give_snapshot(host_tier, node, snap)
+        node.state_stored = True
+        self.index.touch([node])
+        return True
 
     def _drop_landed(self, host: torch.Tensor, snap: dict | None, end_node: TreeNode | None) -> None:
         """Free pages that landed where the tree needs none; a snapshot may still serve ``end_node``."""

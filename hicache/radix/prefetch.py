@@ -24,6 +24,13 @@ boundary (or, with fewer host slots, the deepest one that fits). History read wi
 snapshot is still published (a later snapshot makes it usable), but adds nothing to the
 match now.
 
+History the tree holds past its match end without a snapshot (snapshots are evicted on
+their own; the host keeps fewer of them than pages) is made usable too: the lookup also
+asks for the snapshots of those node boundaries and, when nothing past the tree is
+usable, reads the deepest stored one alone (``SNAPSHOT``); the match then ends there.
+Otherwise a larger host, keeping more history, would serve fewer hits than a smaller one
+whose evicted history comes back from storage with its snapshot.
+
 A stack without history data pools (a DeepSeek-V4 stack of sliding-window layers only)
 stores only snapshots: every page of the prompt is "found" (its history holds no data)
 and the lookup and the read are the snapshots'.
@@ -45,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 import numpy as np
 import torch
 
+from hicache.radix.hybrid import deepest_needed, snapshotless_tail
 from hicache.radix.landing import StorageEdits
 from hicache.radix.node import EMPTY_SLOTS, TreeNode
 
@@ -52,11 +60,19 @@ if TYPE_CHECKING:
     from hicache.radix.store import TierStore
 
 
+def _pages_read(job: Any, pool: str) -> int:
+    """Leading pages a read job's operation of ``pool`` has read: all, once it has a result;
+    before that (a deadline), those its finished chunks read."""
+    res = job.results.get(pool)
+    return res.hit_pages if res is not None else job.ops[pool].progress()
+
+
 class PrefetchOutcome(enum.Enum):
     """How a prefetch ended."""
 
     COMPLETE = "complete"  # every page the lookup found was read (and its snapshot)
     NOT_FOUND = "not found"  # nothing usable in storage past the tree
+    SNAPSHOT = "snapshot"  # nothing past the tree; a snapshot of history the tree holds was read
     HOST_SHORT = "host short"  # fewer host slots than pages found: read what fitted
     TIMEOUT = "timeout"  # the policy's deadline stopped it
     STOPPED = "stopped"  # stop_prefetch (the scheduler took the request)
@@ -73,6 +89,8 @@ class PrefetchResult(NamedTuple):
         added_tokens: of those, tokens the tree gained as host copies (fewer when the tree
             grew meanwhile). On a hybrid stack they extend a match only with the snapshot
             at their end, which ``COMPLETE`` and ``HOST_SHORT`` (alone) promise.
+    ``SNAPSHOT`` reads no token past the tree (all three are 0): the match now ends at the
+    boundary whose snapshot it read.
     """
 
     outcome: PrefetchOutcome
@@ -112,6 +130,8 @@ class Prefetch:
     _host: torch.Tensor = EMPTY_SLOTS
     _snap: dict | None = None
     _stop: PrefetchOutcome | None = None
+    _held: tuple = ()  # hybrid: nodes past the match end with history in the tree, no snapshot
+    _target: TreeNode | None = None  # the one of them whose snapshot is being read
 
     @property
     def done(self) -> bool:
@@ -142,12 +162,14 @@ class Prefetches:
         self.active: set[Prefetch] = set()
 
     def start(self, key: np.ndarray, may_start: Callable[[TreeNode], bool]) -> Prefetch | None:
-        """Start reading the part of ``key`` (whole pages) past the tree; ``None`` when nothing
-        is past it or ``may_start(node)`` refuses the node where the tree's coverage ends."""
+        """Start reading the part of ``key`` (whole pages) past the tree (hybrid: and the
+        snapshots of its boundaries the tree holds without one); ``None`` when there is
+        neither or ``may_start(node)`` refuses the node where the tree's coverage ends."""
         path, partial = self.edits.walk(key)
         lock = partial[0] if partial is not None else (path[-1] if path else self.edits.root)
         start = (path[-1].end if path else 0) + (partial[1] if partial is not None else 0)
-        if start >= key.size:
+        held = snapshotless_tail(path) if self.hybrid else ()
+        if start >= key.size and not held:
             return None
         if not may_start(lock):
             self.counters["prefetch_skipped"] += 1
@@ -156,11 +178,11 @@ class Prefetches:
         if start:
             node, taken = (partial[0], partial[1]) if partial is not None else (path[-1], path[-1].num_tokens)
             prior = self.hashes_of(node)[taken // self.page_size - 1]
-        hashes = self.store.page_hashes(key[start:], prior)
+        hashes = self.store.page_hashes(key[start:], prior) if start < key.size else []
         deadline = time.monotonic() + self.store.prefetch_timeout_s if self.store.prefetch_policy == "timeout" else None
-        p = Prefetch(start, key.copy(), lock, hashes, deadline)  # the caller's array may change later
-        self.edits.lock(lock)
-        p._job = self.store.lookup(hashes, self.hybrid, p)
+        p = Prefetch(start, key.copy(), lock, hashes, deadline, _held=held)  # the caller's array may change later
+        self.edits.lock(lock)  # the held nodes are its ancestors: they stay in the tree meanwhile
+        p._job = self.store.lookup(hashes, self.hybrid, p, [self.hashes_of(n)[-1] for n in held])
         self.active.add(p)
         self.counters["prefetches"] += 1
         return p
@@ -172,13 +194,26 @@ class Prefetches:
             p._job.cancel()
 
     def check_deadlines(self) -> None:
+        """End every prefetch past its deadline now, whatever its I/O is doing (`expire`)."""
         now = time.monotonic()
-        for p in self.active:
-            if p._deadline is not None and now >= p._deadline:
-                self.stop(p, PrefetchOutcome.TIMEOUT)
+        for p in [p for p in self.active if p._deadline is not None and now >= p._deadline]:
+            self.expire(p)
+
+    def expire(self, p: Prefetch) -> None:
+        """``p``'s deadline passed: it ends now, with the pages its reads finished (a lookup
+        still running: with nothing). A chunk stuck in the store keeps its host pages,
+        pinned by its job, until it returns; its late result is dropped (`advance`)."""
+        self.stop(p, PrefetchOutcome.TIMEOUT)  # chunks not started yet never start
+        if p.state is PrefetchState.LOOKUP:
+            self._finish(p, PrefetchOutcome.TIMEOUT, 0, 0)
+        elif p.state is PrefetchState.READING:
+            self._publish(p)
 
     def advance(self, p: Prefetch) -> None:
-        """The job of ``p`` finished: read what was found, or publish what was read."""
+        """The job of ``p`` finished: read what was found, or publish what was read (nothing
+        for a prefetch that ended at its deadline: its job ends late)."""
+        if p.state is PrefetchState.DONE:
+            return
         if p.state is PrefetchState.LOOKUP:
             self._start_reading(p)
         else:
@@ -190,6 +225,10 @@ class Prefetches:
         present = res["state"].ok if "state" in res else ()
         p._bounds = tuple(i + 1 for i, ok in enumerate(present) if ok and i < run)
         p._found = self._usable_pages(p, run)
+        if p._stop is None and not p._found and p._held:
+            target = deepest_needed(p._held, res["held"].ok if "held" in res else ())
+            if target is not None:
+                return self._read_snapshot(p, target)
         if p._stop is not None or not p._found:
             return self._finish(p, p._stop or PrefetchOutcome.NOT_FOUND, 0, 0)
         ps = self.page_size
@@ -204,6 +243,16 @@ class Prefetches:
         p._host, p._snap, p.state = host, snap, PrefetchState.READING
         timeout_s = None if p._deadline is None else max(0.0, p._deadline - time.monotonic())
         p._job = self.store.read(p._hashes[:pages], host, snap, timeout_s, p)
+
+    def _read_snapshot(self, p: Prefetch, node: TreeNode) -> None:
+        """Read the stored snapshot of ``node``'s boundary alone into host slots."""
+        self.edits.make_host_room(0, True)
+        snap = self._alloc_snapshot()
+        if snap is None:
+            return self._finish(p, PrefetchOutcome.HOST_SHORT, 0, 0)
+        p._snap, p._target, p.state = snap, node, PrefetchState.READING
+        timeout_s = None if p._deadline is None else max(0.0, p._deadline - time.monotonic())
+        p._job = self.store.read_snapshot(self.hashes_of(node)[-1], snap, timeout_s, p)
 
     def _usable_pages(self, p: Prefetch, run: int) -> int:
         """Pages of a leading run of ``run`` a match can use (hybrid: to the deepest snapshot)."""
@@ -223,10 +272,12 @@ class Prefetches:
         return snap
 
     def _publish(self, p: Prefetch) -> None:
-        res, ps = p._job.results, self.page_size
+        ps = self.page_size
+        if p._target is not None:
+            return self._publish_snapshot(p, all(_pages_read(p._job, name) for name in self.store.state))
         wanted = p._host.numel() // ps
-        read = min((res[name].hit_pages for name in self.store.history), default=wanted)
-        snap_ok = p._snap is not None and all(res[name].ok[0] for name in self.store.state)
+        read = min((_pages_read(p._job, name) for name in self.store.history), default=wanted)
+        snap_ok = p._snap is not None and all(_pages_read(p._job, name) for name in self.store.state)
         snap = p._snap if snap_ok and read == wanted else None
         if snap is None and p._snap is not None:
             for name, slots in p._snap.items():
@@ -243,8 +294,18 @@ class Prefetches:
             outcome = PrefetchOutcome.HOST_SHORT if wanted < p._found else PrefetchOutcome.COMPLETE
         self._finish(p, outcome, read * ps, added)
 
+    def _publish_snapshot(self, p: Prefetch, ok: bool) -> None:
+        """A snapshot read alone finished: the held node takes it (if it still needs one)."""
+        if not ok:
+            for name, slots in p._snap.items():
+                self.store.free_host(name, slots)
+            return self._finish(p, p._stop or PrefetchOutcome.READ_FAILED, 0, 0)
+        landed = self.edits.land_snapshot(p._target, p._snap)
+        self._finish(p, PrefetchOutcome.SNAPSHOT if landed else PrefetchOutcome.NOT_FOUND, 0, 0)
+
     def _finish(self, p: Prefetch, outcome: PrefetchOutcome, read: int, added: int) -> None:
         p.state, p._job, p._host, p._snap = PrefetchState.DONE, None, EMPTY_SLOTS, None
+        p._held, p._target = (), None
         p.result = PrefetchResult(outcome, p._found * self.page_size, read, added)
         self.active.discard(p)
         self.edits.unlock(p._lock)

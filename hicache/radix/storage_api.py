@@ -38,7 +38,8 @@ class StorageAPI:
 
         Returns:
             A `Prefetch` to poll (`poll` advances it; ``done`` then ``result``), or ``None``:
-            no storage tier or host tier, or nothing past the tree.
+            no storage tier or host tier, or nothing past the tree (hybrid: and no
+            boundary of the prompt's history in the tree without a snapshot).
         Raises:
             TypeError / ValueError: token ids that are not a 1-D integer sequence within int64.
         """

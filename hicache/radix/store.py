@@ -115,19 +115,23 @@ class TierStore:
         return [page_view(host, int(r), rows) for r in first_rows]
 
     # ---- jobs ---------------------------------------------------------------------------
-    def lookup(self, hashes: Sequence[str], snapshots: bool, owner: Any) -> StoreJob:
+    def lookup(self, hashes: Sequence[str], snapshots: bool, owner: Any, held: Sequence[str] = ()) -> StoreJob:
         """Leading run of ``hashes`` present (first history pool; a stack without history
         data pools has no ``"history"`` result: every page is there), and with
-        ``snapshots`` which boundaries have one (first state pool).
+        ``snapshots`` which boundaries have one (first state pool). ``held``: more snapshot
+        keys, each checked on its own (``"held"`` result: boundaries whose history the
+        tree holds without a snapshot). Empty ``hashes`` look up ``held`` alone.
 
         Raises:
             ValueError: nothing to look up (no history data pool, and no snapshots asked).
         """
         ops = {}
-        if self.history:
+        if self.history and hashes:
             ops["history"] = self.io.query(self.backends[self.history[0]], hashes, channel=self._results)
-        if snapshots and self.state:
+        if snapshots and self.state and hashes:
             ops["state"] = self.io.presence(self.backends[self.state[0]], hashes, channel=self._results)
+        if held and self.state:
+            ops["held"] = self.io.presence(self.backends[self.state[0]], held, channel=self._results)
         if not ops:
             raise ValueError("snapshots: a stack without history data pools is looked up by its snapshots")
         return self._track(StoreJob(LOOKUP, ops, owner))
@@ -136,7 +140,9 @@ class TierStore:
              timeout_s: float | None, owner: Any) -> StoreJob:
         """Read the pages of ``hashes`` into ``anchor_slots`` (every history pool) and, if
         given, the snapshot at the last page's boundary into its host slots (state pools
-        first: they are few and a deadline should not cost the whole hit)."""
+        first: they are few and a deadline should not cost the whole hit). Their host pages
+        stay pinned until the job is done: a prefetch that ends at its deadline frees the
+        pages of a read still running, and they must not be handed out before it ends."""
         ops = {}
         for name in self.state if snapshot else ():
             root = self.stack.root_of(name).name
@@ -145,7 +151,28 @@ class TierStore:
         for name in self.history:
             ops[name] = self.io.prefetch(self.backends[name], hashes, self.objects(name, anchor_slots),
                                          timeout_s=timeout_s, channel=self._results)
-        return self._track(StoreJob(READ, ops, owner))
+        job = StoreJob(READ, ops, owner)
+        self._pin(job, {self.stack.anchor.name: anchor_slots} if self.history else {})
+        self._pin(job, snapshot or {})
+        return self._track(job)
+
+    def _pin(self, job: StoreJob, slots: Mapping[str, torch.Tensor]) -> None:
+        """Pin the host pages of ``slots`` (per own-indexed pool) until ``job`` is done."""
+        for root, s in slots.items():
+            job.pins[root] = self.pins.pin(root, s)
+
+    def read_snapshot(self, key: str, snapshot: dict[str, torch.Tensor], timeout_s: float | None,
+                      owner: Any) -> StoreJob:
+        """Read the snapshot stored under ``key`` (a boundary's page hash) into its host
+        slots, every state pool; no history page moves."""
+        ops = {}
+        for name in self.state:
+            root = self.stack.root_of(name).name
+            ops[name] = self.io.prefetch(self.backends[name], [key], self.objects(name, snapshot[root]),
+                                         timeout_s=timeout_s, channel=self._results)
+        job = StoreJob(READ, ops, owner)
+        self._pin(job, snapshot)  # a read past its prefetch's deadline still writes them
+        return self._track(job)
 
     def write(self, hashes: Sequence[str], anchor_slots: torch.Tensor, snap_hashes: Sequence[str],
               snap_slots: dict[str, torch.Tensor], owner: Any) -> StoreJob:
@@ -164,10 +191,8 @@ class TierStore:
         if not ops:
             raise ValueError("hashes, snap_hashes: nothing to write (no page of a history data pool, no snapshot)")
         job = StoreJob(WRITE, ops, owner)
-        if hashes and self.history:
-            job.pins[self.stack.anchor.name] = self.pins.pin(self.stack.anchor.name, anchor_slots)
-        for root, slots in snap_slots.items() if snap_hashes else ():
-            job.pins[root] = self.pins.pin(root, slots)
+        self._pin(job, {self.stack.anchor.name: anchor_slots} if hashes and self.history else {})
+        self._pin(job, snap_slots if snap_hashes else {})
         return self._track(job)
 
     def _track(self, job: StoreJob) -> StoreJob:

@@ -3,13 +3,16 @@
 Importing this module imports no torch (``hicache --help`` stays fast); the run imports
 `hicache.reference.verify`.
 
-Exit status: 0 every request within tolerance, 1 a mismatch (a wrong restore, or the
-``--fault`` negative control caught), 2 a bad flag or a fault that found no load to corrupt.
+Exit status: 0 every request within tolerance and some prefix restored from host or storage,
+1 a mismatch (a wrong restore, or the ``--fault`` negative control caught) or a run that
+restored nothing (no restore was checked; ``--allow-device-only`` accepts it), 2 a bad flag
+or a fault that found no load to corrupt.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from hicache.config import IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES
 from hicache.reference.options import (HOST_DTYPES, KV_DTYPES, MAX_KL_TOLERANCE, MEAN_KL_TOLERANCE, TOLERANCE,
@@ -24,10 +27,11 @@ def add_verify_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     d = VerifyOptions()
     p.description = ("A tiny random-weight paged model (DeepSeek-V4 or GQA) served multi-turn through the "
                      "radix tree, controller, host pools and storage; every request's logits are compared "
-                     f"with an uninterrupted recompute. Exit 0: all within {TOLERANCE:g} and greedy tokens "
-                     "identical (a bf16 kv pool, e.g. with --hicache-host-dtype int8: mean KL <= "
-                     f"{MEAN_KL_TOLERANCE:g} and top-1 agreement >= {TOP1_TOLERANCE:g} over requests restored "
-                     f"from host/storage, every request's max KL <= {MAX_KL_TOLERANCE:g}); 1: a mismatch; "
+                     f"with an uninterrupted recompute. Exit 0: all within {TOLERANCE:g}, greedy tokens "
+                     "identical and some prefix restored from host or storage (a bf16 kv pool, e.g. with "
+                     f"--hicache-host-dtype int8: mean KL <= {MEAN_KL_TOLERANCE:g} and top-1 agreement >= "
+                     f"{TOP1_TOLERANCE:g} over requests restored from host/storage, every request's max KL <= "
+                     f"{MAX_KL_TOLERANCE:g}); 1: a mismatch, or nothing restored (see --allow-device-only); "
                      "2: a bad flag.")
     p.add_argument("--arch", default=d.arch, help="deepseek-v4 (default) or mha")
     p.add_argument("--layers", type=int, default=d.layers, help="decoder layers (default 4: SWA, CSA, HCA, CSA)")
@@ -46,12 +50,15 @@ def add_verify_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--hicache-storage-dir", dest="storage_dir", default=d.storage_dir,
                    help="directory of the file store (default: a temporary one, removed at exit)")
     p.add_argument("--device", default=d.device, help="cpu (default) or cuda[:N]")
-    p.add_argument("--io-backend", dest="io_backend", default=d.io_backend, choices=IO_BACKENDS,
-                   help="transfer backend (default auto)")
+    p.add_argument("--hicache-io-backend", "--io-backend", dest="io_backend", default=d.io_backend,
+                   choices=IO_BACKENDS, help="transfer backend (default auto; --io-backend is an alias)")
     p.add_argument("--hicache-write-policy", dest="write_policy", default=d.write_policy, choices=WRITE_POLICIES,
                    help="device -> host backups (default %(default)s)")
     p.add_argument("--hicache-mem-layout", dest="mem_layout", default=d.mem_layout, choices=MEM_LAYOUTS,
                    help="host pool layout (default %(default)s)")
+    p.add_argument("--kv-format", dest="kv_format", default=d.kv_format,
+                   help="deepseek-v4 pool rows: fp32 (default) or fp8_ds_mla (the real model's fp8 rows "
+                        "with their scales; the model then computes in float64)")
     p.add_argument("--hicache-host-dtype", dest="host_dtype", default=d.host_dtype, choices=HOST_DTYPES,
                    help="host tier format: auto (the device dtype, byte-exact; default) or int8 (int8 rows + "
                         "an fp32 scale per token and head; judged by KL and top-1 agreement, see above)")
@@ -60,6 +67,9 @@ def add_verify_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "float32; default), float32 or bfloat16 (judged by KL and top-1 agreement)")
     p.add_argument("--fault", default=None, metavar="POOL",
                    help="negative control: corrupt what loads bring back for POOL; the run must fail")
+    p.add_argument("--allow-device-only", action="store_true",
+                   help="accept a run in which no prefix came back from host or storage (default: exit 1, "
+                        "nothing was restored, so nothing was checked)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -87,18 +97,33 @@ def run_verify_model(args: argparse.Namespace) -> int:
     if opts.fault and not report.fault_rows:
         raise ValueError(f"--fault {opts.fault}: no load brought that pool back, nothing was corrupted "
                          "(use more --conversations or a smaller --hicache-ratio)")
+    unrestored = _nothing_restored(report, args)
     if args.json:
-        print(json.dumps(report.as_json()))
+        print(json.dumps(report.as_json() | {"nothing_restored": unrestored is not None}))
     else:
-        print(_human(report, opts))
+        print(_human(report, opts, unrestored is not None))
+    if unrestored:
+        print(unrestored, file=sys.stderr)
+        return 1
     return 0 if report.ok else 1
 
 
-def _human(r, opts) -> str:
+def _nothing_restored(report, args: argparse.Namespace) -> str | None:
+    """The line that fails a run no restore was checked in (no host or storage hit), or None."""
+    t = report.tokens_from
+    if t["host"] + t["storage"] > 0 or args.allow_device_only:
+        return None
+    return ("hicache verify-model: NOTHING RESTORED: no prefix came back from host or storage (host 0, "
+            "storage 0 tokens), so no restore was checked; use a smaller --device-tokens or more "
+            "--conversations, or pass --allow-device-only for a device-only run")
+
+
+def _human(r, opts, unrestored: bool = False) -> str:
     t = r.tokens_from
     storage = "no storage" if opts.storage_backend == "none" else f"storage {opts.storage_backend}"
     lines = [
-        f"hicache verify-model: {r.arch}, {opts.layers} layers, seed {opts.seed}: {r.requests} requests "
+        f"hicache verify-model: {r.arch}{'' if opts.kv_format == 'fp32' else ' ' + opts.kv_format}, "
+        f"{opts.layers} layers, seed {opts.seed}: {r.requests} requests "
         f"({opts.conversations} conversations x {opts.turns} turns), {opts.write_policy}, {opts.mem_layout}, "
         f"{storage}, device {opts.device}, io {opts.io_backend}",
         f"  prompt tokens from device {t['device']}, host {t['host']}, storage {t['storage']}, "
@@ -120,5 +145,7 @@ def _human(r, opts) -> str:
     if r.fault:
         lines.append(f"  fault: {r.fault_rows} rows of {r.fault} corrupted on loads (negative control)")
     verdict = "OK" if r.ok else f"MISMATCH in {r.mismatched_requests} of {r.requests} requests"
+    if unrestored:
+        verdict = f"NOTHING RESTORED ({'logits within tolerance' if r.ok else verdict}, but no restore checked)"
     lines.append(f"  {verdict} ({r.seconds:.1f} s)")
     return "\n".join(lines)

@@ -61,8 +61,12 @@ def compress(w: W, c: Compressor, seq: PagedSeq, layer: int, x: torch.Tensor, ro
     first, last = start // r, end // r
     if c.ring is not None:  # the ring holds [base, start): Ca of the last window + the partial one
         base = max(0, (first - 1) * r)
-        old = seq.read_ring(c.ring, layer, base, start)
-        seq.write_ring(c.ring, layer, start, torch.cat([kv, gate], dim=-1))
+        old = seq.read_ring(c.ring, layer, base, start).to(x.dtype)
+        # the chunk's own tokens as the ring holds them (fp32 under a float64 model): the same
+        # values whether a later window reads them from this chunk or from the ring
+        new = seq.round_trip(c.ring, torch.cat([kv, gate], dim=-1))
+        seq.write_ring(c.ring, layer, start, new)
+        kv, gate = new.split(kv.shape[-1], dim=-1)
         old_kv, old_gate = old.split(kv.shape[-1], dim=-1)
     else:
         base = first * r
@@ -74,7 +78,7 @@ def compress(w: W, c: Compressor, seq: PagedSeq, layer: int, x: torch.Tensor, ro
         windows = torch.arange(first, last, device=x.device)
         entries = _pool(w, c, all_kv, all_gate, windows, base)
         entries = rms_norm(entries, w[f"{c.prefix}.kv_norm.weight"], eps)
-        entries = rope_interleaved(entries, *rope_cos_sin(windows * r, rope.dim, rope.theta))
+        entries = rope_interleaved(entries, *rope_cos_sin(windows * r, rope.dim, rope.theta, x.dtype))
         seq.write_entries(c.pool, layer, first, entries)
     return last
 
@@ -127,9 +131,9 @@ def index_bias(w: W, p: str, seq: PagedSeq, layer: int, x: torch.Tensor, q_res: 
     count = compress(w, Compressor(p, ratio, dim, "c4_indexer", "c4_indexer_state"), seq, layer, x, rope, eps)
     n = x.shape[0]
     pos = torch.arange(seq.length, seq.length + n, device=x.device)
-    keys = seq.read_entries("c4_indexer", layer, count)
+    keys = seq.read_entries("c4_indexer", layer, count).to(x.dtype)
     q = (q_res @ w[f"{p}.q_b_proj.weight"].T).view(n, heads, dim)
-    q = rope_interleaved(q, *rope_cos_sin(pos, rope.dim, rope.theta))
+    q = rope_interleaved(q, *rope_cos_sin(pos, rope.dim, rope.theta, x.dtype))
     scores = F.relu(torch.einsum("nhd,ed->nhe", q, keys)) * dim ** -0.5
     weights = (x @ w[f"{p}.scorer.weights_proj.weight"].T) * heads ** -0.5
     scores = (scores * weights.unsqueeze(-1)).sum(dim=1)

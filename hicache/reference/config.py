@@ -13,20 +13,27 @@ page 32 : HCA ratio 16 = 2, as 256 : 128 (a page boundary never cuts an HCA wind
 HCA compressor's partial window is empty there and is not offloaded: the running request
 keeps it in request-local scratch), while the CSA ratio 4 overlaps windows, so its
 compressor state (``c4_state``, ``c4_indexer_state``) is needed at every page boundary.
+
+``kv_format`` picks the rows of DeepSeek-V4's history and window pools: ``fp32`` (typed rows,
+the default) or ``fp8_ds_mla``, the real model's byte rows (fp8 NoPE with UE8M0 tile scales,
+bf16 RoPE, fp8 indexer keys with fp32 scales; `hicache.reference.fp8_ds_mla`), scaled to the
+toy's dims. The compressor state rings stay fp32 in both.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from host_pools.spec import Stack
+from hicache.reference import fp8_ds_mla
 from hicache.models.deepseek_v4 import V4Geometry, deepseek_v4, geometry_for_dims
 from hicache.models.dense import mha
 
 ARCHS = ("deepseek-v4", "mha")
 KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # the MHA toy's kv pool (--kv-dtype)
 KV_DTYPE_NAMES = {v: k for k, v in KV_DTYPES.items()}
+KV_FORMATS = ("fp32", "fp8_ds_mla")  # DeepSeek-V4's pool rows
 
 
 def _check_positive(obj: object, names: tuple[str, ...]) -> None:
@@ -54,6 +61,8 @@ class Dsv4Config:
             (the first ``num_hash_layers`` route by a token-id table).
         hc_mult / hc_sinkhorn_iters: hyper-connection streams and Sinkhorn iterations.
         seed: the weights' seed.
+        kv_format: ``fp32`` or ``fp8_ds_mla`` (`KV_FORMATS`); fp8_tile: NoPE channels per
+            UE8M0 scale in ``fp8_ds_mla`` (the real model's 64 of 448; here 16 of 48).
     """
 
     num_layers: int = 4
@@ -85,6 +94,8 @@ class Dsv4Config:
     swiglu_limit: float = 10.0
     routed_scaling: float = 1.5
     seed: int = 0
+    kv_format: str = "fp32"
+    fp8_tile: int = 16
 
     arch = "deepseek-v4"
 
@@ -99,6 +110,8 @@ class Dsv4Config:
             raise ValueError(f"Dsv4Config.o_groups: must divide num_heads * head_dim, got {self.o_groups}")
         if self.experts_per_token > self.num_experts:
             raise ValueError(f"Dsv4Config.experts_per_token: must be <= num_experts={self.num_experts}")
+        if self.kv_format not in KV_FORMATS:
+            raise ValueError(f"kv_format (--kv-format): must be one of {', '.join(KV_FORMATS)}, got {self.kv_format!r}")
         self.geometry()  # page / window / ratio checks
 
     @property
@@ -112,12 +125,27 @@ class Dsv4Config:
         """The model identity (storage namespaces): arch, dims and seed."""
         return (f"hicache-reference/deepseek-v4-L{self.num_layers}-h{self.hidden_size}-d{self.head_dim}"
                 f"-w{self.window}-p{self.page_size}-r{self.c4_ratio}x{self.hca_ratio}-k{self.index_topk}"
-                f"-v{self.vocab_size}-seed{self.seed}")
+                f"-v{self.vocab_size}-seed{self.seed}"
+                + ("" if self.kv_format == "fp32" else f"-{self.kv_format}-t{self.fp8_tile}"))
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The model's math: fp32, or float64 with fp8 pools. Quantizing turns a last-bit
+        difference (a chunk computed in one matmul or in several) into a whole fp8 / bf16 step;
+        in float64 a token's values round to the same fp32 whatever the chunking, so its fp8
+        bytes are the same in a served request and in its recompute."""
+        return torch.float32 if self.kv_format == "fp32" else torch.float64
 
     def geometry(self) -> V4Geometry:
-        """The stack's geometry: page, window, ratios and fp32 rows shaped by the head dims."""
-        return geometry_for_dims(self.page_size, self.window, self.c4_ratio, self.hca_ratio, self.head_dim,
-                                 self.index_head_dim, torch.float32)
+        """The stack's geometry: page, window, ratios and rows shaped by the head dims (fp32, or
+        ``fp8_ds_mla`` byte rows for swa and the history pools)."""
+        g = geometry_for_dims(self.page_size, self.window, self.c4_ratio, self.hca_ratio, self.head_dim,
+                              self.index_head_dim, torch.float32)
+        if self.kv_format == "fp32":
+            return g
+        rows = {name: replace(getattr(g, name), row_shape=(lay.row_bytes,), dtype=torch.uint8)
+                for name, lay in fp8_ds_mla.layouts(self).items()}
+        return replace(g, **rows)
 
     def stack(self) -> Stack:
         """The hicache stack whose pools this model reads and writes."""
@@ -176,14 +204,18 @@ class MhaConfig:
 ToyConfig = Dsv4Config | MhaConfig
 
 
-def toy_config(arch: str, num_layers: int, seed: int, kv_dtype: str = "float32") -> ToyConfig:
-    """The default config of ``arch`` with ``num_layers`` layers and weights from ``seed``.
+def toy_config(arch: str, num_layers: int, seed: int, kv_format: str = "fp32",
+               kv_dtype: str = "float32") -> ToyConfig:
+    """The default config of ``arch`` with ``num_layers`` layers, weights from ``seed`` and
+    (DeepSeek-V4) pool rows in ``kv_format`` / (MHA) a ``kv`` pool of ``kv_dtype``.
 
     Args:
+        kv_format: DeepSeek-V4's pool rows, one of `KV_FORMATS` (mha: fp32 only).
         kv_dtype: the MHA toy's ``kv`` pool dtype, a key of `KV_DTYPES` (DeepSeek-V4: float32 only).
     Raises:
-        ValueError: unknown ``arch`` or ``kv_dtype`` (naming the allowed ones), ``num_layers`` < 1
-            or ``seed`` < 0.
+        ValueError: unknown ``arch``, ``kv_format`` or ``kv_dtype`` (naming the allowed ones), a
+            ``kv_format`` other than fp32 for mha or a ``kv_dtype`` other than float32 for
+            deepseek-v4, ``num_layers`` < 1 or ``seed`` < 0.
     """
     if arch not in ARCHS:
         raise ValueError(f"arch (--arch): must be one of {', '.join(ARCHS)}, got {arch!r}")
@@ -195,6 +227,10 @@ def toy_config(arch: str, num_layers: int, seed: int, kv_dtype: str = "float32")
         raise ValueError(f"kv_dtype (--kv-dtype): must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
     if arch == "deepseek-v4":
         if kv_dtype != "float32":
-            raise ValueError(f"kv_dtype (--kv-dtype): {kv_dtype} is for --arch mha; deepseek-v4's pools are float32")
-        return Dsv4Config(num_layers=num_layers, seed=seed)
+            raise ValueError(f"kv_dtype (--kv-dtype): {kv_dtype} is for --arch mha; deepseek-v4's pools are "
+                             "set by --kv-format")
+        return Dsv4Config(num_layers=num_layers, seed=seed, kv_format=kv_format)
+    if kv_format != "fp32":
+        raise ValueError(f"kv_format (--kv-format): {kv_format!r} is a DeepSeek-V4 format; the mha model "
+                         "takes fp32 only (its kv pool's dtype: --kv-dtype)")
     return MhaConfig(num_layers=num_layers, seed=seed, kv_dtype=KV_DTYPES[kv_dtype])

@@ -13,6 +13,11 @@ The rest is transformers' DeepSeek-V4 as is: low-rank query with per-head RMS no
 partial interleaved RoPE (main base for SWA-only layers, the compress base elsewhere),
 sink attention, the conjugate rotation of the output, the grouped output projection,
 hyper-connections around attention and MoE, and the hyper head.
+
+With ``kv_format="fp8_ds_mla"`` the swa ring and the c4_kv / c4_indexer / c128_kv entries are
+the real model's fp8 byte rows (`hicache.reference.fp8_ds_mla`): writes quantize, reads
+dequantize, and the chunk's own window keys are attended as a read would return them, so a
+token's keys are the same whether it came from the pool or from the chunk being computed.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import math
 
 import torch
 
+from hicache.reference import fp8_ds_mla
 from hicache.reference.compressor import Compressor, Rope, TopkStats, compress, index_bias
 from hicache.reference.config import Dsv4Config
 from hicache.reference.ops import (hyper_connection, hyper_head, hyper_mix, moe, rms_norm, rope_cos_sin,
@@ -29,17 +35,23 @@ from hicache.reference.weights import dsv4_weights
 
 
 class Dsv4Model(PagedModel):
-    """The reference DeepSeek-V4 (fp32, random weights from ``cfg.seed``), on ``device``.
+    """The reference DeepSeek-V4 (random weights from ``cfg.seed``), on ``device``, computing in
+    ``dtype`` (default ``cfg.compute_dtype``: fp32, float64 with fp8 pools).
 
     Attributes:
         topk: statistics of the indexer's selections since construction (`TopkStats`).
+        codecs: the fp8 pools' codecs (``kv_format="fp8_ds_mla"``), else none.
     """
 
-    def __init__(self, cfg: Dsv4Config, device: str | torch.device = "cpu") -> None:
+    def __init__(self, cfg: Dsv4Config, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+                 ) -> None:
         self.cfg, self.device = cfg, torch.device(device)
-        self.w = {k: v.to(self.device) for k, v in dsv4_weights(cfg).items()}
+        self.dtype = cfg.compute_dtype if dtype is None else dtype
+        self.w = {k: v.to(self.device, self.dtype if v.is_floating_point() else v.dtype)
+                  for k, v in dsv4_weights(cfg).items()}
         self.compress_rope = Rope(cfg.rope_dim, cfg.compress_rope_theta)
         self.topk = TopkStats()
+        self.codecs = fp8_ds_mla.codecs(cfg) if cfg.kv_format == "fp8_ds_mla" else {}
 
     def _logits(self, seq: PagedSeq, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         cfg, w = self.cfg, self.w
@@ -65,7 +77,7 @@ class Dsv4Model(PagedModel):
         cfg, w, p = self.cfg, self.w, f"model.layers.{layer}.self_attn"
         n, hd = x.shape[0], cfg.head_dim
         theta = cfg.rope_theta if ratio == 0 else cfg.compress_rope_theta
-        cos, sin = rope_cos_sin(pos, cfg.rope_dim, theta)
+        cos, sin = rope_cos_sin(pos, cfg.rope_dim, theta, self.dtype)
         q_res = rms_norm(x @ w[f"{p}.q_a_proj.weight"].T, w[f"{p}.q_a_norm.weight"], cfg.rms_eps)
         q = rms_norm((q_res @ w[f"{p}.q_b_proj.weight"].T).view(n, cfg.num_heads, hd), None, cfg.rms_eps)
         q = rope_interleaved(q, cos, sin)
@@ -84,10 +96,10 @@ class Dsv4Model(PagedModel):
     def _window(self, seq: PagedSeq, layer: int, kv: torch.Tensor, pos: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys of the sliding window (the ring's last ``window - 1`` tokens, then the chunk's)
-        and their mask; the chunk's K=V goes into the ring."""
+        and their mask; the chunk's K=V goes into the ring (and is attended as read back)."""
         start = seq.length
         first = max(0, start - self.cfg.window + 1)
-        keys = torch.cat([seq.read_ring("swa", layer, first, start), kv])
+        keys = torch.cat([seq.read_ring("swa", layer, first, start).to(kv.dtype), seq.round_trip("swa", kv)])
         seq.write_ring("swa", layer, start, kv)
         key_pos = torch.arange(first, start + kv.shape[0], device=kv.device)
         seen = (key_pos[None, :] <= pos[:, None]) & (key_pos[None, :] > pos[:, None] - self.cfg.window)
@@ -100,7 +112,7 @@ class Dsv4Model(PagedModel):
         csa = ratio == cfg.c4_ratio
         c = Compressor(p, ratio, cfg.head_dim, "c4_kv" if csa else "c128_kv", "c4_state" if csa else None)
         count = compress(self.w, c, seq, layer, x, self.compress_rope, cfg.rms_eps)
-        entries = seq.read_entries(c.pool, layer, count)
+        entries = seq.read_entries(c.pool, layer, count).to(x.dtype)
         if csa:
             bias = index_bias(self.w, f"{p}.indexer", seq, layer, x, q_res, self.compress_rope, cfg.index_topk,
                               cfg.rms_eps, self.topk)

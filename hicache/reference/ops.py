@@ -18,10 +18,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return y if weight is None else weight * y
 
 
-def rope_cos_sin(positions: torch.Tensor, rope_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Half-size cos / sin ``[n, rope_dim // 2]`` at ``positions`` (one angle per pair)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim))
-    freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]
+def rope_cos_sin(positions: torch.Tensor, rope_dim: int, theta: float, dtype: torch.dtype = torch.float32
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Half-size cos / sin ``[n, rope_dim // 2]`` at ``positions`` (one angle per pair), in ``dtype``."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rope_dim, 2, dtype=dtype) / rope_dim))
+    freqs = positions.to(dtype)[:, None] * inv_freq.to(positions.device)[None, :]
     return freqs.cos(), freqs.sin()
 
 

@@ -39,6 +39,7 @@ class VerifyOptions:
     write_policy: str = "write_through"
     mem_layout: str = "page_first"
     fault: str | None = None  # a data pool whose loads are corrupted (negative control)
+    kv_format: str = "fp32"  # deepseek-v4 pool rows: fp32 | fp8_ds_mla
     host_dtype: str = "auto"  # auto | int8: the host tier's format of the kv pool
     kv_dtype: str = "auto"  # the MHA toy's kv pool: auto | float32 | bfloat16 (see pool_kv_dtype)
 

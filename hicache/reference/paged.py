@@ -14,6 +14,10 @@ Every tensor the reference models read or write is a row of a `DevicePool`
 History entries of a compressed pool: entry ``e`` (tokens ``[e*r, (e+1)*r)``) lives in the
 row of the page holding those tokens, at ``e % (page_size // r)``.
 
+Entries are read and written through the pool's codec (``codecs[name]``): none for typed
+rows (``[rows, entries, dim]``, indexed as they are), `hicache.reference.fp8_ds_mla.Fp8Rows`
+for DeepSeek-V4's fp8 byte rows (quantized on write, dequantized on read).
+
 The working row is the request's own ring; a *snapshot* at a page boundary is a copy of
 it (every pool rooted at ``swa``, every layer) into a fresh row (`copy_state`), which the
 tree takes with ``insert(..., extra={"swa": slots})``; resuming from a node's snapshot copies
@@ -25,12 +29,42 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Mapping
+from types import MappingProxyType
+from typing import Mapping, Protocol
 
 import torch
 
 from host_pools.spec import Stack
 from hicache.device_pool import DevicePool
+
+
+class RowCodec(Protocol):
+    """How a pool's rows hold entries (``t`` is one layer's ``[rows, *row_shape]`` tensor)."""
+
+    def entries(self, t: torch.Tensor) -> int: ...
+
+    def read(self, t: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> torch.Tensor: ...
+
+    def write(self, t: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None: ...
+
+    # read(write(values)); for typed rows `PagedSeq.round_trip` casts instead
+    def round_trip(self, values: torch.Tensor) -> torch.Tensor: ...
+
+
+class TypedRows:
+    """Typed rows ``[rows, entries, dim]``: entries stored as they are."""
+
+    def entries(self, t: torch.Tensor) -> int:
+        return t.shape[1]
+
+    def read(self, t: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        return t[rows, slots]
+
+    def write(self, t: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
+        t[rows, slots] = values.to(t.dtype)
+
+
+TYPED = TypedRows()
 
 
 @dataclass(slots=True)
@@ -43,6 +77,8 @@ class PagedSeq:
         work: slots of the working ``swa`` row, or ``None`` (a stack without ``swa``).
         length: tokens computed so far (the next token's position).
         scratch: request-local state the pools do not hold (partial HCA windows).
+        codecs: the codec of each pool whose rows are not typed entries (the model's
+            ``codecs``); a byte-row pool without one is refused.
     """
 
     stack: Stack
@@ -51,10 +87,15 @@ class PagedSeq:
     work: torch.Tensor | None = None
     length: int = 0
     scratch: dict = field(default_factory=dict)
+    codecs: Mapping[str, RowCodec] = field(default_factory=dict)
     _rows: dict = field(default_factory=dict)
     _work_row: int = -1
 
     def __post_init__(self) -> None:
+        raw = [p.name for p in self.stack.data_pools()
+               if p.buffers[0].dtype == torch.uint8 and p.name not in self.codecs]
+        if raw:
+            raise ValueError(f"codecs: pools {raw} hold byte rows; pass the model's codecs")
         device = next(p.device for p in self.pools.values())
         own = {self.stack.anchor.name: self.slots}
         if self.work is not None:
@@ -90,34 +131,47 @@ class PagedSeq:
         return self._rows[pool]
 
     # ---- history: compressed entries / MHA pages ----------------------------------------
+    def codec(self, pool: str) -> RowCodec:
+        """How ``pool``'s rows hold entries."""
+        return self.codecs.get(pool, TYPED)
+
+    def round_trip(self, pool: str, values: torch.Tensor) -> torch.Tensor:
+        """``values`` as a read of them written to ``pool`` returns them, in their dtype (fp8:
+        dequantize(quantize); typed rows: a cast to the pool's dtype and back)."""
+        codec = self.codecs.get(pool)
+        if codec is not None:
+            return codec.round_trip(values).to(values.dtype)
+        return values.to(self.pools[pool].spec.buffers[0].dtype).to(values.dtype)
+
     def read_entries(self, pool: str, layer: int, count: int) -> torch.Tensor:
         """Entries ``[0, count)`` of a compressed pool (``[count, dim]``), read in place."""
-        t = self.tensor(pool, layer)
-        return t[self.rows(pool)].reshape(-1, t.shape[-1])[:count]
+        t, codec = self.tensor(pool, layer), self.codec(pool)
+        e = torch.arange(count, device=t.device)
+        per_row = codec.entries(t)
+        return codec.read(t, self.rows(pool)[e // per_row], e % per_row)
 
     def write_entries(self, pool: str, layer: int, first: int, values: torch.Tensor) -> None:
         """Entries ``[first, first + len(values))`` into their pages' rows."""
-        t = self.tensor(pool, layer)
-        per_row = t.shape[1]
+        t, codec = self.tensor(pool, layer), self.codec(pool)
         e = torch.arange(first, first + values.shape[0], device=t.device)
-        t[self.rows(pool)[e // per_row], e % per_row] = values
+        per_row = codec.entries(t)
+        codec.write(t, self.rows(pool)[e // per_row], e % per_row, values)
 
     # ---- rings: the working swa row and its sidecars ------------------------------------
-    def ring(self, pool: str, layer: int) -> torch.Tensor:
-        """The working row of a ring pool (a view: writes land in the pool)."""
-        return self.tensor(pool, layer)[self._work_row]
-
     def read_ring(self, pool: str, layer: int, start: int, end: int) -> torch.Tensor:
         """Tokens ``[start, end)`` of a ring (``start >= end - ring size``)."""
-        ring = self.ring(pool, layer)
-        return ring[torch.arange(start, end, device=ring.device) % ring.shape[0]]
+        t, codec = self.tensor(pool, layer), self.codec(pool)
+        slots = torch.arange(start, end, device=t.device) % codec.entries(t)
+        return codec.read(t, torch.full_like(slots, self._work_row), slots)
 
     def write_ring(self, pool: str, layer: int, start: int, values: torch.Tensor) -> None:
         """Tokens ``[start, start + len(values))``; only the last ring-size of them stay."""
-        ring = self.ring(pool, layer)
-        keep = min(values.shape[0], ring.shape[0])
+        t, codec = self.tensor(pool, layer), self.codec(pool)
+        size = codec.entries(t)
+        keep = min(values.shape[0], size)
         end = start + values.shape[0]
-        ring[torch.arange(end - keep, end, device=ring.device) % ring.shape[0]] = values[-keep:]
+        slots = torch.arange(end - keep, end, device=t.device) % size
+        codec.write(t, torch.full_like(slots, self._work_row), slots, values[-keep:])
 
 
 def copy_state(stack: Stack, pools: Mapping[str, DevicePool], src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -134,9 +188,14 @@ def copy_state(stack: Stack, pools: Mapping[str, DevicePool], src: torch.Tensor,
 
 
 class PagedModel(abc.ABC):
-    """A reference model whose state lives in hicache's pools (subclasses give `_logits`)."""
+    """A reference model whose state lives in hicache's pools (subclasses give `_logits`).
+
+    Attributes:
+        codecs: the codecs its pools' rows need (`PagedSeq.codecs`); none: typed rows.
+    """
 
     device: torch.device
+    codecs: Mapping[str, RowCodec] = MappingProxyType({})
 
     @torch.no_grad()
     def forward(self, seq: PagedSeq, token_ids: torch.Tensor) -> torch.Tensor:

@@ -42,10 +42,13 @@ class Served(NamedTuple):
 
 
 class Fault:
-    """Negative control: adds N(0, 1) noise to every row of ``pool`` a load brings back."""
+    """Negative control: corrupts every row of ``pool`` a load brings back. Typed rows get N(0, 1)
+    noise; byte rows with a ``codec`` (fp8_ds_mla) get its ``corrupt(rows, gen, parts)``: noise
+    on the values re-quantized with their scales, and every tile's scale exponent shifted."""
 
-    def __init__(self, cache: Any, pool: str, seed: int) -> None:
-        self.cache, self.pool = cache, pool
+    def __init__(self, cache: Any, pool: str, seed: int, codec: Any = None,
+                 parts: tuple[str, ...] = ("values", "scales")) -> None:
+        self.cache, self.pool, self.codec, self.parts = cache, pool, codec, parts
         self.root = cache.stack.root_of(pool).name
         self.gen = torch.Generator().manual_seed(seed)
         self.rows_corrupted = 0
@@ -58,6 +61,9 @@ class Fault:
         rows = self.cache.stack.derive_rows({self.root: slots})[self.pool].to(pool.device)
         for bufs in pool.tensors:
             for t in bufs:
+                if self.codec is not None:
+                    t[rows] = self.codec.corrupt(t[rows], self.gen, self.parts)
+                    continue
                 noise = torch.randn((rows.numel(), *t.shape[1:]), generator=self.gen).to(t.device, t.dtype)
                 t[rows] += noise
         self.rows_corrupted += rows.numel()
@@ -147,7 +153,8 @@ class ModelServer:
                 raise ValueError("--device-tokens: no device swa row left for the working state; raise it")
             if start:
                 copy_state(self.stack, self.pools, node.state_device["swa"], work)
-        return PagedSeq(self.stack, self.pools, torch.cat([prefix, new]), work, length=start)
+        return PagedSeq(self.stack, self.pools, torch.cat([prefix, new]), work, length=start,
+                        codecs=self.model.codecs)
 
     def _compute(self, prompt: np.ndarray, decode: int, node: TreeNode, prefix: torch.Tensor
                  ) -> tuple[torch.Tensor, list[int]]:

@@ -92,7 +92,7 @@ class Recompute:
             rows = {p.name: roots[self.stack.root_of(p.name).name] // p.tokens_per_row for p in self.stack}
             self.pools = build_device_pools(self.stack, rows, self.device)
         work = torch.arange(self.window) if self.window else None
-        seq = PagedSeq(self.stack, self.pools, torch.arange(self.capacity), work)
+        seq = PagedSeq(self.stack, self.pools, torch.arange(self.capacity), work, codecs=self.model.codecs)
         return self.model.forward(seq, torch.from_numpy(tokens)).cpu()
 
 
@@ -129,7 +129,7 @@ def run_verify(opts: VerifyOptions, progress=None) -> VerifyReport:
         ValueError: a bad option (naming its flag), or a cache too small for one request.
     """
     kv_dtype = pool_kv_dtype(opts)
-    cfg = toy_config(opts.arch, opts.layers, opts.seed, kv_dtype)
+    cfg = toy_config(opts.arch, opts.layers, opts.seed, opts.kv_format, kv_dtype)
     check_options(opts, cfg)
     system, turns = schedule(opts.conversations, opts.turns, cfg.vocab_size, opts.seed)
     t0 = time.perf_counter()
@@ -142,7 +142,7 @@ def run_verify(opts: VerifyOptions, progress=None) -> VerifyReport:
         tree = HiRadixCache(cache)
         stack.callback(tree.close)
         model = make_model(cfg, opts.device)
-        fault = Fault(cache, opts.fault, opts.seed) if opts.fault else None
+        fault = Fault(cache, opts.fault, opts.seed, model.codecs.get(opts.fault)) if opts.fault else None
         report = VerifyReport(arch=opts.arch, model=cfg.identity, fault=opts.fault, host_dtype=opts.host_dtype,
                               kv_dtype=kv_dtype, criterion="exact" if kv_dtype == "float32" else "distribution")
         agreement = Agreement()

@@ -58,7 +58,7 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
                    help="torch CPU threads (default 1: on a shared 2-core machine more threads stall)")
     p.add_argument("--plot", default=None, metavar="FILE",
                    help="also write a PNG of hit rate vs ratio to FILE (needs matplotlib; default: no plot); "
-                        "checked writable before the first run")
+                        "its folder must exist; checked writable before the first run")
     p.add_argument("--json", action="store_true", help="print only the JSON results")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.epilog = ("exit status: 0 done, 1 a byte mismatch or a run whose every transfer failed, "

@@ -33,7 +33,7 @@ from hicache.cli_checks import check_device_tokens, check_fits_device, parse_dev
 from hicache.config import HiCacheConfig, check_storage_flags
 from hicache.replay.args import add_replay_args
 from hicache.replay.content import ReplayMismatch
-from hicache.replay.report import format_table, json_row, plot
+from hicache.replay.report import format_table, json_row, plot, summary
 from hicache.replay.run import Replayer, RunStats
 from hicache.replay.storage import fill_storage_defaults, open_run_store, probe_storage, storage_config
 from hicache.replay.workload import Request, chat_workload, load_trace
@@ -51,6 +51,14 @@ def _workload(args: argparse.Namespace) -> list[Request]:
         return load_trace(args.trace, args.max_requests)
     reqs = chat_workload(args.seed)
     return reqs[:args.max_requests] if args.max_requests else reqs
+
+
+def _describe(args: argparse.Namespace, stack, runs: list[RunStats], device_tokens: int) -> str:
+    """The workload line of the summary: what was replayed and how large it is."""
+    what = (f"{Path(args.trace).name}" if args.trace
+            else f"the built-in multi-turn chat (64 conversations of 2-8 turns, seed {args.seed})")
+    return (f"workload: {runs[0].requests:,} requests of {what}, {runs[0].tokens_total:,} prompt tokens per run; "
+            f"{stack.model}, {stack.num_model_layers} layers, device {device_tokens:,} tokens")
 
 
 def _config(args: argparse.Namespace, ratio: float) -> HiCacheConfig:
@@ -117,40 +125,29 @@ def _check_sizes(args: argparse.Namespace, stack, device_tokens: int, device: to
 
 
 def _plot_path(text: str | None) -> Path | None:
-    """``--plot`` as an absolute path that can be written, or None (no plot); checked now by
-    creating it (and its folders) the way the plot will, then removing what the check made."""
+    """``--plot`` as an absolute path that can be written, or None (no plot); checked now.
+
+    The folder must exist: a mistyped folder is refused rather than created (the plot
+    writes only the file it names). The check opens the file for appending and removes
+    it again if it did not exist, so a run that ends early leaves nothing behind.
+    """
     if not text:
         return None
     path = Path(text).expanduser().resolve()
     if path.is_dir():
         raise ValueError(f"--plot: {path} is a folder; give a file name such as hit_rate.png")
+    if not path.parent.is_dir():
+        what = "is not a folder" if path.parent.exists() else "does not exist"
+        raise ValueError(f"--plot: {path.parent} {what}; create the folder first or choose another")
     try:
-        _probe_writable(path)
-    except OSError as exc:
-        raise ValueError(f"--plot: cannot write {path}: {exc.strerror or exc}") from None
-    return path
-
-
-def _probe_writable(path: Path) -> None:
-    """Create ``path``'s missing folders and open it for appending; undo what this created."""
-    missing = []
-    folder = path.parent
-    while not folder.exists():
-        missing.append(folder)
-        folder = folder.parent
-    created = []
-    try:
-        for f in reversed(missing):
-            f.mkdir()
-            created.append(f)
         existed = path.exists()
         with open(path, "ab"):
             pass
         if not existed:
             path.unlink()
-    finally:
-        for f in reversed(created):
-            f.rmdir()
+    except OSError as exc:
+        raise ValueError(f"--plot: cannot write {path}: {exc.strerror or exc}") from None
+    return path
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -196,6 +193,8 @@ def _run(args: argparse.Namespace) -> int:
         return 130
     _print_runs(args, stack, runs, device, storage)
     status = _transfer_status(runs)
+    if not args.json:
+        print(f"\n{summary(runs, _describe(args, stack, runs, device_tokens), status)}")
     if plot_path is not None:
         status = max(status, _write_plot(runs, plot_path, f"{stack.model}, {len(requests)} requests, "
                                                           f"{args.write_policy} ({device.type} replay)", args.json))

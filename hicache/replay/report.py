@@ -1,8 +1,6 @@
 """The results of `hicache replay`: JSON rows, the table and the optional hit-rate plot."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from hicache.replay.run import RunStats
@@ -93,6 +91,37 @@ def plot(runs: list[RunStats], path: str, title: str = "") -> None:
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
+
+
+def summary(runs: list[RunStats], workload: str, status: int) -> str:
+    """What the rows mean, the workload's size and one verdict line (what was checked, OK or not).
+
+    Args:
+        runs: the finished runs, the device-only baseline first.
+        workload: one line saying what was replayed (requests, prompt tokens, device size).
+        status: the replay's exit status so far (1: a run whose every transfer failed).
+    """
+    storage = any(st.storage for st in runs)
+    tiers = "device + host + storage" if storage else "device + host"
+    restored = sum(st.host_hit_tokens + st.storage_hit_tokens for st in runs)
+    failed = sum(st.transfers_failed for st in runs)
+    lines = [workload,
+             "rows: ratio = host tokens per device token (0 = device only: no host or storage tier, the "
+             f"baseline); hit = {tiers}, the share of prompt tokens served from cache instead of recomputed"]
+    if storage:  # why the total can stop growing with the ratio while the host column still does
+        lines.append("storage: the store keeps what the host drops, so once the host can stage a whole prompt the "
+                     "hit is all the workload reuses; a larger host serves more of it from host instead of storage")
+    checked = (f"{len(runs)} runs, every device hit and every page restored from host or storage checked byte "
+               f"for byte ({sum(st.bytes_checked for st in runs) / 1e9:.2f} GB), "
+               f"{sum(st.mismatches for st in runs)} mismatches")
+    if status:
+        verdict = f"verdict: FAILED: a run's every transfer failed (above); {checked}"
+    elif restored == 0:
+        verdict = (f"verdict: NOT CHECKED: nothing came back from host or storage (the workload fits the "
+                   f"device; lower --device-tokens); {checked}")
+    else:
+        warn = f"; {failed} transfers failed and were rolled back (warnings above)" if failed else ""
+        verdict = f"verdict: OK: {checked}; {restored:,} prompt tokens restored from host or storage{warn}"
+    return "\n".join([*lines, verdict])

@@ -13,7 +13,9 @@ it), ``input_length`` prompt tokens, ``output_length`` generated tokens.
 """
 from __future__ import annotations
 
+import gzip
 import json
+import lzma
 import random
 from pathlib import Path
 from typing import NamedTuple
@@ -102,25 +104,42 @@ def _decode(raw: bytes, lineno: int, path: str) -> str:
                                  "a trace is JSON lines") from None
 
 
+def _open_trace(path: str):
+    """A binary reader of the trace: ``.xz`` and ``.gz`` files are decompressed on the fly
+    (the repository ships its trace as ``data/mooncake_synthetic_trace.jsonl.xz``)."""
+    if path.endswith(".xz"):
+        return lzma.open(path, "rb")
+    if path.endswith(".gz"):
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
 def load_trace(path: str | Path, max_requests: int | None = None) -> list[Request]:
     """Parse a Mooncake JSONL trace (blank lines skipped); all lines checked before any replay.
 
+    Args:
+        path: a ``.jsonl`` file, or one compressed as ``.jsonl.xz`` / ``.jsonl.gz``.
+        max_requests: stop after this many requests (None: all).
+    Returns:
+        The requests in file order.
     Raises:
-        ValueError: a file that cannot be read, a line that is not UTF-8 or is bad (its
-            number in the message), or a file with no requests.
+        ValueError: a file that cannot be read or decompressed, a line that is not UTF-8 or
+            is bad (its number in the message), or a file with no requests.
     """
     path = str(path)
     out: list[Request] = []
     try:
-        with open(path, "rb") as f:
+        with _open_trace(path) as f:
             for lineno, raw in enumerate(f, 1):
                 if max_requests is not None and len(out) >= max_requests:
                     break
                 line = _decode(raw, lineno, path)
                 if line.strip():
                     out.append(parse_line(line, lineno, path))
-    except OSError as exc:  # missing, a folder, no permission...
+    except OSError as exc:  # missing, a folder, no permission, not gzip data...
         raise ValueError(f"--trace {path}: cannot read it ({exc.strerror or exc})") from None
+    except (lzma.LZMAError, EOFError) as exc:  # not xz data, or cut short
+        raise ValueError(f"--trace {path}: cannot decompress it ({exc or 'truncated'})") from None
     if not out:
         raise ValueError(f"--trace {path}: no requests in the file")
     return out

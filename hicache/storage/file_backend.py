@@ -18,10 +18,10 @@ import stat
 import torch
 
 from hicache.storage.base import StorageBackend, StorageUnavailableError, log
-from hicache.storage.file_index import close_index, open_index
-from hicache.storage.file_layout import (NAMESPACE_FILE, OBJECT_SUFFIX, NotAFile, advance, clear_entry, describe_mode,
-                                         entry_mode, is_regular, open_regular, open_root, private_dir, publish,
-                                         read_marker)
+from hicache.storage.file_index import Reservation, close_index, open_index
+from hicache.storage.file_layout import (MARKER_MAX_BYTES, NAMESPACE_FILE, OBJECT_SUFFIX, NotAFile, advance,
+                                         clear_entry, describe_mode, entry_mode, is_regular, open_regular, open_root,
+                                         private_dir, publish, read_marker, write_all)
 from hicache.storage.keys import StorageNamespace
 from hicache.storage.page import HEADER_BYTES, PageCheck, ThreadStaging, check_header, check_payload, encode_header
 
@@ -32,7 +32,8 @@ class FileBackend(StorageBackend):
     Args:
         namespace: the pool namespace this backend reads and writes.
         root: the storage directory (``--hicache-storage-dir``); created private if missing.
-        capacity_bytes: bytes of objects allowed under ``root`` (all namespaces); 0 = unlimited.
+        capacity_bytes: bytes of objects (and writes in flight) allowed under ``root``: all
+            namespaces, all processes on it (`file_ledger`); 0 = unlimited.
         fsync: ``fsync`` each object before its rename (power-loss durability; slower).
             Without it a crash can lose recent objects but never leaves a torn one readable:
             the checksum refuses it.
@@ -40,7 +41,8 @@ class FileBackend(StorageBackend):
     Raises:
         StorageUnavailableError: ``root`` cannot be created or written, or is not private
             (not this user's, or writable by others).
-        ValueError: negative capacity, or one below one object of every namespace open on
+        ValueError: a namespace whose marker exceeds ``MARKER_MAX_BYTES`` (a huge ``extra``), a
+            negative capacity, or one below one object of every namespace open on
             ``root`` (naming ``--hicache-storage-capacity`` and the smallest useful capacity).
     """
 
@@ -50,6 +52,10 @@ class FileBackend(StorageBackend):
                  fsync: bool = False) -> None:
         if capacity_bytes < 0:
             raise ValueError(f"capacity_bytes: must be >= 0 (0 = unlimited), got {capacity_bytes}")
+        self._marker = json.dumps(namespace.describe(), indent=1, sort_keys=True).encode()
+        if len(self._marker) > MARKER_MAX_BYTES:  # read back truncated, it would be "damaged" on every open
+            raise ValueError(f"namespace: its {NAMESPACE_FILE} would be {len(self._marker):,} B, over the "
+                             f"{MARKER_MAX_BYTES:,} B limit; shorten its extra text")
         super().__init__(namespace)
         self.root = open_root(root)
         self.dir = str(self.root / namespace.digest_hex[:32])
@@ -76,7 +82,7 @@ class FileBackend(StorageBackend):
                 log.warning("file storage: %s; rebuilt from this server's namespace (the pages are checked "
                             "one by one when read)", why)
                 clear_entry(os.path.join(self.dir, NAMESPACE_FILE))
-            publish(self.dir, NAMESPACE_FILE, [json.dumps(self.namespace.describe(), indent=1, sort_keys=True).encode()])
+            publish(self.dir, NAMESPACE_FILE, [self._marker])
         except OSError as e:
             raise StorageUnavailableError(f"file storage: cannot use --hicache-storage-dir {self.root}: "
                                           f"{e.strerror or e}") from e
@@ -129,9 +135,8 @@ class FileBackend(StorageBackend):
         can be without deleting anything not ours; whether the name is free now."""
         self.count(corrupt=1)
         self.log_once("damaged", f"{path} is {what}, not a page file; treated as a miss and removed")
-        self._index.forget(path)
         try:
-            clear_entry(path)
+            self._index.clear(path)
             return True
         except OSError as e:
             self._fault("clear", e)
@@ -167,32 +172,40 @@ class FileBackend(StorageBackend):
             return True
         if mode is not None and not self._damaged(path, describe_mode(mode)):
             return False
-        evicted = self._index.admit(path, size)
-        if evicted is None:
-            self._fault("set", OSError(f"object of {size} B exceeds the capacity "
-                                       f"{self._index.capacity_bytes} B (--hicache-storage-capacity)"))
-            return False
-        if evicted:
-            self.count(evictions=evicted)
         try:
-            self._write_atomic(key, path, page)
+            self._subdir(os.path.dirname(path))
+            res, evicted = self._index.admit(path, size)
         except OSError as e:
-            self._index.forget(path)
             self._fault("set", e)
             return False
-        self._index.touch(path, size)  # (back in the index if a concurrent eviction took it meanwhile)
+        self.count(evictions=evicted)
+        if res is None:
+            self._fault("full", OSError(f"no room for an object of {size:,} B under the capacity of "
+                                        f"{self._index.capacity_bytes:,} B (--hicache-storage-capacity): the rest "
+                                        "is taken by writes in flight"))
+            return False
+        try:
+            self._write(res, key, page)
+            self._index.commit(res)
+        except BaseException as e:  # whatever failed, the reservation goes back
+            self._index.release(res)
+            if not isinstance(e, OSError):
+                raise
+            self._fault("set", e)
+            return False
         self.count(objects_written=1, bytes_written=page.numel())
         return True
 
-    def _write_atomic(self, key: str, path: str, page: torch.Tensor) -> None:
-        sub = os.path.dirname(path)
+    def _subdir(self, sub: str) -> None:
         if sub not in self._made:
             private_dir(sub)
             self._made.add(sub)
+
+    def _write(self, res: Reservation, key: str, page: torch.Tensor) -> None:
         flat, staged = self._staging.flat(page)
         if staged:
             flat.view(page.shape).copy_(page)
-        publish(sub, os.path.basename(path), [encode_header(self.namespace, key, flat), flat.numpy()], self.fsync)
+        write_all(res.fd, [encode_header(self.namespace, key, flat), flat.numpy()], self.fsync)
 
     def _close(self) -> None:
         close_index(self._index, self.namespace.digest_hex)

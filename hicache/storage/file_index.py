@@ -1,90 +1,117 @@
-"""`FileIndex`: the LRU index and capacity of one storage directory, shared by its backends.
+"""`FileIndex`: the LRU index and capacity of one storage directory.
 
 Every `FileBackend` of a process opened on the same directory (one per pool namespace)
-shares one index, so the capacity limit covers the directory as a whole. The index is
-built from the files of hicache's own layout (`file_layout`: namespace directories with a
-valid marker, object names only) at open, oldest modification time first (a read
-refreshes it with ``utime``), so LRU order survives restarts; nothing else under the
-directory is counted, evicted or deleted. Files other processes add are learnt when this
-one reads them; the limit is enforced over the files this process knows.
+shares one index, and every process on the directory shares its total
+(`file_ledger.Ledger`): the capacity holds for the directory as a whole, all namespaces,
+all processes (tensor-parallel ranks share one directory).
 
-Eviction unlinks its victims under the index lock, and a path is learnt only if a regular
-file is still there, both under that lock: a read that finishes after an eviction removed
-its object cannot bring the entry back (no ghost entries, no capacity miscount).
+A write is admitted before it starts: room is made, its temporary is created at its
+final size, held (``flock``) and counted, all under the directory's lock. It becomes an
+object at `FileIndex.commit` (renamed into place, into the LRU) or gives its bytes back
+at `FileIndex.release`. A write in flight is never evicted, so a writer that needs room
+cannot take the place of one that was admitted but has not finished (a cap of two
+objects and four writers: two are stored, two refused).
+
+Eviction order: a process evicts the least recently used objects it knows: those found
+at its last scan (oldest modification time first; a read refreshes it with ``utime``, so
+the order survives restarts and is shared through the disk), then the ones it wrote or
+read since. It rescans the directory when it has nothing left to evict while the total
+holds bytes that are not its own writes in flight, and once per capacity it evicted. A
+scan (at open, and those rescans) rebuilds the shared total from the disk: objects plus
+the temporaries of live writers; a dead writer's temporary is removed, so the bytes it
+reserved count until the next open on the directory or one capacity's turnover at most. Nothing outside hicache's own layout (`file_layout`)
+is counted, evicted or deleted.
 """
 from __future__ import annotations
 
 import os
 import stat
 import threading
-import time
 from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from hicache.storage.base import capacity_flag
-from hicache.storage.file_layout import (NAMESPACE_FILE, OBJECT_RE, SUBDIR_RE, TMP_RE, is_our_namespace_dir,
-                                         is_regular, unlink_quiet)
+from hicache.storage.file_layout import clear_entry, is_our_namespace_dir, is_regular, new_temp, unlink_quiet
+from hicache.storage.file_ledger import Ledger, hold, scan_namespace
 
-STALE_TMP_S = 600.0  # a temporary file this old belongs to a writer that died
+
+
+@dataclass(slots=True)
+class Reservation:
+    """An admitted write: the object's final path, its temporary (held open) and its size."""
+
+    path: str
+    tmp: str
+    fd: int
+    size: int
+    committed: bool = False
 
 
 class FileIndex:
-    """Object paths in least-recently-used order with their sizes (thread-safe).
+    """Object paths in least-recently-used order, and the directory's shared total (thread-safe).
 
     Args:
         root: the storage directory (checked by `file_layout.open_root`).
-        capacity_bytes: bytes of objects allowed under ``root``; 0 = unlimited.
+        capacity_bytes: bytes of objects and writes in flight allowed under ``root``; 0 = unlimited.
     """
 
     def __init__(self, root: Path, capacity_bytes: int) -> None:
         self.root, self.capacity_bytes = root, int(capacity_bytes)
+        self.pid = os.getpid()
         self._lru: OrderedDict[str, int] = OrderedDict()
-        self._total = 0
+        self._known = 0  # bytes of the objects in _lru
+        self._inflight = 0  # bytes of this process's admitted writes not yet committed or released
+        self._turnover = 0  # bytes this process evicted since its last scan
         self._lock = threading.Lock()
         self._dirs: set[str] = set()  # namespace directories scanned
         self._open: dict[str, list[int]] = {}  # open namespace -> [bytes of one object, backends]
-        with os.scandir(root) as entries:
-            found = [f for e in entries if is_our_namespace_dir(e) for f in self._scan(e.path)]
-        self._add_oldest(found)
+        self._ledger = Ledger(root)
+        with self._locked():
+            self._rescan()
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """This process's threads, then the other processes (the ledger's flock)."""
+        with self._lock, self._ledger:
+            yield
 
     @property
     def total_bytes(self) -> int:
-        return self._total
+        """Bytes of objects and writes in flight under ``root``, all processes together."""
+        with self._locked():
+            return self._total()
 
     def __len__(self) -> int:
         return len(self._lru)
 
-    def _scan(self, ns_dir: str) -> list[tuple[float, str, int]]:
-        """(mtime, path, size) of every object of one namespace directory; stale temporaries removed."""
-        self._dirs.add(ns_dir)
-        found, now = [], time.time()
-        for sub in _entries(ns_dir):
-            if SUBDIR_RE.fullmatch(sub.name) and sub.is_dir(follow_symlinks=False):
-                for f in _entries(sub.path):
-                    if OBJECT_RE.fullmatch(f.name) and f.name[:2] == sub.name:
-                        st = _lstat(f)
-                        if st is not None and stat.S_ISREG(st.st_mode):
-                            found.append((st.st_mtime, f.path, st.st_size))
-                    elif TMP_RE.fullmatch(f.name):
-                        _remove_if_stale(f, now)
-            elif sub.name != NAMESPACE_FILE and TMP_RE.fullmatch(sub.name):
-                _remove_if_stale(sub, now)
-        return found
+    def _total(self) -> int:
+        total = self._ledger.read()
+        return self._rescan() if total is None else total
 
-    def _add_oldest(self, found: list[tuple[float, str, int]]) -> None:
-        """Put ``found`` at the least-recently-used end, oldest first (caller holds the lock or owns the index)."""
-        for _, path, size in sorted(found, reverse=True):
-            if path not in self._lru:
-                self._lru[path] = size
-                self._lru.move_to_end(path, last=False)
-                self._total += size
+    def _rescan(self) -> int:
+        """Rebuild the LRU and the shared total from the disk (lock held); the total."""
+        with os.scandir(self.root) as entries:
+            dirs = [e.path for e in entries if is_our_namespace_dir(e)]
+        found, reserved = [], 0
+        for ns_dir in dirs:
+            objects, held = scan_namespace(ns_dir)
+            found += objects
+            reserved += held
+        self._dirs.update(dirs)
+        self._lru = OrderedDict((path, size) for _, path, size in sorted(found))
+        self._known, self._turnover = sum(self._lru.values()), 0
+        self._ledger.write(self._known + reserved)
+        return self._known + reserved
 
     def adopt(self, ns_dir: str) -> None:
-        """Count a namespace directory the initial scan skipped (created or whose marker was
-        rebuilt since); a no-op for one already scanned."""
-        with self._lock:
+        """Count a namespace directory the last scan skipped (created, or its marker rebuilt
+        since: a rescan); a no-op for one already scanned."""
+        with self._locked():
             if ns_dir not in self._dirs:
-                self._add_oldest(self._scan(ns_dir))
+                self._rescan()
 
     def touch(self, path: str, size: int) -> None:
         """Mark ``path`` most recently used; learn it if another process wrote it (only
@@ -94,45 +121,103 @@ class FileIndex:
                 self._lru.move_to_end(path)
             elif is_regular(path):
                 self._lru[path] = size
-                self._total += size
+                self._known += size
 
-    def admit(self, path: str, size: int) -> int | None:
-        """Record ``path`` (about to be written), evicting (unlinking) the least recently
-        used objects to stay under capacity.
+    def admit(self, path: str, size: int) -> tuple[Reservation | None, int]:
+        """Make room for an object of ``size`` bytes at ``path`` (least recently used objects
+        evicted) and reserve it: its temporary, at its final size, counted.
 
         Returns:
-            Objects evicted, or ``None`` when ``size`` alone exceeds the capacity (nothing changes then).
-        """
-        with self._lock:
-            if path in self._lru:
-                self._lru.move_to_end(path)
-                return 0
-            if self.capacity_bytes and size > self.capacity_bytes:
-                return None
-            evicted = 0
-            while self.capacity_bytes and self._total + size > self.capacity_bytes and self._lru:
-                victim, vsize = self._lru.popitem(last=False)
-                self._total -= vsize
-                evicted += unlink_quiet(victim)
-            self._lru[path] = size
-            self._total += size
-            return evicted
+            (the reservation, or ``None`` when ``size`` exceeds the capacity or every byte
+            left is a write in flight; objects evicted).
 
-    def forget(self, path: str) -> None:
-        """Drop ``path`` from the index (a failed write, a vanished object)."""
-        with self._lock:
-            self._pop(path)
+        Raises:
+            OSError: the temporary cannot be created (evictions stand, nothing is reserved).
+        """
+        cap = self.capacity_bytes
+        if cap and size > cap:
+            return None, 0
+        with self._locked():
+            total = self._total()
+            if cap and total + size > cap and self._turnover >= cap:
+                total = self._rescan()  # once per capacity evicted: a dead writer's bytes go, others' are learnt
+            total, evicted = self._evict(total, size)
+            if cap and total + size > cap and total > self._inflight:
+                total, more = self._evict(self._rescan(), size)  # others' objects: learn them
+                evicted += more
+            res = None
+            try:
+                if not cap or total + size <= cap:
+                    res = _reserve(path, size)
+                    total += size
+                    self._inflight += size
+            finally:
+                self._ledger.write(total)
+            return res, evicted
+
+    def _evict(self, total: int, size: int) -> tuple[int, int]:
+        """Unlink least recently used objects until ``size`` more bytes fit (lock held)."""
+        evicted = 0
+        while self.capacity_bytes and total + size > self.capacity_bytes and self._lru:
+            victim, vsize = self._lru.popitem(last=False)
+            self._known -= vsize
+            gone = _unlink_counted(victim)
+            if gone is not None:  # None: another process evicted it first (and counted it)
+                total -= gone
+                evicted += 1
+                self._turnover += gone
+        return total, evicted
+
+    def commit(self, res: Reservation) -> None:
+        """Rename a written reservation into place: the object is stored and most recently used.
+
+        Raises:
+            OSError: the rename failed (`release` the reservation).
+        """
+        with self._locked():
+            total = self._total()
+            replaced = _regular_size(res.path)  # the same object by another writer: counted by it
+            os.replace(res.tmp, res.path)
+            res.committed = True
+            self._inflight -= res.size
+            self._known += res.size - self._lru.pop(res.path, 0)
+            self._lru[res.path] = res.size
+            self._ledger.write(total - replaced)
+        _close(res)
+
+    def release(self, res: Reservation) -> None:
+        """Give back a reservation whose write failed (its temporary removed, its bytes
+        uncounted); only closes its file once it was committed."""
+        if res.committed:
+            return _close(res)
+        with self._locked():
+            total = self._total()
+            if unlink_quiet(res.tmp):
+                total -= res.size
+            self._inflight -= res.size
+            self._ledger.write(total)
+        _close(res)
 
     def discard(self, path: str) -> None:
         """Drop ``path`` and unlink it (a refused object), atomically for concurrent readers."""
-        with self._lock:
-            self._pop(path)
-            unlink_quiet(path)
+        with self._locked():
+            self._known -= self._lru.pop(path, 0)
+            gone = _unlink_counted(path)
+            if gone:
+                self._ledger.write(self._total() - gone)
 
-    def _pop(self, path: str) -> None:
-        size = self._lru.pop(path, None)
-        if size is not None:
-            self._total -= size
+    def clear(self, path: str) -> None:
+        """Remove what is at ``path`` (`file_layout.clear_entry`: a damaged object) and uncount it.
+
+        Raises:
+            OSError: a non-empty directory is there (nothing removed).
+        """
+        with self._locked():
+            self._known -= self._lru.pop(path, 0)
+            size = _regular_size(path)
+            clear_entry(path)
+            if size:
+                self._ledger.write(self._total() - size)
 
     def smallest_useful(self, namespace: str, object_bytes: int) -> int:
         """Bytes of one object of every namespace open here, ``namespace`` included: below
@@ -140,26 +225,43 @@ class FileIndex:
         need = sum(b for ns, (b, _) in self._open.items() if ns != namespace)
         return need + object_bytes
 
+    def close(self) -> None:
+        self._ledger.close()
 
-def _entries(path: str) -> list[os.DirEntry]:
+
+def _reserve(path: str, size: int) -> Reservation:
+    """The temporary of a write to ``path``: created, held and at its final size."""
+    tmp, fd = new_temp(os.path.dirname(path), os.path.basename(path))
     try:
-        with os.scandir(path) as it:
-            return list(it)
-    except (FileNotFoundError, NotADirectoryError):
-        return []  # removed or replaced under our feet by another process
+        hold(fd)
+        os.ftruncate(fd, size)  # counted at its final size by any scan while it is written
+    except BaseException:
+        os.close(fd)
+        unlink_quiet(tmp)
+        raise
+    return Reservation(path, tmp, fd, size)
 
 
-def _lstat(entry: os.DirEntry) -> os.stat_result | None:
+def _close(res: Reservation) -> None:
+    if res.fd >= 0:
+        os.close(res.fd)  # drops the writer's hold
+        res.fd = -1
+
+
+def _regular_size(path: str) -> int:
+    """Bytes of the regular file at ``path`` (0 if none, or something else is there)."""
     try:
-        return entry.stat(follow_symlinks=False)
+        st = os.lstat(path)
     except FileNotFoundError:
-        return None
+        return 0
+    return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
 
-def _remove_if_stale(entry: os.DirEntry, now: float) -> None:
-    st = _lstat(entry)
-    if st is not None and not stat.S_ISDIR(st.st_mode) and now - st.st_mtime > STALE_TMP_S:
-        unlink_quiet(entry.path)
+def _unlink_counted(path: str) -> int | None:
+    """Unlink ``path``; the bytes it counted for (0 for anything but a regular file), or
+    ``None`` if it was already gone."""
+    size = _regular_size(path)
+    return size if unlink_quiet(path) else None
 
 
 _OPEN: dict[str, tuple[FileIndex, int]] = {}
@@ -182,11 +284,14 @@ def open_index(root: Path, capacity_bytes: int, namespace: str = "", object_byte
     key = os.path.realpath(root)
     with _OPEN_LOCK:
         index, refs = _OPEN.get(key, (None, 0))
-        if index is None:
-            index = FileIndex(Path(key), capacity_bytes)
+        fresh = index is None or index.pid != os.getpid()  # a forked child opens its own
+        if fresh:
+            index, refs = FileIndex(Path(key), capacity_bytes), 0
         capacity = int(capacity_bytes) or index.capacity_bytes
         need = index.smallest_useful(namespace, object_bytes)
         if capacity and capacity < need:
+            if fresh:
+                index.close()
             raise ValueError(f"capacity_bytes (--hicache-storage-capacity): {capacity:,} B cannot hold one object "
                              f"of every pool open on {key} ({need:,} B); the smallest useful capacity is "
                              f"{capacity_flag(need)} (GB), or 0 for unlimited")
@@ -210,5 +315,6 @@ def close_index(index: FileIndex, namespace: str = "") -> None:
         if found is index:
             if refs <= 1:
                 del _OPEN[key]
+                index.close()
             else:
                 _OPEN[key] = (index, refs - 1)

@@ -1,12 +1,14 @@
 """The file store's on-disk layout, and the only file-system calls it makes on it.
 
     <root>/                                    --hicache-storage-dir: the user's, not group/other-writable
+    <root>/.hicache-usage                      the directory's total bytes, shared by processes (`file_ledger`)
     <root>/<32 hex>/                           a namespace directory (0700), ours when ...
     <root>/<32 hex>/namespace.json             ... this file (0600) describes a namespace whose digest
                                                starts with the directory's name (the marker)
     <root>/<ns>/<2 hex>/                       first two hex of the page hash (0700)
     <root>/<ns>/<2 hex>/<64 hex>.page          an object: header + payload (0600)
-    <root>/<ns>/<2 hex>/.<64 hex>.page.<16 hex>.tmp   a write in progress (random name, O_EXCL)
+    <root>/<ns>/<2 hex>/.<64 hex>.page.<16 hex>.tmp   a write in progress (random name, O_EXCL),
+                                               flock'ed by its writer, at its final size
 
 Nothing else under the root is ours: the index, the stale-temporary sweep and eviction
 touch only names this table produces, under namespace directories with a valid marker.
@@ -36,6 +38,7 @@ MARKER_MAX_BYTES = 1 << 16  # a namespace.json is ~1 KiB; anything far larger is
 NS_DIR_RE = re.compile(r"[0-9a-f]{32}")
 SUBDIR_RE = re.compile(r"[0-9a-f]{2}")
 OBJECT_RE = re.compile(r"[0-9a-f]{64}\.page")
+OBJECT_TMP_RE = re.compile(r"\.[0-9a-f]{64}\.page\.[0-9a-f]{16}\.tmp")  # an object's write in flight
 # ours: ".<final name>.<16 random hex>.tmp"; older versions: ".<64 hex or namespace.json>.<pid>.<thread>.tmp"
 TMP_RE = re.compile(r"\.(?:[0-9a-f]{64}\.page|namespace\.json)\.[0-9a-f]{16}\.tmp"
                     r"|\.(?:[0-9a-f]{64}|namespace\.json)\.\d+\.\d+\.tmp")
@@ -52,28 +55,55 @@ def open_root(root: str | os.PathLike) -> Path:
 
     Raises:
         StorageUnavailableError: it cannot be created, is not a directory, is not owned by
-            this user, or others (group or world) may write to it: anyone who can write there
-            can forge the pages this server serves (message names ``--hicache-storage-dir``).
+            this user, or others (group or world) may write to it; or one of its parent
+            directories is owned by another user than root or this one, or others may write
+            to it without the sticky bit (they could swap the whole directory): anyone who
+            can do that can forge the pages this server serves (message names
+            ``--hicache-storage-dir`` and the directory at fault).
     """
     path = Path(root).expanduser()
     try:
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                path.mkdir(DIR_MODE)
-                os.chmod(path, DIR_MODE)  # exact, whatever the umask
-            except FileExistsError:
-                pass  # another process made it meanwhile: checked below like any existing one
+        path.parent.mkdir(parents=True, exist_ok=True)
         real = Path(os.path.realpath(path))
-        st = os.stat(real)
+        why = _unsafe_parents(real)
+        if not why:
+            _make_private(real)
+            why = _unsafe(os.stat(real))
     except OSError as e:
         raise StorageUnavailableError(f"file storage: cannot use --hicache-storage-dir {root}: "
                                       f"{e.strerror or e}") from e
-    why = _unsafe(st)
     if why:
         raise StorageUnavailableError(f"file storage: refusing --hicache-storage-dir {real}: {why}; pages there "
                                       "could be forged or read by other users (see the README's trust model)")
     return real
+
+
+def _make_private(path: Path) -> None:
+    try:
+        path.mkdir(DIR_MODE)
+        os.chmod(path, DIR_MODE)  # exact, whatever the umask
+    except FileExistsError:
+        pass  # there already, or another process made it meanwhile: checked like any existing one
+
+
+def _unsafe_parents(real: Path) -> str:
+    """Why a parent of ``real`` lets someone else replace it (the rule ssh and sudo apply):
+    each must be owned by root or this user, and not writable by group or others unless
+    sticky (like /tmp: only an entry's owner may rename or remove it)."""
+    for parent in reversed(real.parents):  # from / down: the outermost fault is named
+        st = os.stat(parent)
+        if st.st_uid not in (0, os.geteuid()):
+            return (f"its parent directory {parent} is owned by uid {st.st_uid}, neither root nor this user "
+                    f"(uid {os.geteuid()}), who could swap the whole directory")
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return (f"its parent directory {parent} is writable by {_writers(st.st_mode)} without the sticky bit "
+                    f"(mode {stat.S_IMODE(st.st_mode):o}), who could swap the whole directory; choose a directory "
+                    "under parents only root and you can change")
+    return ""
+
+
+def _writers(mode: int) -> str:
+    return {0o020: "its group", 0o002: "others", 0o022: "its group and others"}[mode & 0o022]
 
 
 def _unsafe(st: os.stat_result) -> str:
@@ -82,8 +112,8 @@ def _unsafe(st: os.stat_result) -> str:
     if st.st_uid != os.geteuid():
         return f"owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
     if st.st_mode & 0o022:
-        who = {0o020: "its group", 0o002: "others", 0o022: "its group and others"}[st.st_mode & 0o022]
-        return f"writable by {who} (mode {stat.S_IMODE(st.st_mode):o}; `chmod go-w` it or choose a private directory)"
+        return (f"writable by {_writers(st.st_mode)} (mode {stat.S_IMODE(st.st_mode):o}; `chmod go-w` it or choose "
+                "a private directory)")
     return ""
 
 
@@ -178,27 +208,44 @@ def clear_entry(path: str) -> None:
 def publish(directory: str, name: str, parts: list, fsync: bool = False) -> None:
     """Write ``parts`` (buffers) as the file ``directory/name``, all or nothing.
 
-    The bytes go to a new private temporary ``.<name>.<random>.tmp`` created with
-    ``O_EXCL | O_NOFOLLOW`` (a name planted there, e.g. a link to a victim file, fails the
-    call instead of being followed), then it is renamed over ``name`` (a rename replaces a
-    link itself, never its target). Readers see the whole file or none.
+    The bytes go to a new private temporary (`new_temp`), then it is renamed over ``name``
+    (a rename replaces a link itself, never its target). Readers see the whole file or none.
 
     Raises:
         OSError: the write or the rename failed (the temporary is removed).
     """
-    tmp = os.path.join(directory, f".{name}.{os.urandom(8).hex()}{TMP_SUFFIX}")
-    fd = os.open(tmp, _CREATE_FLAGS, FILE_MODE)
+    tmp, fd = new_temp(directory, name)
     try:
         try:
-            _writev_all(fd, parts)
-            if fsync:
-                os.fsync(fd)
+            write_all(fd, parts, fsync)
         finally:
             os.close(fd)
         os.replace(tmp, os.path.join(directory, name))
     except BaseException:
         unlink_quiet(tmp)
         raise
+
+
+def new_temp(directory: str, name: str) -> tuple[str, int]:
+    """A new private temporary ``.<name>.<random>.tmp`` in ``directory`` and its descriptor,
+    created with ``O_EXCL | O_NOFOLLOW``: a name planted there (a link to a victim file)
+    fails the call instead of being followed.
+
+    Raises:
+        OSError: it cannot be created.
+    """
+    tmp = os.path.join(directory, f".{name}.{os.urandom(8).hex()}{TMP_SUFFIX}")
+    return tmp, os.open(tmp, _CREATE_FLAGS, FILE_MODE)
+
+
+def write_all(fd: int, parts: list, fsync: bool = False) -> None:
+    """Write every byte of ``parts`` (buffers) at the file's offset (short writes resumed);
+    ``fsync`` the file after them if asked."""
+    views = [memoryview(p).cast("B") for p in parts]
+    while views:
+        views = advance(views, os.writev(fd, views))
+    if fsync:
+        os.fsync(fd)
 
 
 def unlink_quiet(path: str) -> bool:
@@ -208,13 +255,6 @@ def unlink_quiet(path: str) -> bool:
         return True
     except FileNotFoundError:
         return False
-
-
-def _writev_all(fd: int, parts: list) -> None:
-    """Write every byte of ``parts`` (short writes resumed)."""
-    views = [memoryview(p).cast("B") for p in parts]
-    while views:
-        views = advance(views, os.writev(fd, views))
 
 
 def advance(views: list[memoryview], nbytes: int) -> list[memoryview]:

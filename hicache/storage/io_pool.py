@@ -11,7 +11,10 @@ chunks; the pages it did not reach report ``False``.
 
 Ownership: the host buffers of a prefetch or backup belong to the operation until its
 `IOResult` comes out of `poll` (or `StorageOp.done()` is true): a cancel or a timeout
-stops it early but a chunk already running still writes or reads them.
+stops it early but a chunk already running still writes or reads them. A caller that
+must not wait for that chunk (a deadline that has to hold while the store stalls) takes
+the pages `StorageOp.progress` reports as read, and leaves the buffers of the others to
+the operation until it is done.
 
 Results go to the channel the operation was submitted with (`StorageIO.channel`; by
 default the pool's own, read by `StorageIO.poll`), so several users of one pool (two
@@ -68,6 +71,7 @@ class StorageOp:
     def __init__(self, op_id: int, kind: IOKind, num_pages: int, deadline: float | None) -> None:
         self.op_id, self.kind, self.num_pages, self.deadline = op_id, kind, num_pages, deadline
         self._stop = threading.Event()
+        self._read = 0  # prefetch: leading pages read and verified so far
         self.future: Future = Future()
 
     def cancel(self) -> None:
@@ -79,6 +83,11 @@ class StorageOp:
 
     def done(self) -> bool:
         return self.future.done()
+
+    def progress(self) -> int:
+        """A prefetch's leading pages read and verified so far: their buffers hold their bytes
+        and no chunk of this operation touches them again (before it is done, too)."""
+        return self._read
 
     def result(self, timeout_s: float | None = None) -> IOResult | None:
         """Wait up to ``timeout_s`` (``None`` = forever) for the result; ``None`` if not done by then."""
@@ -231,8 +240,10 @@ class StorageIO:
             else:
                 part = backend.run("get" if op.kind is IOKind.PREFETCH else "set", keys[start:end], pages[start:end])
             ok.extend(part)
-            if op.kind is IOKind.PREFETCH and not all(part):
-                break  # only the leading run is usable; later pages would be wasted reads
+            if op.kind is IOKind.PREFETCH:
+                op._read += _leading(part)  # after the bytes landed (this thread wrote them)
+                if not all(part):
+                    break  # only the leading run is usable; later pages would be wasted reads
         ok.extend([False] * (len(keys) - len(ok)))
         hit = _leading(ok) if op.kind is IOKind.PREFETCH else sum(ok)
         return IOResult(op.op_id, op.kind, ok, hit, stopped)

@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from hicache.config import model_id_too_long
 from hicache.tokens import int64_token_ids
 from host_pools.spec import PoolKind, PoolSpec, Stack
 
@@ -76,6 +77,8 @@ class StorageNamespace:
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("model: must be a non-empty model id")
+        if model_id_too_long(self.model):
+            raise ValueError(f"model (--hicache-storage-model-id): {model_id_too_long(self.model)}")
         for name in ("tokens_per_row", "page_size", "rows_per_object", "row_bytes", "tp_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")

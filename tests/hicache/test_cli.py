@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import hicache.replay.cli as replay_mod
@@ -98,6 +98,7 @@ def test_plot_is_written_only_when_asked_at_the_printed_absolute_path(tmp_path, 
     assert main(["replay", *TINY]) == 0
     assert list(tmp_path.iterdir()) == [] and "plot:" not in capsys.readouterr().out
     # 2. --plot with a relative path: written there, the absolute path printed
+    (tmp_path / "figs").mkdir()  # the folder must exist (issue 23 item 13)
     assert main(["replay", *TINY, "--plot", "figs/hit.png"]) == 0
     out = capsys.readouterr().out
     assert f"plot: {tmp_path / 'figs' / 'hit.png'}" in out and (tmp_path / "figs" / "hit.png").stat().st_size > 0
@@ -236,6 +237,7 @@ ODD_NUMBERS = st.one_of(st.sampled_from(["nan", "inf", "-inf", "-0", "0", "5e-32
 
 @settings(derandomize=True, deadline=None, max_examples=120)
 @given(flag=st.sampled_from(PLAN_FLOATS), value=ODD_NUMBERS)
+@example(flag="--device-gib", value="0.0005")  # one page of device tokens, less than one SWA row
 def test_plan_float_flags_never_show_a_traceback(flag, value):
     code, out, err = _run_main(["plan", "--model", "deepseek-v4-flash", "--layers", "4", f"{flag}={value}"])
     if code == 2:

@@ -8,6 +8,7 @@ from hicache import HiCacheConfig, build
 from hicache.batch import Op, plan_jobs
 from hicache.models import deepseek_v4, dsa, mha, mla
 from host_pools.memory import HostBudget
+from tests.hicache.rollback import arm_later_group, landed_before
 from transfer_kernels import FaultyBackend
 
 BIG = HostBudget(1 << 40, None, 0, 1, 1 << 40)
@@ -188,29 +189,35 @@ def test_device_short_on_load_returns_none(gen):
 
 @pytest.mark.parametrize("direction", ["d2h", "h2d"])
 def test_fault_rolls_back_then_retry_succeeds(direction, gen):
-    faulty = FaultyBackend("torch", fail_on_launch=2)
+    faulty = FaultyBackend("torch", fail_on_launch=10**9)
     cache = make("dsv4", backend=faulty)
     ctrl = cache.controller
     fill_random(cache, gen)
     kv, extra = alloc_device(cache)
     if direction == "h2d":
-        ctrl.start_writing()  # launch 1: nothing queued yet, no launch
-        host = backup(cache, kv, extra)  # launch 1: the backup succeeds
+        expected = snapshot(cache, {"kv": kv, **extra})
+        host = backup(cache, kv, extra)
+        fill_random(cache, gen)
         before = allocator_state(cache)
-        # launch 2 is layer 0 of the load (then layers 1..3): it raises
+        # one launch group per model layer: 4 groups; the last one raises after the
+        # first three copied their layers
+        ctrl.load_groups.min_bytes = 0
+        _, first = arm_later_group(ctrl, faulty, host["kv"], {"swa": host["swa"]}, min_groups=4)
         dev = ctrl.load(host["kv"], {"swa": host["swa"]})
         ctrl.start_loading()
+        assert landed_before(cache, dev, expected, first)  # earlier groups did run
     else:
-        backup(cache, *alloc_device(cache, 1, 0)[:1], {})  # launch 1 succeeds
+        backup(cache, *alloc_device(cache, 1, 0)[:1], {})  # one launch, it succeeds
         before = allocator_state(cache)
+        faulty.fail_on_launch = faulty.launches + 1  # a backup is one launch: it raises
         ctrl.write(kv, extra)
-        ctrl.start_writing()  # launch 2 raises
+        ctrl.start_writing()
     acks = ctrl.poll()
     # the batch failed as a whole and its destination slots are free again
     assert [a.success for a in acks] == [False] and "injected" in acks[0].error
     assert allocator_state(cache) == before
     assert ctrl.stats()[direction]["rollbacks"] == 1
-    # a retry (launches 3..) succeeds
+    # a retry succeeds
     if direction == "h2d":
         dev = ctrl.load(host["kv"], {"swa": host["swa"]})
         ctrl.start_loading()

@@ -10,6 +10,7 @@ import torch
 
 from tests.hicache.test_controller import (_equal, alloc_device, allocator_state, backup,
                                            fill_random, make, snapshot)
+from tests.hicache.rollback import arm_later_group
 from transfer_kernels import FaultyBackend
 
 pytestmark = pytest.mark.gpu
@@ -54,12 +55,18 @@ def test_wait_until_orders_compute_after_each_layer(gen, backend):
     ctrl.check_integrity()
 
 
-@pytest.mark.parametrize("fail_on", [1, 3])
-def test_rollback_on_cuda_frees_and_signals_every_layer(gen, fail_on):
+@pytest.mark.parametrize("which", ["first", "last"])
+def test_rollback_on_cuda_frees_and_signals_every_layer(gen, which):
+    # The first launch group fails, or the last one after every other group was enqueued
+    # (one group per model layer: the grouping is computed from the plan, not assumed).
     cache = make("dsv4", backend="triton", device="cuda")
     host, _ = _stored(cache, gen, pages=2)
     ctrl = cache.controller
-    ctrl.backend = FaultyBackend("triton", fail_on_launch=fail_on)
+    ctrl.backend = faulty = FaultyBackend("triton", fail_on_launch=10 ** 9)
+    ctrl.load_groups.min_bytes = 0
+    arm_later_group(ctrl, faulty, host["kv"], {"swa": host["swa"]}, min_groups=3)
+    if which == "first":
+        faulty.fail_on_launch = faulty.launches + 1
     before = allocator_state(cache)
     assert ctrl.load(host["kv"], {"swa": host["swa"]}) is not None
     assert ctrl.start_loading() is None  # rolled back: no consumer to wait on

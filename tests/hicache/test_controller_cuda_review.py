@@ -15,6 +15,7 @@ from hicache.models import mha
 from tests.hicache.test_controller import (BIG, _equal, alloc_device, allocator_state, fill_random,
                                            make, snapshot)
 from tests.hicache.test_controller_cuda import _stored
+from tests.hicache.rollback import arm_later_group
 from transfer_kernels import CopyBackend, FaultyBackend, get_backend
 
 pytestmark = pytest.mark.gpu
@@ -99,8 +100,8 @@ def test_rolled_back_load_on_the_production_launches(gen, backend):
                  device_pages=24)
     ctrl = cache.controller
     host, expected = _stored(cache, gen, pages=4)
-    ctrl.load_groups.min_bytes = 0  # per-layer launches: the second one fails
-    ctrl.backend.fail_on_launch = ctrl.backend.launches + 2
+    ctrl.load_groups.min_bytes = 0  # one group per layer: the last one fails, after the others
+    arm_later_group(ctrl, ctrl.backend, host["kv"], {"swa": host["swa"]}, min_groups=3)
     before = allocator_state(cache)
     assert ctrl.load(host["kv"], {"swa": host["swa"]}) is not None
     assert ctrl.start_loading() is None

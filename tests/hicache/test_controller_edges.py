@@ -9,6 +9,7 @@ import torch
 from hicache.batch import Batch
 from tests.hicache.test_controller import (alloc_device, allocator_state, backup, fill_random,
                                            make, snapshot)
+from tests.hicache.rollback import arm_later_group
 from transfer_kernels import FaultyBackend
 
 
@@ -167,13 +168,16 @@ def test_poll_does_not_hold_a_finished_load_behind_an_unfinished_backup():
 
 
 def test_rolled_back_load_returns_none(gen):
-    cache = make("dsv4", backend=FaultyBackend("torch", fail_on_launch=2))
+    faulty = FaultyBackend("torch", fail_on_launch=10 ** 9)
+    cache = make("dsv4", backend=faulty)
     ctrl = cache.controller
     fill_random(cache, gen)
-    host = backup(cache, *alloc_device(cache))  # launch 1
+    host = backup(cache, *alloc_device(cache))
     before = allocator_state(cache)
+    ctrl.load_groups.min_bytes = 0  # one group per model layer: the last of 4 raises
+    arm_later_group(ctrl, faulty, host["kv"], {"swa": host["swa"]}, min_groups=4)
     assert ctrl.load(host["kv"], {"swa": host["swa"]}) is not None
-    assert ctrl.start_loading() is None  # launch 2 (layer 0) raised: rolled back
+    assert ctrl.start_loading() is None  # rolled back after 3 groups had copied
     assert [a.success for a in ctrl.poll()] == [False]
     assert allocator_state(cache) == before
 

@@ -10,6 +10,7 @@ from hicache.batch import LoadGrouper
 from hicache.models import preset
 from tests.hicache.test_controller import (STACKS, _equal, alloc_device, allocator_state, backup,
                                            fill_random, make, snapshot)
+from tests.hicache.rollback import arm_later_group
 from transfer_kernels import FaultyBackend, NullBackend, StagedBackend, TorchBackend, TritonBackend
 
 
@@ -63,7 +64,7 @@ def test_dma_with_the_triton_scatter(gen):
 
 def test_back_to_back_loads_reuse_the_staging(gen):
     # Three loads of the same shape (other pages each), started one after another with no
-    # poll between: one staging buffer per pool serves all three, each byte for byte.
+    # poll between: one staging ring serves all three, each byte for byte.
     staged = StagedBackend(TorchBackend())
     cache = make("dsv4", "page_first", staged, device_pages=8)
     ctrl = cache.controller
@@ -75,24 +76,27 @@ def test_back_to_back_loads_reuse_the_staging(gen):
     assert [a.success for a in ctrl.poll()] == [True] * 3
     for dev, (_, expected) in zip(devs, stored):
         assert _equal(snapshot(cache, dev), expected)
-    held = staged._held
-    # a buffer per multi-layer pool (a 1-layer host pool is as contiguous as its device one)
-    assert held > 0 and len(staged._buffers) == sum(p.num_layers > 1 for p in cache.stack.data_pools())
+    # one ring per direction (the backups staged too), allocated once
+    bases = [ring.base() for ring in staged._rings.values()]
+    assert staged._held == 2 * staged.max_staging_bytes and len(bases) == 2
     devs.append(_load(cache, stored[0][0]))  # a fourth: nothing new allocated
-    assert staged._held == held
+    assert [ring.base() for ring in staged._rings.values()] == bases
 
 
-@pytest.mark.parametrize("fail_on", [1, 2])
-def test_dma_rollback_frees_and_retry_succeeds(gen, fail_on):
-    # The staged backend's own prepared launches, one of which fails: the load is rolled
-    # back (its device slots free again), and the retry is byte-exact.
+@pytest.mark.parametrize("which", ["first", "last"])
+def test_dma_rollback_frees_and_retry_succeeds(gen, which):
+    # The staged backend's own prepared launches, one of which fails (the first group, or
+    # the last after the others copied): the load is rolled back (its device slots free
+    # again), and the retry is byte-exact.
     faulty = FaultyBackend(StagedBackend(TorchBackend()), fail_on_launch=10 ** 9)
     cache = make("dsv4", "page_first", faulty)
     ctrl = cache.controller
-    ctrl.load_groups.min_bytes = 0  # one launch per layer: 4 launches
+    ctrl.load_groups.min_bytes = 0  # one launch group per layer: 4 groups
     host, expected = _stored(cache, gen)
     before = allocator_state(cache)
-    faulty.fail_on_launch = faulty.launches + fail_on
+    arm_later_group(ctrl, faulty, host["kv"], {"swa": host["swa"]}, min_groups=4)
+    if which == "first":
+        faulty.fail_on_launch = faulty.launches + 1
     assert ctrl.load(host["kv"], {"swa": host["swa"]}) is not None
     assert ctrl.start_loading() is None
     assert ctrl.rolled_back_ops() == {ctrl.last_op_id}  # CPU: freed at once

@@ -205,7 +205,7 @@ def test_dma_stages_int8_pages_then_converts_on_the_device(gen):
     dma = StagedBackend()
     src, dst = torch.tensor([0, 1, 4]), torch.tensor([3, 4, 5])
     copy_rows(side.dev_table, side.host_table, src, dst, backend=dma)
-    assert dma.copies == 1 and dma.pieces == 1  # host rows 3..5: one run, one piece
+    assert dma.copies == 1 and dma.pieces == 3  # one DMA call, a piece per host row
     q_ref, s_ref = quantize_int8_ref(side.dev[1][1][src].cpu())
     q, s = side.host_qs(1, 1, dst, (2, 2, 16))
     assert torch.equal(q, q_ref) and torch.equal(s.view(torch.int32), s_ref.view(torch.int32))
@@ -217,19 +217,19 @@ def test_dma_stages_int8_pages_then_converts_on_the_device(gen):
 
 
 def test_which_backend_converts_for_each_backend():
-    """torch: the reference; triton: the fused kernel (interpreted on CPU); dma: staged int8
-    pages + the kernel; copy_engine cannot convert by copying: torch on a CPU plan, the fused
-    kernel on CUDA; auto: torch on a CPU plan, the dma path's on CUDA."""
+    """torch: the reference; triton: the fused kernel (interpreted on CPU); copy_engine cannot
+    convert by copying: torch on a CPU plan, the fused kernel on CUDA. dma and auto convert
+    themselves (dma: int8 pages staged in its ring, then its kernel's quant backend; auto:
+    decided per shape, `test_auto_decides_converting_jobs_in_table_terms`)."""
     from transfer_kernels.quant_kernel import TritonQuantBackend
-    from transfer_kernels.quant_staged import StagedQuantBackend
     from transfer_kernels.quant_torch import TorchQuantBackend
     cpu = torch.device("cpu")
-    kinds = {name: type(get_backend(name, fresh=True).quant_backend(cpu)) for name in BACKENDS}
-    assert kinds == {"torch": TorchQuantBackend, "triton": TritonQuantBackend, "dma": StagedQuantBackend,
-                     "copy_engine": TorchQuantBackend, "auto": TorchQuantBackend}
+    kinds = {name: type(get_backend(name, fresh=True).quant_backend(cpu))
+             for name in ("torch", "triton", "copy_engine")}
+    assert kinds == {"torch": TorchQuantBackend, "triton": TritonQuantBackend, "copy_engine": TorchQuantBackend}
+    assert get_backend("dma", fresh=True).converts and get_backend("auto", fresh=True).converts
     if torch.cuda.is_available():
         cuda = torch.device("cuda")
-        assert isinstance(get_backend("auto", fresh=True).quant_backend(cuda), StagedQuantBackend)
         assert isinstance(get_backend("copy_engine", fresh=True).quant_backend(cuda), TritonQuantBackend)
 
 

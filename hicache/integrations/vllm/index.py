@@ -19,7 +19,10 @@ capacity (a sliding-window group keeps fewer chunks than a full-attention one).
 ``reset`` frees idle READY chunks at once, but a chunk whose store or load is still in
 flight goes to quarantine, out of reach of ``prepare_store``, until ``release_reset``:
 a worker may still write (or read) it, and handing it to a new key first would let the
-late copy land in, or read from, the new key's bytes. Not thread-safe: vLLM calls it
+late copy land in, or read from, the new key's bytes. Each reset starts a new ``epoch``;
+entries carry the one they were made in, and a completion given an older epoch (the
+job in flight at the reset reporting late) is ignored rather than applied to the key's
+new entry. Not thread-safe: vLLM calls it
 from the scheduler thread only. No vLLM import: the manager adapter translates types.
 """
 from __future__ import annotations
@@ -47,14 +50,17 @@ class _Entry:
     ready: bool = False  # False while its store is in flight
     loads: int = 0  # pending loads; > 0 pins the chunk
     demoted: bool = False  # joins the LRU at its evicting end when published
+    epoch: int = 0  # the reset epoch it was made in
 
 
 class StorePlan(NamedTuple):
-    """What ``prepare_store`` decided: keys to copy, their chunk ids (same order), evictions."""
+    """What ``prepare_store`` decided: keys to copy, their chunk ids (same order), evictions,
+    and the reset epoch to complete them with."""
 
     keys: list[Hashable]
     chunks: list[int]
     evicted: list[Hashable]
+    epoch: int = 0
 
 
 class HostBlockIndex:
@@ -82,8 +88,9 @@ class HostBlockIndex:
         self._lru: list[OrderedDict[Hashable, None]] = [OrderedDict() for _ in range(num_groups)]
         self._entries: dict[Hashable, _Entry] = {}
         self._quarantine: list[list[int]] = [[] for _ in range(num_groups)]
+        self.epoch = 0  # resets so far; a completion of an older one is ignored
         self.counters = {"stored": 0, "store_failed": 0, "loaded": 0, "evicted": 0,
-                         "store_refused": 0, "demoted": 0}
+                         "store_refused": 0, "demoted": 0, "stale_completions": 0}
 
     @property
     def num_chunks(self) -> int:
@@ -124,12 +131,17 @@ class HostBlockIndex:
         self.counters["loaded"] += len(entries)
         return [e.chunk for e in entries]
 
-    def complete_load(self, keys: Collection[Hashable]) -> None:
+    def complete_load(self, keys: Collection[Hashable], epoch: int | None = None) -> None:
         """Unpin keys of an earlier ``prepare_load``; the last unpin makes a key evictable again.
+
+        Args:
+            epoch: ``epoch`` when the load was prepared; keys made since a later reset are
+                left alone (``None``: the keys' current entries).
 
         Raises:
             ValueError: a key has no pending load (nothing was changed).
         """
+        keys = self._current(keys, epoch)
         entries = [self._entries.get(k) for k in keys]
         if any(e is None or e.loads < 1 for e in entries):
             bad = next(k for k, e in zip(keys, entries) if e is None or e.loads < 1)
@@ -173,18 +185,20 @@ class HostBlockIndex:
         for key in new:
             g = self.group(key)
             chunk = int(self._alloc[g].alloc(1)[0])
-            self._entries[key] = _Entry(g, chunk)
+            self._entries[key] = _Entry(g, chunk, epoch=self.epoch)
             chunks.append(chunk)
         self.counters["evicted"] += len(evicted)
-        return StorePlan(new, chunks, evicted)
+        return StorePlan(new, chunks, evicted, self.epoch)
 
-    def complete_store(self, keys: Collection[Hashable], success: bool = True) -> list[Hashable]:
+    def complete_store(self, keys: Collection[Hashable], success: bool = True,
+                       epoch: int | None = None) -> list[Hashable]:
         """Publish (``success``) or drop the STORING keys among ``keys``; returns the published.
 
-        Keys that are absent or already READY are ignored (vLLM may repeat a completion).
+        Keys that are absent or already READY are ignored (vLLM may repeat a completion), so
+        are keys made since a reset later than ``epoch`` (the plan's; ``None``: any entry).
         """
         done = []
-        for key in keys:
+        for key in self._current(keys, epoch):
             entry = self._entries.get(key)
             if entry is None or entry.ready:
                 continue
@@ -199,6 +213,15 @@ class HostBlockIndex:
                 self.counters["store_failed"] += 1
         self.counters["stored"] += len(done)
         return done
+
+    def _current(self, keys: Collection[Hashable], epoch: int | None) -> list[Hashable]:
+        """``keys`` whose entry is of ``epoch`` (all of them for ``None``); the rest counted stale."""
+        keys = list(keys)
+        if epoch is None:
+            return keys
+        out = [k for k in keys if k not in self._entries or self._entries[k].epoch <= epoch]
+        self.counters["stale_completions"] += len(keys) - len(out)
+        return out
 
     def _drop(self, key: Hashable) -> None:
         entry = self._entries.pop(key)
@@ -223,7 +246,8 @@ class HostBlockIndex:
 
     def reset(self) -> None:
         """Forget every key. Idle READY chunks are free at once; chunks with a store or
-        load in flight are quarantined until :meth:`release_reset`."""
+        load in flight are quarantined until :meth:`release_reset`; a new epoch begins."""
+        self.epoch += 1
         for key, entry in list(self._entries.items()):
             if entry.ready and entry.loads == 0:
                 self._drop(key)

@@ -14,8 +14,9 @@ failing that the second schedule step after it (the flush went out with the firs
 """
 from __future__ import annotations
 
+from collections import deque
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Collection, Iterable, Mapping, Sequence
+from typing import Any, Collection, Hashable, Iterable, Mapping, Sequence
 
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
     OffloadingConnectorStats,
@@ -57,6 +58,7 @@ _COUNTERS = {
                                           "trailing window (evicted first)."),
 }
 HIT_TOKENS = "hicache:hit_tokens"
+GROUP_LOADED = "hicache:group_loaded_chunks"
 USED, TOTAL = "hicache:host_blocks_used", "hicache:host_blocks_total"
 GROUP_USED, GROUP_TOTAL = "hicache:group_chunks_used", "hicache:group_chunks_total"
 BYTES_PER_TOKEN = "hicache:host_bytes_per_token"
@@ -68,7 +70,10 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
     defs: dict[str, OffloadingMetricMetadata] = {
         name: OffloadingCounterMetadata(documentation=doc) for name, (_, doc) in _COUNTERS.items()}
     defs[HIT_TOKENS] = OffloadingCounterMetadata(
-        documentation="Tokens loaded from the host tier (whole chunks).")
+        documentation="Prefix tokens loaded from the host tier, counted once however many KV cache "
+                      "groups' chunks served them.")
+    defs[GROUP_LOADED] = OffloadingCounterMetadata(
+        documentation="Host chunks handed to loads, per KV cache group.", labelnames=_GROUP)
     defs[USED] = OffloadingGaugeMetadata(documentation="Host chunks in use, all groups.")
     defs[TOTAL] = OffloadingGaugeMetadata(documentation="Host chunk capacity, all groups.")
     defs[GROUP_USED] = OffloadingGaugeMetadata(documentation="Host chunks in use, per KV cache "
@@ -96,6 +101,41 @@ def config_info(layout: HostLayout, io_backend: str) -> dict[str, str | int | fl
             "hicache_io_backend": io_backend}
 
 
+class JobEpochs:
+    """The reset epoch each pending store or load of a (request, key) was prepared in,
+    oldest first: vLLM's completions name keys only, and one of a job that was in flight
+    at a reset must not complete the key's new entry (`HostBlockIndex.epoch`)."""
+
+    def __init__(self) -> None:
+        self._pending: dict[tuple[str, str, Hashable], deque[int]] = {}
+
+    def add(self, kind: str, req_id: str, keys: Iterable[Hashable], epoch: int) -> None:
+        for key in keys:
+            self._pending.setdefault((kind, req_id, key), deque()).append(epoch)
+
+    def take(self, kind: str, req_id: str, keys: Iterable[Hashable]) -> dict[int | None, list[Hashable]]:
+        """``keys`` by the epoch their oldest pending job was prepared in (``None``: unknown)."""
+        out: dict[int | None, list[Hashable]] = {}
+        for key in keys:
+            queue = self._pending.get((kind, req_id, key))
+            epoch = queue.popleft() if queue else None
+            if queue is not None and not queue:
+                del self._pending[(kind, req_id, key)]
+            out.setdefault(epoch, []).append(key)
+        return out
+
+    def forget_before(self, epoch: int) -> None:
+        """Drop jobs of older epochs: past the reset's fence, vLLM reports none of them."""
+        for ident, queue in list(self._pending.items()):
+            while queue and queue[0] < epoch:
+                queue.popleft()
+            if not queue:
+                del self._pending[ident]
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._pending.values())
+
+
 class HostChunksSpec(BlockIDsLoadStoreSpec):
     """Where blocks live on the host: chunk ids (one id space per KV cache group)."""
 
@@ -117,9 +157,11 @@ class HiCacheOffloadingManager(OffloadingManager):
         self.windows = TrailingWindows([g.window for g in layout.groups])
         self.events: list[OffloadingEvent] | None = [] if enable_events else None
         self.hit_tokens = 0
-        self._reported: dict[str, int] = {}
+        self.group_loaded = [0] * len(layout.groups)
+        self._reported: dict[tuple[str, tuple], int] = {}
         self._info = dict(info or {})
         self._steps_since_reset: int | None = None  # vLLM 0.32: steps since an unfenced reset
+        self.jobs = JobEpochs()
 
     @property
     def lock(self) -> AbstractContextManager:
@@ -139,15 +181,25 @@ class HiCacheOffloadingManager(OffloadingManager):
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> HostChunksSpec:
         keys = list(keys)
         chunks = self.index.prepare_load(keys)
-        self.hit_tokens += sum(self.tokens_per_chunk[self.index.group(k)] for k in keys)
+        self.jobs.add("load", req_context.req_id, keys, self.index.epoch)
+        per_group = [0] * len(self.group_loaded)
+        for key in keys:
+            per_group[self.index.group(key)] += 1
+        for g, count in enumerate(per_group):
+            self.group_loaded[g] += count
+        # the prefix's tokens once: every group's chunks cover (a trailing part of) the same
+        # prefix, so the group covering the most tokens says how long it is (a full-attention one)
+        self.hit_tokens += max(c * t for c, t in zip(per_group, self.tokens_per_chunk))
         return HostChunksSpec(chunks)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.index.touch(keys)
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        jobs = self.jobs.take("load", req_context.req_id, keys)  # before a fence forgets their epochs
         self._transfer_ended()
-        self.index.complete_load(list(keys))
+        for epoch, done in jobs.items():
+            self.index.complete_load(done, epoch)
 
     def prepare_store(self, keys: Collection[OffloadKey],
                       req_context: ReqContext) -> PrepareStoreOutput | None:
@@ -159,6 +211,7 @@ class HiCacheOffloadingManager(OffloadingManager):
         if plan is None:
             return None  # vLLM counts an allocation failure and retries later
         self.windows.commit(req_context.req_id, choice)
+        self.jobs.add("store", req_context.req_id, plan.keys, plan.epoch)
         self.index.demote(choice.demote)
         if plan.evicted:
             self._event(plan.evicted, removed=True)
@@ -167,8 +220,9 @@ class HiCacheOffloadingManager(OffloadingManager):
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext,
                        success: bool = True) -> None:
+        jobs = self.jobs.take("store", req_context.req_id, keys)  # before a fence forgets their epochs
         self._transfer_ended()
-        stored = self.index.complete_store(list(keys), success)
+        stored = [key for epoch, done in jobs.items() for key in self.index.complete_store(done, success, epoch)]
         if stored:
             self._event(stored, removed=False)
 
@@ -193,13 +247,18 @@ class HiCacheOffloadingManager(OffloadingManager):
 
     def on_reset_flushed(self) -> None:
         """vLLM >= 0.33: every job in flight at the last reset has been reported."""
-        self.index.release_reset()
+        self._release()
 
     def _transfer_ended(self) -> None:
         """vLLM 0.32: a job completed after an unfenced reset, so the workers are past it."""
         if self._steps_since_reset is not None:
             self._steps_since_reset = None
-            self.index.release_reset()
+            self._release()
+
+    def _release(self) -> None:
+        """The reset's fence is passed: its quarantined chunks and pending jobs are forgotten."""
+        self.index.release_reset()
+        self.jobs.forget_before(self.index.epoch)
 
     def on_schedule_end(self, context: Any) -> None:
         if self._steps_since_reset is not None:
@@ -217,14 +276,20 @@ class HiCacheOffloadingManager(OffloadingManager):
         out[HIT_TOKENS] = self.hit_tokens
         return out
 
+    def _increase(self, stats: OffloadingConnectorStats, name: str, value: int, label: tuple = ()) -> None:
+        """Add a counter's increment since the last report to ``stats``."""
+        delta = value - self._reported.get((name, label), 0)
+        if delta:
+            stats.increase_counter(name, delta, label)
+        self._reported[(name, label)] = value
+
     def get_stats(self) -> OffloadingConnectorStats:
         """Counter increments since the last call, and the current occupancy gauges."""
         stats = OffloadingConnectorStats()
         for name, value in self.totals().items():
-            delta = value - self._reported.get(name, 0)
-            if delta:
-                stats.increase_counter(name, delta)
-            self._reported[name] = value
+            self._increase(stats, name, value)
+        for g, value in enumerate(self.group_loaded):
+            self._increase(stats, GROUP_LOADED, value, (str(g),))
         groups = range(self.index.num_groups)
         stats.set_gauge(USED, sum(self.index.used(g) for g in groups))
         stats.set_gauge(TOTAL, self.index.num_chunks)

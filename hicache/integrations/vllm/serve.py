@@ -7,12 +7,15 @@ argument goes to vLLM untouched, except a ``--hicache-*`` flag hicache does not 
 typo), which is refused before vLLM starts. Without ``--enable-hierarchical-cache`` it
 starts plain vLLM. The server listens on 127.0.0.1 unless ``--host`` says otherwise
 (vLLM alone would listen on every interface). ``MODEL`` may be ``smollm2-135m``, the
-model folder ``scripts/setup_vllm.sh`` made.
+model folder ``scripts/setup_vllm.sh`` made. vLLM runs as a child with its own temporary
+folder, removed when it ends (also after SIGTERM): it leaves sockets and init files there.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
 from pathlib import Path
 from typing import Sequence
 
@@ -97,8 +100,33 @@ def serve_command(model: str, config: HiCacheConfig, vllm_args: Sequence[str],
 
 
 def run_serve(args: argparse.Namespace, vllm_args: Sequence[str]) -> int:
-    """Replace this process with vLLM's server (signals reach vLLM directly)."""
+    """Run vLLM's server until it ends; its exit status (128 + N after signal N)."""
     argv = serve_command(args.model, HiCacheConfig.from_args(args), vllm_args, args.vllm_python,
                          args.hicache_prefix_tokens)
-    os.execve(argv[0], argv, env.process_env())
-    return 0  # pragma: no cover - execve does not return
+    return run_in_private_tmp(argv)
+
+
+def run_in_private_tmp(argv: Sequence[str]) -> int:
+    """Run ``argv`` (vLLM's server) in its own process group with its own temporary folder
+    (`env.private_tmp`), removed when it ends. SIGINT, SIGTERM and SIGHUP sent to this
+    process are passed on to the group, as a terminal's Ctrl-C would be; whatever of the
+    group is left when the server has ended is killed (nothing writes to the folder after)."""
+    with env.private_tmp() as tmp:
+        proc = subprocess.Popen(list(argv), env=env.process_env(tmp), start_new_session=True)
+        passed = {sig: signal.signal(sig, lambda s, _frame: _signal_group(proc.pid, s))
+                  for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            code = proc.wait()
+        finally:
+            for sig, handler in passed.items():
+                signal.signal(sig, handler)
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return code if code >= 0 else 128 - code
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass  # the group has ended

@@ -12,6 +12,7 @@ from hicache.models import mha, mla
 from hicache.radix import HiRadixCache
 from hicache.replay.content import ContentModel, prefix_hashes
 from host_pools.memory import HostBudget
+from tests.hicache.rollback import arm_later_group, landed_before
 from transfer_kernels import FaultyBackend
 
 BIG = HostBudget(1 << 40, None, 0, 1, 1 << 40)
@@ -201,8 +202,8 @@ def test_failed_write_back_drops_the_node():
 
 
 def test_failed_load_leaves_node_host_only(gen):
-    # launch 1 = the backup; launches 2.. = the load, one per layer: the first one fails
-    cache, tree = make(mha(2, 1, 8, page_size=4), backend=FaultyBackend("torch", fail_on_launch=2))
+    faulty = FaultyBackend("torch", fail_on_launch=10 ** 9)
+    cache, tree = make(mha(2, 1, 8, page_size=4), backend=faulty)
     ps, kv = 4, cache.device_pools["kv"]
     fill_random(cache, gen)
     a = seq(0, 2, ps)
@@ -212,10 +213,15 @@ def test_failed_load_leaves_node_host_only(gen):
     tree.wait()
     tree.evict(2 * ps)
     node = tree.match_prefix(a).last_host_node
-    # 1. the load fails mid-way: device slots freed, the node stays host-only, unlocked;
-    #    before its ack is polled the tree is consistent too
-    assert tree.load_back(node) is not None
+    # 1. the load fails mid-way: one launch group per layer (2 groups), the second raises
+    #    after the first copied layer 0. Device slots freed, the node stays host-only,
+    #    unlocked; before its ack is polled the tree is consistent too
+    cache.controller.load_groups.min_bytes = 0
+    _, first = arm_later_group(cache.controller, faulty, node.host)
+    dev = tree.load_back(node)
+    assert dev is not None
     cache.controller.start_loading()
+    assert landed_before(cache, dev, expected, first)  # group 0 did run
     tree.check_integrity()
     tree.wait()
     assert node.device is None and node.lock_ref == 0 and kv.available() == kv.num_tokens

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import tempfile
 import threading
+import time
+import types
 
 import numpy as np
 import pytest
@@ -12,7 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hicache.models import deepseek_v4, mha
+from hicache.radix import prefetch as prefetch_module
 from hicache.radix.prefetch import PrefetchOutcome
+from hicache.storage import FileBackend
 from hicache.replay.content import ContentModel
 from tests.hicache.radix.storage_env import STACKS, forget_all, make, poll_until_reading, serve, stored
 from tests.hicache.radix.test_cache import seq
@@ -106,18 +110,49 @@ def test_write_back_writes_only_when_the_host_lets_go(tmp_path):
     tree.close()
 
 
-def test_prefetch_timeout_is_a_clean_partial_hit(tmp_path, gated):
-    cache, tree, a = stored(tmp_path, 6, backend_cls=gated, storage_prefetch_policy="timeout",
-                            storage_prefetch_timeout_s=0.3)
+class SecondReadWaits(FileBackend):
+    """A FileBackend whose second read (call) waits on a gate: a store stalled mid-prefetch."""
+
+    gate, entered, calls = threading.Event(), threading.Event(), 0
+
+    def _get(self, keys, pages):
+        cls = type(self)
+        cls.calls += 1
+        if cls.calls == 2:
+            cls.entered.set()
+            assert cls.gate.wait(60), "the test never opened the gate"
+        return super()._get(keys, pages)
+
+
+@pytest.fixture
+def stalled():
+    SecondReadWaits.gate.clear()
+    SecondReadWaits.entered.clear()
+    SecondReadWaits.calls = 0
+    yield SecondReadWaits
+    SecondReadWaits.gate.set()
+
+
+def test_a_prefetch_ends_at_its_deadline_while_a_read_is_stalled(tmp_path, stalled, monkeypatch):
+    """Issue 23, item 18: the deadline holds even while an I/O chunk is stuck in the store;
+    the prefetch ends with the chunks that finished, and the stuck chunk's host slots stay
+    out of reach until it returns (its bytes are never published)."""
+    cache, tree, a = stored(tmp_path, 6, backend_cls=stalled, storage_prefetch_policy="timeout",
+                            storage_prefetch_timeout_s=60)
     tree.storage.io.chunk_pages = 2
-    content = ContentModel(cache)
+    content, host = ContentModel(cache), cache.host_group.pools["kv"]
     p = tree.prefetch(a)
-    # the first chunk (2 pages) is held past the deadline; later chunks never start
-    poll_until_reading(tree, gated)
-    threading.Timer(0.6, gated.gate.set).start()
-    res = tree.wait_prefetch(p)
-    assert res.outcome is PrefetchOutcome.TIMEOUT
-    assert (res.found_tokens, res.read_tokens, res.added_tokens) == (24, 8, 8)
+    poll_until_reading(tree, stalled)  # chunk 1 (2 pages) read, chunk 2 stuck in the store
+    later = types.SimpleNamespace(monotonic=lambda: time.monotonic() + 3600)
+    monkeypatch.setattr(prefetch_module, "time", later)  # the tree's clock: the deadline has passed
+    tree.poll()
+    assert p.done and p.result.outcome is PrefetchOutcome.TIMEOUT
+    assert (p.result.found_tokens, p.result.read_tokens, p.result.added_tokens) == (24, 8, 8)
+    tree.check_integrity()
+    assert host.available() == host.num_tokens - 24  # 8 published, 16 still the stuck read's
+    stalled.gate.set()
+    tree.drain_storage()
+    assert host.available() == host.num_tokens - 8  # its late end gave the 16 back, published nothing
     # the next request finds the 2 pages on host (checked) and prefetches the other 4
     got = serve(cache, tree, content, a)
     assert (got.host, got.storage, got.prefetch.outcome) == (8, 16, PrefetchOutcome.COMPLETE)

@@ -37,7 +37,7 @@ def test_human_report_and_a_caught_fault_exit_1(capsys):
                         "c128_kv, c4_state, c4_indexer_state"),
     (["--arch", "mha", "--fault", "swa"], "--fault: 'swa' is not a pool of the mha model; allowed: kv"),
     (["--arch", "gpt"], "--arch): must be one of deepseek-v4, mha"),
-    (["--io-backend", "dma"], "argument --io-backend: invalid choice"),
+    (["--hicache-io-backend", "dma"], "argument --hicache-io-backend/--io-backend: invalid choice"),
     (["--hicache-write-policy", "never"], "argument --hicache-write-policy: invalid choice"),
     (["--hicache-storage-backend", "mooncake"], "argument --hicache-storage-backend: invalid choice"),
     (["--device-tokens", "100"], "--device-tokens: the longest request of 4 turns may take 288 tokens"),
@@ -58,3 +58,45 @@ def test_the_subcommand_module_imports_no_torch():
             "sys.modules['hicache'] = pkg; import hicache.reference.cli; "
             "sys.exit(int('torch' in sys.modules))" % str(root))
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+# ---------------------------------------------------------------- issue 23 items 6 and 12
+
+DEVICE_ONLY = ["--arch", "mha", *SMALL, "--device-tokens", "65536", "--hicache-storage-backend", "none"]
+
+
+def test_a_run_that_restored_nothing_exits_1_with_a_line_saying_so(capsys):
+    # was: exit 0 ("OK") with host 0 and storage 0: no restore had been checked
+    assert main(["verify-model", *DEVICE_ONLY]) == 1
+    out = capsys.readouterr()
+    assert "host 0, storage 0" in out.out and "NOTHING RESTORED" in out.out
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and "NOTHING RESTORED" in lines[0] and "--allow-device-only" in lines[0]
+
+
+def test_allow_device_only_accepts_it_and_json_says_so(capsys):
+    assert main(["verify-model", *DEVICE_ONLY, "--allow-device-only", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is True and out["nothing_restored"] is False
+    assert out["tokens_from"]["host"] == out["tokens_from"]["storage"] == 0
+    assert main(["verify-model", *DEVICE_ONLY, "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["nothing_restored"] is True
+
+
+@pytest.mark.parametrize("long, short", [("--hicache-io-backend", "--io-backend")])
+def test_verify_model_spells_transfer_flags_like_plan_and_replay(long, short):
+    # was: only --io-backend; replay and the server flags say --hicache-io-backend
+    from hicache.cli import build_parser
+    parser = build_parser("verify-model")
+    for flag in (long, short):
+        assert parser.parse_args(["verify-model", flag, "torch"]).io_backend == "torch"
+    for flag in ("--hicache-io-backend", "--hicache-mem-layout", "--hicache-write-policy"):
+        for command in ("plan", "replay", "verify-model"):
+            assert flag in build_parser(command)._subparsers._group_actions[0].choices[command].format_help()
+
+
+def test_an_unknown_flag_points_at_the_subcommands_help(capsys):
+    # was: "(see hicache --help)", which lists no verify-model flag
+    assert main(["verify-model", "--no-such-flag"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--no-such-flag" in err and "see hicache verify-model --help" in err

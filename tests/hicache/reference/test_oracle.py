@@ -43,7 +43,7 @@ def paged_logits(model, cfg, ids: torch.Tensor, chunks: list[int] | None) -> tor
                                        for p in stack}, torch.device("cpu"))
     order = torch.randperm(2 * pages, generator=torch.Generator().manual_seed(7))[:pages]
     slots = (order[:, None] * page + torch.arange(page)).reshape(-1)
-    seq = PagedSeq(stack, pools, slots, torch.arange(window, 2 * window) if window else None)
+    seq = PagedSeq(stack, pools, slots, torch.arange(window, 2 * window) if window else None, codecs=model.codecs)
     out, start = [], 0
     for n in chunks or [ids.numel()]:
         out.append(model.forward(seq, ids[start:start + n]))

@@ -91,7 +91,7 @@ def test_kv_dtype_defaults_follow_the_host_dtype():
 
 
 def test_a_bf16_pool_is_its_own_model_identity():
-    fp32, bf16 = toy_config("mha", 2, 0), toy_config("mha", 2, 0, "bfloat16")
+    fp32, bf16 = toy_config("mha", 2, 0), toy_config("mha", 2, 0, kv_dtype="bfloat16")
     assert fp32.identity != bf16.identity and bf16.identity.endswith("-bfloat16")
     assert bf16.stack().anchor.buffers[0].dtype == torch.bfloat16
     with pytest.raises(ValueError, match="MhaConfig.kv_dtype"):

@@ -1,7 +1,9 @@
 """`hicache replay`: real transfers, content checked byte for byte, hit rates, bad traces."""
 from __future__ import annotations
 
+import gzip
 import json
+import lzma
 from pathlib import Path
 
 import pytest
@@ -12,10 +14,10 @@ from hicache.models import preset
 from hicache.replay import JSON_KEYS
 from hicache.replay.content import ReplayMismatch
 from hicache.replay.run import Replayer
-from hicache.replay.workload import chat_workload, parse_line
+from hicache.replay.workload import chat_workload, load_trace, parse_line
 from host_pools.memory import HostBudget
 
-TRACE = Path(__file__).resolve().parents[4] / "shared" / "data" / "mooncake_synthetic_trace.jsonl"
+TRACE = Path(__file__).resolve().parents[3] / "data" / "mooncake_synthetic_trace.jsonl.xz"  # shipped
 BIG = HostBudget(1 << 40, None, 0, 1, 1 << 40)
 GOOD = '{"timestamp": 0, "input_length": 700, "output_length": 5, "hash_ids": [1, 2]}'
 
@@ -25,10 +27,9 @@ def replay_json(capsys, *argv: str) -> list[dict]:
     return json.loads(capsys.readouterr().out)["runs"]
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason="shared Mooncake trace not present")
 def test_trace_slice_has_no_mismatch_and_hit_rate_rises_with_ratio(tmp_path, capsys):
     # lines 3801-3950: sessions that reuse each other's prefixes (~55% with an infinite cache)
-    lines = TRACE.read_text().splitlines()[3800:3950]
+    lines = lzma.decompress(TRACE.read_bytes()).decode().splitlines()[3800:3950]
     trace = tmp_path / "slice.jsonl"
     trace.write_text("\n".join(lines) + "\n")
     plot = tmp_path / "hit.png"
@@ -130,6 +131,24 @@ def test_bad_trace_line_names_its_line_and_replays_nothing(tmp_path, capsys, cas
 def test_parse_line_accepts_a_good_line():
     req = parse_line(GOOD, 1)
     assert (req.input_length, req.output_length, req.hash_ids) == (700, 5, (1, 2))
+
+
+def test_shipped_trace_is_whole_and_compressed_traces_read_like_plain_ones(tmp_path):
+    # issue 23 item 10: the trace ships in the repository (a clone needs nothing outside it)
+    requests = load_trace(TRACE)
+    assert len(requests) == 3993 and requests[0].input_length == 40160
+    (tmp_path / "t.jsonl.gz").write_bytes(gzip.compress(f"{GOOD}\n{GOOD}\n".encode()))
+    (tmp_path / "t.jsonl").write_text(f"{GOOD}\n{GOOD}\n")
+    assert load_trace(tmp_path / "t.jsonl.gz") == load_trace(tmp_path / "t.jsonl")
+
+
+@pytest.mark.parametrize("name, data", [("cut.jsonl.xz", lzma.compress(GOOD.encode())[:-9]),
+                                        ("not.jsonl.xz", b"plain text"), ("not.jsonl.gz", b"plain text")])
+def test_a_damaged_compressed_trace_is_one_line_naming_the_flag(tmp_path, capsys, name, data):
+    (tmp_path / name).write_bytes(data)
+    assert main(["replay", "--trace", str(tmp_path / name), "--json", "--no-progress"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and len(out.err.strip().splitlines()) == 1 and "--trace" in out.err, out.err
 
 
 @pytest.mark.gpu

@@ -125,14 +125,22 @@ def test_plot_under_a_file_is_refused_before_the_runs(tmp_path, monkeypatch, cap
 
 
 def test_plot_check_leaves_nothing_behind(tmp_path, monkeypatch, capsys):
-    # the check creates the file and its folders the way the plot will, then removes them:
-    # a run that ends early (Ctrl-C) leaves no empty folder or file
+    # the check creates the file the way the plot will, then removes it: a run that ends
+    # early (Ctrl-C) leaves no empty file
     def interrupted(*args):
         raise KeyboardInterrupt
     monkeypatch.setattr(replay_mod, "replay_one", interrupted)
-    assert main(["replay", *TINY, "--plot", str(tmp_path / "a" / "b" / "hit.png")]) == 130
+    assert main(["replay", *TINY, "--plot", str(tmp_path / "hit.png")]) == 130
     assert list(tmp_path.iterdir()) == []
     capsys.readouterr()
+
+
+def test_plot_into_a_missing_folder_is_refused_not_created(tmp_path, monkeypatch, capsys):
+    # issue 23 item 13: was created (a mistyped folder silently appeared)
+    ratios = no_runs(monkeypatch)
+    line = one_line_error(capsys, main(["replay", *TINY, "--plot", str(tmp_path / "a" / "b" / "hit.png")]),
+                          "--plot", "does not exist")
+    assert ratios == [] and list(tmp_path.iterdir()) == [], line
 
 
 # ---------------------------------------------------------------- odd numbers, never a traceback
@@ -172,3 +180,26 @@ def test_swa_share_below_one_row_names_the_flag(capsys):
     line = one_line_error(capsys, main(["replay", *TINY, "--model", "deepseek-v4-flash", "--swa-full-tokens-ratio",
                                         "0.001"]), "--swa-full-tokens-ratio")
     assert "less than one swa row (128 tokens)" in line
+
+
+# ---------------------------------------------------------------- the summary (issue 23 item 15)
+
+
+def test_the_table_ends_with_the_workload_the_rows_legend_and_a_verdict(capsys):
+    assert main(["replay", "--no-progress", "--max-requests", "40", "--device-tokens", "8192", "--layers", "1",
+                 "--hicache-ratio", "4"]) == 0
+    *_, workload, rows, verdict = capsys.readouterr().out.strip().splitlines()
+    assert workload.startswith("workload: 40 requests of the built-in multi-turn chat") and "prompt tokens" in workload
+    assert "0 = device only" in rows
+    assert verdict.startswith("verdict: OK: 2 runs,") and "0 mismatches" in verdict and "restored" in verdict
+
+
+def test_a_replay_that_restored_nothing_says_so_in_its_verdict(capsys):
+    assert main(["replay", *TINY]) == 0  # 3 requests: everything fits on the device
+    verdict = capsys.readouterr().out.strip().splitlines()[-1]
+    assert verdict.startswith("verdict: NOT CHECKED: nothing came back from host or storage"), verdict
+
+
+def test_json_output_stays_one_object(capsys):
+    assert main(["replay", *TINY, "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)) == {"runs"}

@@ -165,6 +165,7 @@ def test_disk_full_write_leaves_nothing_behind(tmp_path, gen, caplog, monkeypatc
     assert b.batch_exists(keys) == 1
     assert not [f for _, _, fs in os.walk(tmp_path) for f in fs if f.endswith(".tmp")]
     assert len(b._index) == 1 and b.stats().errors == 2
+    assert b._index.total_bytes == os.path.getsize(b.path(keys[0]))  # their reservations given back
     assert len([m for m in _warnings(caplog) if "No space left" in m]) == 1
     # space is back: the same pages back up and read back exactly
     assert b.batch_set(keys, pages_of(src, NS, 3)) == [True] * 3

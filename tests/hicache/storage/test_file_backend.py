@@ -2,13 +2,15 @@
 no temporary files left behind, one index per directory shared by the pools' backends."""
 from __future__ import annotations
 
+import fcntl
 import os
 
 import pytest
 import torch
 
 from hicache.storage import FileBackend, StorageNamespace
-from hicache.storage.file_index import STALE_TMP_S, open_index, close_index
+from hicache.storage.file_index import close_index, open_index
+from hicache.storage.file_ledger import STALE_TMP_S
 from tests.hicache.storage.conftest import dsv4, keys_for, llama, pages_of, random_pool
 
 
@@ -87,22 +89,29 @@ def test_pools_share_one_index_per_directory(tmp_path, gen):
     close_index(index)
 
 
-def test_stale_temporary_files_are_removed_at_open(tmp_path, gen):
+def test_temporaries_of_dead_writers_and_stale_ones_are_removed_at_open(tmp_path, gen):
     ns = StorageNamespace.for_pool(llama(1), "kv")
     with FileBackend(ns, tmp_path):
         pass
     sub = tmp_path / ns.digest_hex[:32] / "ab"
     sub.mkdir()
     key = "ab" + "0" * 62
-    stale, fresh = sub / f".{key}.page.{'1' * 16}.tmp", sub / f".{key}.page.{'2' * 16}.tmp"
-    old_version = sub / f".{key}.123.456.tmp"  # an older version's temporary name
-    for path in (stale, fresh, old_version):
+    dead, live = sub / f".{key}.page.{'1' * 16}.tmp", sub / f".{key}.page.{'2' * 16}.tmp"
+    old_version = sub / f".{key}.123.456.tmp"  # an older version's temporary name (no writer to ask)
+    marker = tmp_path / ns.digest_hex[:32] / f".namespace.json.{'3' * 16}.tmp"  # fresh: kept
+    for path in (dead, live, old_version, marker):
         path.write_bytes(b"torn")
-    old = os.path.getmtime(stale) - STALE_TMP_S - 1
-    for path in (stale, old_version):
+    old = os.path.getmtime(dead) - STALE_TMP_S - 1
+    for path in (live, old_version):
         os.utime(path, (old, old))
-    with FileBackend(ns, tmp_path):
-        assert not stale.exists() and not old_version.exists() and fresh.exists()
+    fd = os.open(live, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a writer still at work, however old its file
+    try:
+        with FileBackend(ns, tmp_path) as b:
+            assert not dead.exists() and not old_version.exists() and live.exists() and marker.exists()
+            assert b._index.total_bytes == 4  # the live write counts
+    finally:
+        os.close(fd)
 
 
 def test_fsync_option_writes_the_same_bytes(tmp_path, gen):

@@ -165,6 +165,33 @@ def test_a_directory_of_another_user_is_refused(tmp_path, monkeypatch):
         FileBackend(NS, root)
 
 
+@pytest.mark.parametrize("mode, refused", [(0o777, True), (0o775, True), (0o757, True), (0o1777, False),
+                                           (0o755, False)])
+def test_a_parent_others_can_write_is_refused_unless_sticky(tmp_path, mode, refused):
+    """Issue 23, item 18: whoever can write a parent can swap the whole store for theirs."""
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    os.chmod(parent, mode)
+    root = parent / "store"
+    if not refused:  # a sticky parent (like /tmp): only the store's owner can rename or remove it
+        FileBackend(NS, root).close()
+        return
+    with pytest.raises(StorageUnavailableError, match=rf"^file storage: refusing --hicache-storage-dir {root}: "
+                                                      rf"its parent directory {parent} is writable by"):
+        FileBackend(NS, root)
+    assert not root.exists()  # refused before anything was created
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
+def test_a_parent_of_another_user_is_refused(tmp_path):
+    parent = tmp_path / "theirs"
+    parent.mkdir(mode=0o755)
+    os.chown(parent, 4242, -1)
+    with pytest.raises(StorageUnavailableError, match=rf"refusing --hicache-storage-dir {parent}/store: its parent "
+                                                      rf"directory {parent} is owned by uid 4242"):
+        FileBackend(NS, parent / "store")
+
+
 # ---- item 10: a FIFO at an object's name ---------------------------------------------------
 def test_a_fifo_at_an_object_name_is_a_miss_and_never_blocks(tmp_path, gen, caplog):
     b, src, keys = _stored(tmp_path, gen)

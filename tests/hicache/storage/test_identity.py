@@ -12,7 +12,7 @@ from hicache.radix import HiRadixCache
 from hicache.radix.prefetch import PrefetchOutcome
 from hicache.radix.store import open_store
 from hicache.replay.content import ContentModel
-from hicache.storage import StorageNamespace, config_namespace, make_storage
+from hicache.storage import FileBackend, StorageNamespace, config_namespace, make_storage
 from tests.hicache.radix.storage_env import make, serve
 from tests.hicache.radix.test_cache import BIG, seq
 from tests.hicache.storage.conftest import llama
@@ -89,3 +89,25 @@ def test_mooncake_ranks_and_models_never_read_each_others_pages(request, mooncak
         assert serve(cache, tree, ContentModel(cache), a).prefetch.outcome is want, identity
         tree.close()
         cache.close()
+
+
+def test_a_model_id_too_long_for_the_marker_is_refused_in_the_config_and_the_store(tmp_path, caplog):
+    """Issue 23, item 7: a model id past the marker's read limit made ``namespace.json``
+    "damaged" on every open; it is refused in one line naming the flag and the limit."""
+    kw = dict(storage_backend="file", storage_dir=str(tmp_path))
+    longest = "m" * 4096
+    for model_id in ("m" * 70_000, "é" * 2049):  # past the limit in characters, and in UTF-8 bytes
+        with pytest.raises(ValueError, match=r"^storage_model_id \(--hicache-storage-model-id\): .*at most "
+                                             r"4096 bytes"):
+            HiCacheConfig(**kw, storage_model_id=model_id)
+        with pytest.raises(ValueError, match=r"^model \(--hicache-storage-model-id\): must be at most 4096 bytes"):
+            StorageNamespace.for_pool(llama(1), "kv", model=model_id)
+    # the longest accepted id opens the same directory twice without rebuilding its marker
+    config = HiCacheConfig(**kw, storage_model_id=longest)
+    ns = config_namespace(config, llama(1), "kv")
+    for _ in range(2):
+        with caplog.at_level("WARNING", logger="hicache.storage"), make_storage(config, ns):
+            pass
+    assert not [r for r in caplog.records if "rebuilt" in r.getMessage()]
+    with pytest.raises(ValueError, match=r"^namespace: its namespace\.json would be .* B, over the 65,536 B limit"):
+        FileBackend(StorageNamespace.for_pool(llama(1), "kv", extra="x" * 70_000), tmp_path)

@@ -168,3 +168,36 @@ def test_close_finishes_queued_operations_as_stopped(tmp_path, gen):
     with pytest.raises(RuntimeError, match="closed"):
         io.query(backend, keys)
     backend.close()
+
+
+class SecondChunkWaits(FileBackend):
+    """A FileBackend whose second read call waits on a gate (a store stalled mid-prefetch)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate, self.entered, self.calls = threading.Event(), threading.Event(), 0
+
+    def _get(self, keys, pages):
+        self.calls += 1
+        if self.calls == 2:
+            self.entered.set()
+            assert self.gate.wait(60), "test never opened the gate"
+        return super()._get(keys, pages)
+
+
+def test_a_prefetch_reports_the_pages_its_finished_chunks_read(tmp_path, gen, io):
+    """Issue 23, item 18: while a chunk is stuck, the pages before it are read, verified and
+    never touched again: a caller whose deadline passed takes them and ends there."""
+    backend = SecondChunkWaits(NS, tmp_path)
+    src, dst = random_pool(llama(1), "kv", 6, gen), random_pool(llama(1), "kv", 6, gen)
+    keys = keys_for(6, 64)
+    assert backend.batch_set(keys, pages_of(src, NS, 6)) == [True] * 6
+    op = io.prefetch(backend, keys, pages_of(dst, NS, 6))
+    assert backend.entered.wait(60)
+    assert op.progress() == 2 and not op.done()
+    assert torch.equal(dst.buffer[:2], src.buffer[:2])  # those two pages are final already
+    op.cancel()
+    backend.gate.set()
+    res = op.result(60)
+    assert res.hit_pages == op.progress() == 4 and res.stopped and res.ok == [True] * 4 + [False] * 2
+    backend.close()

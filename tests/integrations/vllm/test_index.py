@@ -94,6 +94,30 @@ def test_reset_quarantines_chunks_with_a_transfer_in_flight():
     idx.check_integrity()
 
 
+def test_completions_from_before_a_reset_are_ignored():
+    # issue 23, item 8: a key stored (or loaded) again after a reset must not be published
+    # (or unpinned) by the completion of the job that was in flight at the reset
+    idx = HostBlockIndex(num_chunks=4, num_groups=1, group_of=group_of)
+    old = idx.prepare_store([k(0, 1)])
+    idx.prepare_store([k(0, 2)])
+    idx.complete_store([k(0, 2)], epoch=old.epoch)
+    old_load_epoch = idx.epoch
+    idx.prepare_load([k(0, 2)])
+    idx.reset()
+    new = idx.prepare_store([k(0, 1), k(0, 2)])
+    assert new.epoch == old.epoch + 1 and not set(new.chunks) & set(old.chunks)
+    idx.complete_store([k(0, 1), k(0, 2)], epoch=old.epoch)  # the old job: ignored
+    assert idx.lookup(k(0, 1)) is Lookup.PENDING and idx.counters["stale_completions"] == 2
+    idx.complete_store([k(0, 1), k(0, 2)], epoch=new.epoch)
+    assert idx.lookup(k(0, 1)) is Lookup.HIT
+    idx.prepare_load([k(0, 2)])
+    idx.complete_load([k(0, 2)], epoch=old_load_epoch)  # the old load: the new one stays pinned
+    idx.complete_load([k(0, 2)], epoch=idx.epoch)  # (raises if the old one had unpinned it)
+    with pytest.raises(ValueError, match="no pending load"):
+        idx.complete_load([k(0, 2)], epoch=idx.epoch)
+    idx.check_integrity()
+
+
 def test_idle_chunks_are_free_at_once_after_a_reset():
     idx = HostBlockIndex(num_chunks=2, num_groups=1, group_of=group_of)
     idx.prepare_store([k(0, 1), k(0, 2)])

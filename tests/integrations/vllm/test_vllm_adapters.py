@@ -125,6 +125,21 @@ def test_reset_never_hands_out_a_chunk_a_late_store_still_writes(gen, fenced, mo
     assert [r.success for r in worker.get_finished()] == [True, True, True]
 
 
+def test_a_store_completed_from_before_a_reset_does_not_publish_the_new_one():
+    # issue 23, item 8: vLLM 0.32/0.33 drop such completions; the manager ignores them anyway
+    mgr = make_spec({"hicache_ratio": 1.0}).get_manager()
+    old, new = vllm_base.ReqContext(req_id="old"), vllm_base.ReqContext(req_id="new")
+    key = make_key(b"k" * 8, 0)
+    assert mgr.prepare_store([key], old).keys_to_store == [key]
+    mgr.reset_cache()
+    assert mgr.prepare_store([key], new).keys_to_store == [key]  # stored again, its copy pending
+    mgr.complete_store([key], old)  # the job in flight at the reset reports
+    assert mgr.lookup(key, new) is LookupResult.HIT_PENDING
+    mgr.complete_store([key], new)
+    assert mgr.lookup(key, new) is LookupResult.HIT
+    mgr.index.check_integrity()
+
+
 def test_worker_round_trip_on_canonical_cpu_tensors(gen):
     spec = make_spec({"hicache_ratio": 1.0, "io_backend": "copy_engine"})
     assert spec.layout.chunks == [BLOCKS]

@@ -79,6 +79,10 @@ def test_full_plus_sliding_window_keeps_the_trailing_window_and_round_trips(gen)
     assert stored == set(more[0]) | set(more[1])
     assert sched.mgr.index.counters["demoted"] == 3
     stats = sched.mgr.get_stats().data["data"]
+    # issue 23, item 5: the 192-token prefix counts once (not 192 + 5 x 16 sliding-window
+    # tokens); each group's chunks are counted on their own
+    assert stats["hicache:hit_tokens"][()] == 12 * 16
+    assert stats["hicache:group_loaded_chunks"] == {("0",): 12, ("1",): 5}
     assert stats["hicache:group_chunks_used"][("1",)] == 8
     assert stats["hicache:host_bytes_per_token"][("1",)] == pytest.approx(swa_bpt)
     assert stats["hicache:host_bytes_per_token"][("0",)] == pytest.approx(full_bpt)

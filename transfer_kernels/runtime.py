@@ -1,0 +1,88 @@
+"""The runtime-level calls of a transfer, in one small module: stream handles, index
+uploads, kernel launches and event records.
+
+The load path makes every call of its call budget through a function of this module,
+looked up at call time (``runtime.launch(...)``, never ``from runtime import launch``), so
+a test can replace each one with a counter and check the budget of a load on any machine
+(``tests/hicache/test_call_budget.py``): per load at most one index upload, per launch
+group at most one launch and one event record, and no ``torch.cuda`` Python call per
+launch. The CPU path makes the same calls (a record of ``None`` does nothing), so the
+count a CPU test takes is the count the CUDA path makes.
+
+    stream_handle(device)      the current stream's raw ``cudaStream_t`` (once per load;
+                               no lookup while ``bind_stream`` declares it)
+    upload(parts, device)      int64 parts -> one tensor on ``device`` (one copy)
+    launch(launcher, group)    one pre-bound kernel launch of a prepared plan
+    record(event, stream)      one event record on an explicit stream (no stream lookup)
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+__all__ = ["bind_stream", "device_is_current", "launch", "record", "stream_handle", "upload"]
+
+
+_local = threading.local()  # .bound: (device index, stream handle) made current by bind_stream
+
+
+def bind_stream(bound: tuple[int, int] | None) -> tuple[int, int] | None:
+    """Declare ``(device index, handle)`` this thread's current stream, whose device is
+    the current device (``None``: nothing declared); returns the previous declaration.
+
+    The controller's ``OnStream`` declares its copy stream while it is current, so
+    :func:`stream_handle` and :func:`device_is_current` answer without asking torch.
+    """
+    previous = getattr(_local, "bound", None)
+    _local.bound = bound
+    return previous
+
+
+def stream_handle(device: torch.device) -> int:
+    """The raw handle of ``device``'s current stream (0 on the CPU): resolved once per
+    prepared load, then passed to every launch; the declared one when there is one."""
+    if device.type != "cuda":
+        return 0
+    bound = getattr(_local, "bound", None)
+    if bound is not None and bound[0] == device.index:
+        return bound[1]
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def device_is_current(device: torch.device) -> bool:
+    """True when ``device`` is the current CUDA device (a kernel loaded there may be
+    launched directly)."""
+    bound = getattr(_local, "bound", None)
+    if bound is not None and bound[0] == device.index:
+        return True
+    return torch.cuda.current_device() == device.index
+
+
+def upload(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Concatenate int64 CPU/device parts into one tensor on ``device`` with one copy on
+    the current stream (the launches that read it follow on the same stream)."""
+    if device.type == "cpu":
+        return torch.cat(parts)
+    if all(p.device.type == "cpu" for p in parts):
+        staged = torch.empty(sum(p.numel() for p in parts), dtype=torch.int64, pin_memory=True)
+        torch.cat(parts, out=staged)
+        return staged.to(device, non_blocking=True)
+    return torch.cat([p.to(device, non_blocking=True) for p in parts])
+
+
+def launch(launcher: Any, group: int) -> None:
+    """Launch group ``group`` of a pre-bound launcher (``triton_kernel.BoundLaunches``)."""
+    launcher.launch(group)
+
+
+def record(event: Any, stream: Any) -> None:
+    """Record ``event`` on ``stream`` (a ``torch.cuda.Stream``; ``None``: the current
+    stream); nothing when ``event`` is ``None`` (the CPU)."""
+    if event is None:
+        return
+    if stream is None:
+        event.record()
+    else:
+        event.record(stream)
