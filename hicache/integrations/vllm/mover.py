@@ -18,6 +18,9 @@ the copy engine for large ones on CUDA; numpy/torch copies on CPU). On CUDA stor
 loads and expedited loads each have their own stream, ordered after the compute stream,
 and completion is an event; on CPU the copy runs inside ``submit``. A copy that raises reports its job as
 failed and frees nothing: host chunk ids belong to the scheduler-side index.
+With ``host_dtype: "int8"`` a group given its K/V ``vectors`` keeps int8 values + fp32
+scales on the host (``host_codec.py``): stores quantize and loads dequantize inside the same
+copy call; bytes reported are the device blocks'.
 No vLLM import: the worker adapter translates vLLM's specs into plain arrays.
 """
 from __future__ import annotations
