@@ -94,8 +94,10 @@ def compare(ref: torch.Tensor, test: torch.Tensor, targets: torch.Tensor) -> dic
             "nll_ref": float(nll_ref), "delta_nll": float(nll_test - nll_ref), "kl": kl}
 
 
-def run_prefix(model, tokens: torch.Tensor, args: argparse.Namespace) -> list[dict]:
-    """Both tiers on one prefix: rows ``int8 vs bf16 tier`` and ``bf16 tier vs unrounded KV``."""
+def run_prefix(model, tokens: torch.Tensor, args: argparse.Namespace, fp32_model=None) -> list[dict]:
+    """Both tiers on one prefix: rows ``int8 vs bf16 tier`` and ``bf16 tier vs unrounded KV``;
+    with ``fp32_model`` (a bf16 ``model``), also the bf16 arithmetic's own distance from fp32
+    on the same restored KV (the noise floor the int8 row is measured against)."""
     prefix, inputs, targets = tokens[:args.prefix], tokens[args.prefix:-1], tokens[args.prefix + 1:]
     raw = prefill_kv(model, prefix)
     held = [(k.to(torch.bfloat16), v.to(torch.bfloat16)) for k, v in raw]  # the device pool's bf16
@@ -105,8 +107,12 @@ def run_prefix(model, tokens: torch.Tensor, args: argparse.Namespace) -> list[di
         if not same_bytes(restored, reference_round_trip(held, host_dtype)):
             raise RuntimeError(f"host dtype {host_dtype}: the tier's bytes differ from quant_ref's")
         logp[host_dtype] = score(model, restored, inputs)
-    return [{"compare": "int8 tier vs bf16 tier", **compare(logp["auto"], logp["int8"], targets)},
+    rows = [{"compare": "int8 tier vs bf16 tier", **compare(logp["auto"], logp["int8"], targets)},
             {"compare": "bf16 tier vs unrounded KV", **compare(logp["unrounded"], logp["auto"], targets)}]
+    if fp32_model is not None:
+        fp32 = score(fp32_model, reference_round_trip(held), inputs)
+        rows.append({"compare": "bf16 vs fp32 compute, bf16 tier", **compare(fp32, logp["auto"], targets)})
+    return rows
 
 
 def summarize(per_prefix: list[list[dict]]) -> list[dict]:
@@ -151,7 +157,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--score", type=int, default=256, help="tokens scored after each (default 256)")
     p.add_argument("--quick", action="store_true", help="1 prefix of 256 tokens, 64 scored")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
-                   help="the model's compute dtype (the KV is held in bf16 either way)")
+                   help="the model's compute dtype (the KV is held in bf16 either way; bfloat16 adds a row: "
+                        "bf16 vs fp32 compute on the same KV, the arithmetic's own noise floor)")
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--io-backend", default="torch", help="hicache's io backend (CPU: torch/auto/triton)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "host_dtype_accuracy.json")
@@ -173,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     tok = AutoTokenizer.from_pretrained(str(args.model))
     model = AutoModelForCausalLM.from_pretrained(str(args.model), dtype=DTYPES[args.dtype]).eval()
     length = args.prefix + args.score + 1
-    per_prefix = [run_prefix(model, torch.tensor(ids), args)
+    fp32_model = (None if args.dtype == "float32" else
+                  AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.float32).eval())
+    per_prefix = [run_prefix(model, torch.tensor(ids), args, fp32_model)
                   for ids in segments(corpus_text(), tok, args.prefixes, length)]
     rows = summarize(per_prefix)
     ok = rows[0]["mean_kl"] <= TARGET_MEAN_KL and rows[0]["top1_agreement"] >= TARGET_TOP1

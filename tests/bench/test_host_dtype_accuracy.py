@@ -72,6 +72,14 @@ def test_restored_prefixes_are_scored_on_a_tiny_model():
     assert summary[0]["positions"] == 2 * args.score and summary[0]["mean_kl"] == pytest.approx(int8["mean_kl"])
 
 
+def test_bf16_compute_adds_its_noise_floor_row():
+    model = tiny_llama()
+    args = argparse.Namespace(prefix=16, score=8, page_size=16, io_backend="torch")
+    tokens = torch.randint(0, 128, (25,), generator=torch.Generator().manual_seed(3))
+    rows = acc.run_prefix(model.to(torch.bfloat16), tokens, args, fp32_model=tiny_llama())
+    assert rows[-1]["compare"] == "bf16 vs fp32 compute, bf16 tier" and rows[-1]["mean_kl"] > 0
+
+
 def test_compare_of_equal_log_probabilities_is_zero():
     logp = torch.log_softmax(torch.randn(5, 11, generator=torch.Generator().manual_seed(2)), -1)
     c = acc.compare(logp, logp.clone(), torch.arange(5))
