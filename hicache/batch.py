@@ -36,8 +36,9 @@ class Op:
     direction: str  # "d2h" (write / backup) or "h2d" (load)
     src: dict[str, torch.Tensor]
     dst: dict[str, torch.Tensor]
-    # d2h: per pool, the destination host pages and their allocation generations
-    host_stamps: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+    # per pool, the destination pages the controller's allocator handed out and their
+    # allocation generations (None: a server's allocator); d2h: stamped when acked
+    stamps: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
     # queued together by load_many/write_many: every op of the call's slots, merged once
     merged: MergedOps | None = None
 
