@@ -112,20 +112,29 @@ class BatchPlanner:
         if batch._merged_once(ops) is not None:  # its merged slots: no concatenation
             return None
         if any(op.stamps is None for op in ops):
-            _refuse_shared(batch.merge_slots([op.dst for op in ops]), self._dst_pages, paged=False)
+            _refuse_shared(batch.merge_slots([op.dst for op in ops]), self._dst_pages)
             return None
-        pages = {root: np.concatenate([op.stamps[root][0] for op in ops if root in op.stamps])
-                 for root in roots}
-        _refuse_shared(pages, self._dst_pages, paged=True)
+        parts: dict[str, list[np.ndarray]] = {root: [] for root in roots}
+        for op in ops:
+            for root, got in op.stamps.items():
+                parts[root].append(got[0])
+        pages = {root: np.concatenate(p) for root, p in parts.items()}
+        for root, p in pages.items():
+            s = np.sort(p)
+            dup = np.flatnonzero(s[1:] == s[:-1])
+            if dup.size:  # named by its first slot, as the slots' check names it
+                _shared(root, int(s[dup[0]]) * self._dst_pages[root])
         return pages
 
 
-def _refuse_shared(per_root: Mapping, page_sizes: Mapping[str, int], paged: bool) -> None:
-    """``ValueError`` when a destination page appears twice (``per_root``: page numbers
-    when ``paged``, else slots); the message names the page by its first slot."""
-    for root, values in per_root.items():
-        ps = page_sizes[root]
-        twice = first_duplicate(torch.from_numpy(values) if paged else values[::ps])
+def _refuse_shared(per_root: Mapping[str, torch.Tensor], page_sizes: Mapping[str, int]) -> None:
+    """``ValueError`` when a destination page (its first slot in ``per_root``) appears twice."""
+    for root, slots in per_root.items():
+        twice = first_duplicate(slots[::page_sizes[root]])
         if twice is not None:
-            raise ValueError(f"destination slots of pool {root!r}: page {twice * ps if paged else twice} "
-                             f"belongs to two ops of one batch (freed and allocated again while queued)")
+            _shared(root, twice)
+
+
+def _shared(root: str, first_slot: int) -> None:
+    raise ValueError(f"destination slots of pool {root!r}: page {first_slot} belongs to two ops of "
+                     f"one batch (freed and allocated again while queued)")

@@ -87,19 +87,23 @@ class PageAllocator:
             after this allocation; ``None`` when fewer are free (nothing changes).
         """
         with self._lock:
-            if num_pages > self._top:
+            top = self._top
+            if num_pages > top:
                 return None
-            pages = self._stack[self._top - num_pages:self._top][::-1]  # the top of the stack first
-            if np.count_nonzero(pages[1:] <= pages[:-1]):  # pushed in descending order: usually not
+            pages = self._stack[top - num_pages:top][::-1]  # the top of the stack first
+            # pushed in descending order: usually not (one page: nothing to check)
+            if num_pages > 1 and np.count_nonzero(pages[1:] <= pages[:-1]):
                 pages = np.sort(pages)
             else:
                 pages = pages.copy()
-            self._top -= num_pages
-            if num_pages and pages[-1] - pages[0] == num_pages - 1:  # one run (a fresh pool): slices
-                run = slice(int(pages[0]), int(pages[-1]) + 1)
+            self._top = top - num_pages
+            first = int(pages[0]) if num_pages else 0
+            if num_pages and int(pages[-1]) - first == num_pages - 1:  # one run (a fresh pool): slices
+                run = slice(first, first + num_pages)
                 self._owned[run] = True
-                self._generation[run] += 1
-                return pages, self._generation[run].copy()
+                gens = self._generation[run]
+                gens += 1
+                return pages, gens.copy()
             self._owned[pages] = True
             self._generation[pages] += 1
             return pages, self._generation[pages]
