@@ -91,8 +91,9 @@ class PageAllocator:
             if num_pages > top:
                 return None
             pages = self._stack[top - num_pages:top][::-1]  # the top of the stack first
-            # pushed in descending order: usually not (one page: nothing to check)
-            if num_pages > 1 and np.count_nonzero(pages[1:] <= pages[:-1]):
+            if 1 < num_pages <= _FEW_PAGES:  # a few: sorting beats checking the order first
+                pages = np.sort(pages)
+            elif num_pages > 1 and np.count_nonzero(pages[1:] <= pages[:-1]):  # pushed in order: usually not
                 pages = np.sort(pages)
             else:
                 pages = pages.copy()
@@ -105,8 +106,9 @@ class PageAllocator:
                 gens += 1
                 return pages, gens.copy()
             self._owned[pages] = True
-            self._generation[pages] += 1
-            return pages, self._generation[pages]
+            gens = self._generation[pages] + 1  # the pages are distinct: one gather, one scatter
+            self._generation[pages] = gens
+            return pages, gens
 
     def page_slots(self, pages: np.ndarray, ascending: bool = False) -> np.ndarray:
         """The slots of ``pages`` (page numbers, e.g. from `alloc_pages` or `pages_of`), in
