@@ -93,7 +93,8 @@ def merge_slots(per_op: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor
 
 def plan_jobs(stack: Stack, ops: list[Op], tables: Callable[[str], tuple[Any, Any]],
               dst_pages: Mapping[str, int] | None = None) -> dict[tuple, CopyJob]:
-    """Transfers of a batch keyed by (pool name, source pool), rows resolved from merged slots.
+    """Transfers of a batch keyed by (pool name, source pool), rows resolved from merged slots
+    (the general form; the controller builds the same jobs with `hicache.batch_plan.BatchPlanner`).
 
     Every op's slots were validated for their root's page when it was queued, and each
     op's destination slots were allocated distinct; so the rows are derived unchecked.
