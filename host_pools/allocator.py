@@ -221,9 +221,10 @@ class PageAllocator:
         allocation's), so equal endpoints mean one run, one range of slots."""
         if self.page_size == 1:
             return pages
-        if ascending and pages.size and pages[-1] - pages[0] == pages.size - 1:
-            ps = self.page_size
-            return np.arange(int(pages[0]) * ps, (int(pages[-1]) + 1) * ps, dtype=np.int64)
+        if ascending and pages.size:
+            first, last = int(pages[0]), int(pages[-1])  # Python ints: no numpy scalar arithmetic
+            if last - first == pages.size - 1:
+                return np.arange(first * self.page_size, (last + 1) * self.page_size, dtype=np.int64)
         return (pages[:, None] * self.page_size + self._offsets).reshape(-1)
 
     def check_integrity(self) -> None:
