@@ -15,6 +15,10 @@ preparation on CPU tables and stops at the launch boundary:
     auto         its decision (the seed table's CUDA rules, applied to CPU tables) and the
                  inner backends above
 
+With ``--hicache-host-dtype int8`` the converting jobs take the CUDA path's route too
+(``auto``: staged or the fused quant kernel; ``copy_engine``: the fused kernel; torch's
+reference conversion is device work, left out like torch's copies).
+
 Kernel launches are left out at ``transfer_kernels.runtime.launch`` (the pre-bound
 launcher is still built); the other device calls are patched at their backend's boundary
 for the duration of the ``with``.
@@ -31,8 +35,12 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from transfer_kernels import (AutoBackend, CopyEngineBackend, NullBackend, StagedBackend, TorchBackend,
-                              TritonBackend, auto_table, runtime, staged, tuning)
+                              TritonBackend, auto, auto_table, runtime, staged, tuning)
 from transfer_kernels.plan import PlannedJob
+from transfer_kernels.quant_kernel import TritonQuantBackend
+from transfer_kernels.quant_torch import TorchQuantBackend
+
+_converting = auto.converting
 
 
 def _nothing(*args, **kwargs) -> None:
@@ -81,11 +89,24 @@ def _null_dma(pieces: np.ndarray, stream: int, device, batch: bool | None) -> in
     return 1
 
 
+def _converting_as_on_cuda(name: str, s: auto_table.Shape) -> auto.Decision:
+    """``auto.converting`` as on a GPU (CPU tables stand in for the CUDA path's)."""
+    return _converting(name, s._replace(device="cuda"))
+
+
+def _fused_quant(self: CopyEngineBackend, device) -> TritonQuantBackend:
+    """The copy engine's converting jobs on a GPU: the fused kernel (CUDA grid cap)."""
+    return TritonQuantBackend(tuning.TRITON_MAX_PROGRAMS)
+
+
 def _patches() -> list[tuple[object, str, object]]:
     """(owner, attribute, replacement) of every device call of the transfer layer."""
     patches = [(runtime, "launch", _nothing),  # every kernel launch of a prepared plan
                (CopyEngineBackend, "_copy", _copy_engine_host),
-               (TorchBackend, "_execute", _nothing), (TorchBackend, "_execute_group", _nothing)]
+               (TorchBackend, "_execute", _nothing), (TorchBackend, "_execute_group", _nothing),
+               (TorchQuantBackend, "_execute", _nothing), (TorchQuantBackend, "_execute_group", _nothing),
+               (auto, "converting", _converting_as_on_cuda),
+               (CopyEngineBackend, "_make_quant_backend", _fused_quant)]
     patches.append((staged, "dma", _null_dma))  # the staged backend's DMA call
     return patches
 

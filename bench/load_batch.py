@@ -52,7 +52,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import harness  # noqa: E402
-from bench.load_cases import LoadBench  # noqa: E402
+from bench.load_cases import LoadBench, host_dtype_error  # noqa: E402
 from bench.host_only import host_only  # noqa: E402
 from bench.load_extra import (Gemms, bidirectional, limit_gbps, oneshot_us, per_pool,  # noqa: E402
                               steady, under_compute)
@@ -92,6 +92,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--host-gib", type=float, default=None, help="host pool cap per model (default 8; quick 0.5)")
     p.add_argument("--max-programs", type=int, default=None, help="grid cap of the triton kernels")
     p.add_argument("--group-bytes", type=int, default=None, help="load launch group size (bytes)")
+    p.add_argument("--hicache-host-dtype", dest="host_dtype", default="auto", choices=("auto", "int8"),
+                   help="host format: auto (the device's) or int8 (loads dequantize, backups quantize; "
+                        "bytes are the host format's: compare tokens/s with an auto run)")
     p.add_argument("--no-extra", action="store_true", help="skip steady state, per pool and compute")
     p.add_argument("--out", type=Path, default=None, help="JSON path")
     args = p.parse_args(argv)
@@ -124,6 +127,8 @@ def _lists(args: argparse.Namespace, p: argparse.ArgumentParser, cuda: bool) -> 
                                ("--directions", args.directions, ("h2d", "d2h"))):
         if bad := [x for x in got if x not in allowed]:
             p.error(f"{flag}: unknown {bad[0]!r}; allowed: {', '.join(allowed)}")
+    if why := host_dtype_error(args.host_dtype, args.models, args.calibrate):
+        p.error(why)
 
 
 def _ints(text: str, flag: str, p: argparse.ArgumentParser) -> list[int]:
@@ -269,7 +274,7 @@ def _model_rows(args: argparse.Namespace, model: str, layers: int | None, layout
     for direction in args.directions:
         for pages, ops in cases(args):
             base = dict(model=f"{model}:{bench.stack.num_model_layers}", layout=layout, dir=direction,
-                        pages=pages, ops=ops)
+                        pages=pages, ops=ops, host_dtype=args.host_dtype)
             got = run_case(bench, backends, args, base, gemms)
             modes = ("mode",) if args.null or args.host_only else ()
             print(harness.format_table(got, COLUMNS + modes), flush=True)
@@ -283,7 +288,8 @@ def open_bench(args: argparse.Namespace, model: str, layers: int | None, layout:
     """The model's cache, sized for the largest case of ``args``."""
     cap_pages = int(args.host_gib * (1 << 30) // max(1, _page_bytes(model, layers)))
     bench = LoadBench(model, layers, layout, min(4096, max(4 * max(args.pages), cap_pages)),
-                      max(args.pages), max(args.ops), args.device, backend)
+                      max(args.pages), max(args.ops), args.device, backend,
+                      host_dtype=args.host_dtype)
     if args.group_bytes is not None:
         bench.ctrl.load_groups.min_bytes = args.group_bytes
     return bench

@@ -40,6 +40,21 @@ class Batch(NamedTuple):
     groups: list[tuple[int, int, float]]  # gated loads: (first layer, end layer, ms from start)
 
 
+def host_dtype_error(host_dtype: str, models: list[tuple[str, int | None]], calibrate: bool) -> str | None:
+    """Why ``--hicache-host-dtype`` cannot run these models (or ``--calibrate``), else ``None``."""
+    if host_dtype == "auto":
+        return None
+    if calibrate:
+        return "--calibrate: measures exact copies (auto's table); drop --hicache-host-dtype"
+    from hicache.host_dtype import resolve_host_stack
+    for model, layers in models:
+        try:
+            resolve_host_stack(preset(model, layers), HiCacheConfig(host_dtype=host_dtype))
+        except ValueError as e:
+            return f"--models: {e}"
+    return None
+
+
 def _cuda(device: torch.device) -> bool:
     return device.type == "cuda"
 
@@ -49,14 +64,14 @@ class LoadBench:
 
     def __init__(self, model: str, layers: int | None, layout: str, host_pages: int,
                  max_batch_pages: int, max_ops: int, device: torch.device, backend: Any,
-                 seed: int = 0) -> None:
+                 seed: int = 0, host_dtype: str = "auto") -> None:
         self.stack = stack = preset(model, layers)
         self.device, self.rng = device, np.random.default_rng(seed)
         device_pages = 4 * max_batch_pages
         tokens = device_pages * stack.page_size
         swa_rows = 4 * max_ops  # device SWA rows: 4 batches of max_ops states
         config = HiCacheConfig(mem_layout=layout, hicache_ratio=max(1.0, host_pages / device_pages),
-                               swa_full_tokens_ratio=min(1.0, swa_rows * 128 / tokens))
+                               swa_full_tokens_ratio=min(1.0, swa_rows * 128 / tokens), host_dtype=host_dtype)
         self.cache = build(stack, tokens, config, device=device, budget=BIG, backend=backend)
         self.ctrl = self.cache.controller
         self.anchor = stack.anchor.name

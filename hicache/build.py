@@ -75,13 +75,15 @@ def build(stack: Stack, device_tokens: int, config: HiCacheConfig | None = None,
 
     from host_pools.group import HostPoolGroup
     from hicache.controller import HybridCacheController
+    from hicache.host_dtype import log_host_stack
     from hicache.sizing import plan_sizes
 
     config = config or HiCacheConfig()
     check_backend_usable(config.io_backend if backend is None else backend)
     dev = torch.device(device)
     plan = plan_sizes(stack, device_tokens, config, budget)
-    host_group = HostPoolGroup.allocate(stack, plan.host_rows(), config.mem_layout, plan.budget,
+    log_host_stack(stack, plan.host)  # which pools are int8 with --hicache-host-dtype int8
+    host_group = HostPoolGroup.allocate(plan.host, plan.host_rows(), config.mem_layout, plan.budget,
                                         pin=dev.type == "cuda")
     device_pools = build_device_pools(stack, plan.device_rows(), dev)
     controller = HybridCacheController(device_pools, host_group, config, backend=backend)

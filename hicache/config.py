@@ -25,6 +25,8 @@ MEM_LAYOUTS = ("page_first", "layer_first")
 STORAGE_BACKENDS = ("none", "file", "mooncake")
 STORAGE_PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 STORAGE_WRITE_POLICIES = ("write_through", "write_back")
+# = host_pools.host_format.HOST_DTYPES (not imported: the config stays free of torch)
+HOST_DTYPES = ("auto", "int8")
 # Upper bound of --hicache-max-copy-programs; equals transfer_kernels.tuning.MAX_COPY_PROGRAMS
 # (not imported: the config stays free of torch).
 MAX_COPY_PROGRAMS = 4096
@@ -42,6 +44,7 @@ FLAGS = {
     "write_policy": "--hicache-write-policy",
     "io_backend": "--hicache-io-backend",
     "mem_layout": "--hicache-mem-layout",
+    "host_dtype": "--hicache-host-dtype",
     "swa_full_tokens_ratio": "--swa-full-tokens-ratio",
     "ranks_per_host": "--hicache-ranks-per-host",
     "host_headroom_gb": "--hicache-host-headroom",
@@ -99,6 +102,9 @@ class HiCacheConfig:
         write_policy: ``write_through`` | ``write_through_selective`` | ``write_back``.
         io_backend: transfer backend, ``auto`` | ``triton`` | ``copy_engine`` | ``torch``.
         mem_layout: host layout, ``page_first`` | ``layer_first``.
+        host_dtype: host format, ``auto`` (the device dtype, byte-exact) | ``int8`` (opt-in:
+            bf16/fp16 history pools as int8 + one fp32 scale per token and head, lossy;
+            other pools stay exact; `host_pools.host_format`).
         swa_full_tokens_ratio: device SWA tokens per device full token (DeepSeek-V4), in (0, 1].
         ranks_per_host: ranks sharing this host's memory; the host budget is split among them.
         host_headroom_gb: host memory (GiB) left to the server; ``None`` = min(10 GiB, 10 % of RAM).
@@ -144,6 +150,7 @@ class HiCacheConfig:
     storage_model_id: str = ""
     tp_rank: int = 0
     tp_size: int = 1
+    host_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         for field, kind in _FIELD_KINDS.items():
@@ -158,7 +165,7 @@ class HiCacheConfig:
             if (getattr(self, field) or 0) > ceiling:
                 raise _bad(field, f"must be at most {ceiling:g}{unit} (past any machine), got {getattr(self, field):g}")
         for field, allowed in (("write_policy", WRITE_POLICIES), ("io_backend", IO_BACKENDS),
-                               ("mem_layout", MEM_LAYOUTS)):
+                               ("mem_layout", MEM_LAYOUTS), ("host_dtype", HOST_DTYPES)):
             if getattr(self, field) not in allowed:
                 raise _bad(field, f"must be one of {allowed}, got {getattr(self, field)!r}")
         if not 0 < self.swa_full_tokens_ratio <= 1:
@@ -276,6 +283,11 @@ def add_hicache_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                    help=f"one of {', '.join(IO_BACKENDS)}")
     g.add_argument("--hicache-mem-layout", dest="mem_layout", default=d.mem_layout,
                    help=f"one of {', '.join(MEM_LAYOUTS)}")
+    g.add_argument("--hicache-host-dtype", dest="host_dtype", default=d.host_dtype,
+                   help=f"host format, one of {', '.join(HOST_DTYPES)}: auto = the device dtype (byte-exact), "
+                        "int8 = bf16/fp16 history KV as int8 + fp32 scale per token and head (~0.52x the bytes, "
+                        "lossy; --hicache-ratio stays host tokens per device token, --hicache-size then holds "
+                        "~1.9x the tokens)")
     g.add_argument("--swa-full-tokens-ratio", dest="swa_full_tokens_ratio", type=float,
                    default=d.swa_full_tokens_ratio, help="device SWA tokens per full token (DeepSeek-V4)")
     g.add_argument("--hicache-ranks-per-host", dest="ranks_per_host", type=int, default=d.ranks_per_host,

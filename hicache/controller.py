@@ -38,6 +38,7 @@ from hicache.batch import Batch, LoadGrouper, Op, launch_backup, launch_load
 from hicache.batch_plan import BatchPlanner
 from hicache.config import HiCacheConfig
 from hicache.device_pool import DevicePool
+from hicache.host_dtype import codec_of
 from hicache.layer_sync import LayerDoneCounter, OnStream
 from hicache.queueing import QueueingMixin
 from hicache.slots import free_all
@@ -153,8 +154,10 @@ class HybridCacheController(QueueingMixin):
     def _host_table(self, name: str) -> RowTable:
         key = ("host", name)
         if key not in self._tables:
-            self._tables[key] = RowTable.from_views(self.host_group.pools[name].row_views(), name=name,
-                                                    chunk_starts=self.host_group.pin_chunks(name))
+            host = self.host_group.pools[name]
+            self._tables[key] = RowTable.from_views(host.row_views(), name=name,
+                                                    chunk_starts=self.host_group.pin_chunks(name),
+                                                    codec=codec_of(self.device_pools[name].spec, host.spec))
         return self._tables[key]
 
     def start_writing(self) -> None:

@@ -30,16 +30,21 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
 
 
 def format_plan(plan: CachePlan) -> str:
+    int8 = plan.host_stack is not None
     head = (f"{'pool':<18}{'kind':<9}{'source':<8}{'layers':>7}{'row B/layer':>13}"
-            f"{'dev rows':>11}{'dev GiB':>10}{'host rows':>11}{'host GiB':>10}")
+            f"{'dev rows':>11}{'dev GiB':>10}" + (f"{'host B/layer':>14}" if int8 else "")
+            + f"{'host rows':>11}{'host GiB':>10}")
+    host = ", host dtype int8 (bf16/fp16 history pools as int8 + fp32 scales)" if int8 else ""
     lines = [f"model {plan.stack.model}, page {plan.stack.page_size} tokens, "
-             f"host/device ratio {plan.effective_ratio:.3f}", head, "-" * len(head)]
+             f"host/device ratio {plan.effective_ratio:.3f}{host}", head, "-" * len(head)]
     for p in plan.pools:
         lines.append(f"{p.name:<18}{p.kind:<9}{p.source or '-':<8}{p.num_layers:>7}{p.row_bytes:>13,}"
-                     f"{p.device_rows:>11,}{p.device_bytes / GIB:>10.3f}{p.host_rows:>11,}{p.host_bytes / GIB:>10.3f}")
+                     f"{p.device_rows:>11,}{p.device_bytes / GIB:>10.3f}"
+                     + (f"{p.host_row_bytes:>14,}" if int8 else "")
+                     + f"{p.host_rows:>11,}{p.host_bytes / GIB:>10.3f}")
     lines.append("-" * len(head))
-    lines.append(f"{'total':<42}{'':>13}{'':>11}{plan.device_bytes_total / GIB:>10.3f}{'':>11}"
-                 f"{plan.host_bytes_total / GIB:>10.3f}")
+    lines.append(f"{'total':<42}{'':>13}{'':>11}{plan.device_bytes_total / GIB:>10.3f}"
+                 + ("" if not int8 else f"{'':>14}") + f"{'':>11}{plan.host_bytes_total / GIB:>10.3f}")
     verdict = "fit" if plan.fits else "do NOT fit (lower --hicache-ratio / --hicache-size)"
     lines.append(f"host budget: {plan.budget.describe()}\nhost pools {verdict}")
     return "\n".join(lines)

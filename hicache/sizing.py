@@ -10,6 +10,11 @@ root's tokens divided by its ``tokens_per_row``:
 ``r`` is ``--hicache-ratio``; with ``--hicache-size G`` it is derived so the host bytes of
 all pools come to G GB (1e9), which splits the bytes between anchor- and SWA-rooted pools
 in the same proportion the ratio would.
+
+Host bytes are those of the host format (``--hicache-host-dtype``, `hicache.host_dtype`):
+with ``int8`` a ratio keeps its meaning (host tokens per device token) at about half the
+host bytes of a bf16 pool, and a size (``--hicache-size``) holds about twice the tokens
+(1.94x at head_dim 128, 1.88x at 64).
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from typing import NamedTuple
 from host_pools.memory import HostBudget, host_budget
 from host_pools.spec import PoolKind, PoolSpec, Stack
 from hicache.config import HiCacheConfig
+from hicache.host_dtype import resolve_host_stack
 
 # ~1.1e12 tokens: hundreds of times any device's KV capacity; above it a number is a typo
 # (and x MAX_HICACHE_RATIO it stays a 64-bit integer)
@@ -38,6 +44,7 @@ class PoolPlan(NamedTuple):
     device_bytes: int
     host_rows: int
     host_bytes: int
+    host_row_bytes: int  # bytes of one host row of one layer (row_bytes unless int8)
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,12 @@ class CachePlan:
     pools: tuple[PoolPlan, ...]
     effective_ratio: float  # host/device tokens actually used (from --hicache-size if set)
     budget: HostBudget
+    host_stack: Stack | None = None  # the host pools' specs (None: the device's, byte-exact)
+
+    @property
+    def host(self) -> Stack:
+        """The specs the host pools are allocated with."""
+        return self.stack if self.host_stack is None else self.host_stack
 
     @property
     def host_bytes_total(self) -> int:
@@ -137,19 +150,21 @@ def plan_sizes(stack: Stack, device_tokens: int, config: HiCacheConfig,
         ValueError: ``device_tokens`` outside [one page, `MAX_DEVICE_TOKENS`].
     """
     dev = device_root_tokens(stack, device_tokens, config)
-    per_root = _bytes_per_root_token(stack)
+    hstack = resolve_host_stack(stack, config)
+    per_root = _bytes_per_root_token(hstack)  # host bytes per token of each root at ratio 1
     ratio = config.hicache_ratio
     if config.hicache_size_gb > 0:
-        device_data = sum(dev[name] * per_root[name] for name in dev)
-        ratio = config.hicache_size_gb * 1e9 / device_data if device_data else ratio
+        host_data = sum(dev[name] * per_root[name] for name in dev)
+        ratio = config.hicache_size_gb * 1e9 / host_data if host_data else ratio
     host = {r.name: _round(dev[r.name] * ratio, _root_unit(stack, r)) for r in stack.own_indexed}
     rows = []
     for p in stack:
         root = stack.root_of(p.name).name
         d_rows, h_rows = dev[root] // p.tokens_per_row, host[root] // p.tokens_per_row
-        per_row = p.row_bytes * p.num_layers
+        h_row = hstack.pool(p.name).row_bytes
         rows.append(PoolPlan(p.name, p.kind.value, p.indices_from, p.num_layers, p.row_bytes,
-                             d_rows, d_rows * per_row, h_rows, h_rows * per_row))
+                             d_rows, d_rows * p.row_bytes * p.num_layers, h_rows,
+                             h_rows * h_row * p.num_layers, h_row))
     if budget is None:
         budget = host_budget(config.host_headroom_bytes, config.ranks_per_host)
-    return CachePlan(stack, tuple(rows), ratio, budget)
+    return CachePlan(stack, tuple(rows), ratio, budget, None if hstack is stack else hstack)

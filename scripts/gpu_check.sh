@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # One device session's checks (GPU machine: no network, python3 has torch and triton).
 # Usage: scripts/gpu_check.sh OUT_DIR [STEP...]
-# Steps (default: all, in this order; each fits one 10-minute device command on its own):
+# Steps (default: all but grid and suite, in this order; each fits one 10-minute device command):
 #   tests       the GPU tests (pytest -m gpu)
 #   kernel      the compiled copy kernel's resources (shared memory, registers, spills)
 #   load_pro    bench/load_batch.py on DeepSeek-V4-Pro (the targets of issue 16)
 #   load_flash  bench/load_batch.py on DeepSeek-V4-Flash
 #   load_dense  bench/load_batch.py on the MHA and MLA models
 #   null        bench/load_batch.py --null (host enqueue alone) on DeepSeek-V4-Pro
+#   host_only   bench/load_batch.py --host-only (each backend's preparation, no device calls)
+#   calibrate   bench/load_batch.py --calibrate: the "auto" table measured here (auto_table.json;
+#               commit it as transfer_kernels' seed or load it with HICACHE_AUTO_TABLE)
+#   verify      hicache verify-model on CUDA: deepseek-v4 (fp32 and --kv-format fp8_ds_mla), mha
 #   controller  bench/controller.py (real launches' host cost)
 #   h2d         bench/h2d.py (per-pool curves, GPU-gated)
 #   grid        bench/triton_grid.py (grid x tile x warps sweep)
@@ -16,7 +20,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?OUT_DIR}; shift
-STEPS=${*:-tests kernel load_pro load_flash load_dense null controller h2d}
+STEPS=${*:-tests kernel load_pro load_flash load_dense null host_only calibrate verify controller h2d}
 [ "${FULL_SUITE:-0}" = 1 ] && STEPS="$STEPS suite"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -39,6 +43,12 @@ for s in $STEPS; do
                --out "$OUT/load_batch_dense.json" ;;
     null) step null 300 python3 bench/load_batch.py --null --models deepseek-v4-pro --layouts page_first \
                --out "$OUT/load_batch_null.json" ;;
+    host_only) step host_only 300 python3 bench/load_batch.py --host-only --models deepseek-v4-pro \
+               --layouts page_first --out "$OUT/load_batch_host_only.json" ;;
+    calibrate) step calibrate 580 python3 bench/load_batch.py --calibrate --table-out "$OUT/auto_table.json" ;;
+    verify) step verify 580 bash -c 'python3 -m hicache.cli verify-model --device cuda --json > "$0/verify_v4.json" &&
+               python3 -m hicache.cli verify-model --device cuda --kv-format fp8_ds_mla --json > "$0/verify_v4_fp8.json" &&
+               python3 -m hicache.cli verify-model --device cuda --arch mha --json > "$0/verify_mha.json"' "$OUT" ;;
     controller) step controller 240 python3 bench/controller.py --reps 20
                 cp bench/results/local/controller_*.json "$OUT/" 2>/dev/null ;;
     h2d) step h2d "${H2D_TIMEOUT:-500}" python3 bench/h2d.py --out "$OUT/h2d.json" --no-plot ;;

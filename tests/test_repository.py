@@ -77,6 +77,14 @@ def test_nothing_points_outside_the_checkout():
     assert named == []
 
 
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs a git checkout")
+def test_no_merge_conflict_markers_are_committed():
+    # was: docs/STRUCTURE.md carried a conflict's markers after a merge
+    marker = re.compile(r"^(<{7}|>{7}) ", re.M)
+    named = [str(p.relative_to(ROOT)) for p in tracked_text_files() if marker.search(p.read_text(errors="replace"))]
+    assert named == []
+
+
 GIB = 1 << 30
 READER_HOST_GIB = 4  # a laptop or a small VM: the README's plan examples must fit this much
 

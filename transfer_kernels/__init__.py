@@ -4,6 +4,7 @@ from __future__ import annotations
 from transfer_kernels.api import BACKEND_NAMES, copy_rows, copy_rows_batch, get_backend
 from transfer_kernels.auto import AutoBackend
 from transfer_kernels.base import CopyBackend
+from transfer_kernels.codec import Int8Codec
 from transfer_kernels.copy_engine import CopyEngineBackend
 from transfer_kernels.fault import FaultyBackend, NullBackend
 from transfer_kernels.plan import CopyJob, CopyPlan, PlannedJob, make_plan
@@ -20,6 +21,7 @@ __all__ = [
     "CopyJob",
     "CopyPlan",
     "FaultyBackend",
+    "Int8Codec",
     "NullBackend",
     "PlannedJob",
     "RowTable",

@@ -11,6 +11,12 @@ class): a batch of a shape seen before costs a dictionary look-up per job.
 Two conditions override the table on CUDA: a host side that is not pinned, or no
 ``triton`` to import, sends the job to ``copy_engine`` (the only path that can run it).
 
+A converting job (int8 host rows, `transfer_kernels.codec`) is decided in the same terms
+and cached the same way: on CUDA ``dma`` (int8 pages staged in the ring, converted by the
+fused kernel from there) where the table would stage its shape, else the fused kernel
+(``triton``); ``torch`` (`quant_torch`) on the CPU, and on CUDA where the kernel cannot run
+it (no ``triton``, a host side not pinned).
+
 ``dma`` and ``triton`` jobs share the kernel's launches (the staged backend scatters and
 copies the others in one launch per group); ``copy_engine`` and ``torch`` jobs share one
 launch of their backend.
@@ -55,6 +61,7 @@ class AutoBackend(CopyBackend):
     """
 
     name = "auto"
+    converts = True  # routes converting jobs itself (`decide`)
 
     def __init__(self, triton: TritonBackend | None = None,
                  copy_engine: CopyEngineBackend | None = None,
@@ -228,7 +235,8 @@ def shape(job: PlannedJob, plan: CopyPlan) -> Shape:
     if side is not None:
         span = getattr(job, side).page_span()[1]
         return Shape(plan.device.type, direction, "stage", piece, span, job_bytes, side)
-    dense = all(t.row_strides[b] == n for t in (src, dst) for b, n in enumerate(src.row_bytes))
+    # each table against its own rows (a converting job's two sides differ in buffers)
+    dense = all(t.row_strides[b] == n for t in (src, dst) for b, n in enumerate(t.row_bytes))
     return Shape(plan.device.type, direction, "dense" if dense else "strided", piece, 0, job_bytes)
 
 
@@ -238,11 +246,22 @@ def decide(job: PlannedJob, plan: CopyPlan, table: AutoTable = auto_table.SEED) 
     if s.device == "cuda":
         host_ok = all(t.device.type != "cpu" or t.is_pinned for t in (job.src, job.dst))
         if not (host_ok and triton_available()):
-            return "copy_engine", None
+            return ("torch" if job.mode else "copy_engine"), None
     name = table.choose(s)
+    if job.mode:
+        return converting(name, s)
     if name == "dma" and s.side is None:
         return "triton", None
     return name, s.side if name == "dma" else None
+
+
+def converting(name: str, s: Shape) -> Decision:
+    """A converting job's (backend, staged side) from the table's choice ``name`` for its
+    shape ``s``: on CUDA ``dma`` where the table stages the shape, else the fused kernel;
+    ``torch`` on the CPU."""
+    if s.device != "cuda":
+        return "torch", None
+    return ("dma", s.side) if name == "dma" and s.side is not None else ("triton", None)
 
 
 def choose(job: PlannedJob, plan: CopyPlan, table: AutoTable = auto_table.SEED) -> str:

@@ -5,6 +5,8 @@ from abc import ABC, abstractmethod
 
 from typing import Sequence
 
+import torch
+
 from transfer_kernels.plan import CopyPlan, LaunchGroups
 
 
@@ -17,11 +19,16 @@ class CopyBackend(ABC):
     Attributes:
         name: the public backend name (``"triton"``, ``"copy_engine"``, ``"torch"``...).
         launches: how many launches this instance issued: one per executed non-empty plan
-            (for ``"triton"`` exactly one kernel launch). Mutated by :meth:`execute`;
+            (for ``"triton"`` exactly one kernel launch). Converting jobs (int8 host rows,
+            `transfer_kernels.codec`) run on the backend's `quant_backend`, which counts its
+            own launches. Mutated by :meth:`execute`;
             instances are not thread-safe.
     """
 
     name: str = "abstract"
+    # True for a backend that runs converting jobs (`codec`) itself; every other one hands
+    # them to its quant backend (`transfer_kernels.quant`).
+    converts: bool = False
 
     def __init__(self) -> None:
         self.launches = 0
@@ -37,6 +44,10 @@ class CopyBackend(ABC):
                 for ``"triton"`` on CUDA); raised before anything is copied.
         """
         if plan.is_empty:
+            return
+        if not self.converts and plan.has_quant:
+            from transfer_kernels.quant import execute_split
+            execute_split(self, plan)
             return
         self.check(plan)
         self.launches += 1
@@ -64,8 +75,31 @@ class CopyBackend(ABC):
         Raises:
             ValueError: the plan cannot run on this backend (see :meth:`check`).
         """
+        if not self.converts and plan.has_quant:
+            from transfer_kernels.quant import prepare_split
+            return prepare_split(self, plan, groups)
         self.check(plan)
         return GroupLaunches(self, plan, groups)
+
+    def quant_backend(self, device: torch.device) -> CopyBackend:
+        """The backend that runs this backend's converting jobs on ``device`` (built once).
+
+        The default: the fused Triton kernel on CUDA when triton is importable, else the
+        pure-torch reference (a backend that cannot convert, the copy engine, routes here).
+        """
+        built = self.__dict__.setdefault("_quant", {})  # also for a subclass that skipped __init__
+        if device.type not in built:
+            built[device.type] = self._make_quant_backend(device)
+        return built[device.type]
+
+    def _make_quant_backend(self, device: torch.device) -> CopyBackend:
+        """Build the quant backend (subclasses pick theirs; see `quant_backend`)."""
+        from transfer_kernels.quant_torch import TorchQuantBackend
+        if device.type == "cuda":
+            from transfer_kernels.quant_kernel import TritonQuantBackend, triton_importable
+            if triton_importable():
+                return TritonQuantBackend()
+        return TorchQuantBackend()
 
     @abstractmethod
     def _execute(self, plan: CopyPlan) -> None:

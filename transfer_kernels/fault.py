@@ -15,6 +15,8 @@ class FaultyBackend(CopyBackend):
     every attempted launch, the failed one included.
     """
 
+    converts = True  # whole plans go to the inner backend, which splits converting jobs off
+
     def __init__(self, inner: str | CopyBackend, fail_on_launch: int) -> None:
         """Args:
             inner: a backend name (``"torch"``, ``"triton"``...) or instance to delegate to.
@@ -69,6 +71,7 @@ class NullBackend(CopyBackend):
     """Validates and counts launches but moves no bytes (bookkeeping benchmarks and tests)."""
 
     name = "null"
+    converts = True  # moves nothing, converting jobs included
 
     def _execute(self, plan: CopyPlan) -> None:
         """Nothing to copy: the plan was already validated by ``make_plan``."""

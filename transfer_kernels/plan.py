@@ -29,6 +29,7 @@ from typing import Iterable, NamedTuple, Sequence
 
 import torch
 
+from transfer_kernels.codec import job_mode
 from transfer_kernels.rows import RowsLike, Runs, as_rows, check_range, first_duplicate, runs
 from transfer_kernels.table import RowTable
 
@@ -74,8 +75,14 @@ class PlannedJob:
 
     @property
     def num_bytes(self) -> int:
-        """Bytes this job moves in total."""
+        """Bytes this job moves in total (its source's bytes)."""
         return self.num_rows * len(self.layers) * sum(self.src.row_bytes)
+
+    @property
+    def mode(self) -> str | None:
+        """``"quantize"`` / ``"dequantize"`` when one side holds int8 host rows (`codec`),
+        ``None`` for a byte copy."""
+        return job_mode(self.src.codec, self.dst.codec)
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,11 @@ class CopyPlan:
     def num_bytes(self) -> int:
         """Bytes the plan moves in total."""
         return sum(j.num_bytes for j in self.jobs)
+
+    @property
+    def has_quant(self) -> bool:
+        """True when a job converts (quantizes or dequantizes, `codec`)."""
+        return any(j.mode for j in self.jobs)
 
     def subset(self, jobs: Iterable[PlannedJob]) -> CopyPlan:
         """A plan over some of this plan's (already validated) jobs, on the same device."""
@@ -147,7 +159,8 @@ def trusted_plan(jobs: Iterable[CopyJob], device: torch.device) -> CopyPlan:
     themselves from indices they validated once (the public path is :func:`make_plan`).
 
     The caller guarantees everything :func:`make_plan` would check: ``src``/``dst`` are
-    RowTables of the same layout and layer count whose devices run on ``device`` (see
+    RowTables of the same layout (or one holds the int8 host rows of the other's, `codec`)
+    and layer count whose devices run on ``device`` (see
     :func:`exec_device`); rows are 1-D int64 CPU tensors of equal length, in range; no
     ``(dst table, layer, row)`` is written twice and none is both read and written.
     Each job's ``layers`` must be ``None``: every layer of the job is copied.
@@ -176,9 +189,7 @@ def _plan_job(job: CopyJob, layers: LayersLike, label: str) -> tuple[PlannedJob,
     for arg, t in (("src", src), ("dst", dst)):
         if not isinstance(t, RowTable):
             raise TypeError(f"{label}{arg}: must be a RowTable, got {type(t).__name__}")
-    if dst.signature != src.signature:
-        raise ValueError(f"{label}dst: buffer layout (row bytes) {dst.signature} of {dst.name} "
-                         f"differs from src {src.name}'s {src.signature}")
+    _check_layouts(src, dst, label)
     if dst.num_layers != src.num_layers:
         raise ValueError(f"{label}dst: {dst.name} has {dst.num_layers} layers, src "
                          f"{src.name} has {src.num_layers}")
@@ -195,6 +206,18 @@ def _plan_job(job: CopyJob, layers: LayersLike, label: str) -> tuple[PlannedJob,
     job_layers = _as_layers(job.layers if job.layers is not None else layers,
                             src.num_layers, f"{label}layers")
     return PlannedJob(src, dst, src_rows, dst_rows, job_layers), device
+
+
+def _check_layouts(src: RowTable, dst: RowTable, label: str) -> None:
+    """Same buffer layout, or the int8 host rows of the other side's rows (`codec`)."""
+    if src.codec is not None and dst.codec is not None and src.codec != dst.codec:
+        raise ValueError(f"{label}dst: {dst.name} holds int8 rows of {dst.codec}, src {src.name} "
+                         f"of {src.codec}; a copy between coded tables needs one codec")
+    if dst.decoded_signature != src.decoded_signature or (src.codec == dst.codec and
+                                                          dst.signature != src.signature):
+        coded = "" if job_mode(src.codec, dst.codec) is None else " (decoded from int8 host rows)"
+        raise ValueError(f"{label}dst: buffer layout (row bytes) {dst.decoded_signature} of {dst.name} "
+                         f"differs from src {src.name}'s {src.decoded_signature}{coded}")
 
 
 def exec_device(src: RowTable, dst: RowTable, label: str = "") -> torch.device:

@@ -47,6 +47,7 @@ import torch
 from transfer_kernels import cudart, tuning
 from transfer_kernels.base import CopyBackend, PreparedPlan
 from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
+from transfer_kernels.quant import check_split
 from transfer_kernels.staged_launches import StagedLaunches
 from transfer_kernels.staging import Ring, RingLayout, RingWork, StagedJob, dma, layer_groups, \
     plan_job, region_end, ring_layout, ring_work
@@ -94,6 +95,9 @@ class StagedBackend(CopyBackend):
     """
 
     name = "dma"
+    # int8 host pages are staged like any other (the ring holds the host's bytes); the
+    # staging table carries the host's codec, so the kernel converts from or into it.
+    converts = True
 
     def __init__(self, kernel: CopyBackend | None = None,
                  min_piece_bytes: int = 1,
@@ -133,8 +137,9 @@ class StagedBackend(CopyBackend):
         return sum(r.nbytes for r in self._rings.values() if r._buffer is not None)
 
     def check(self, plan: CopyPlan) -> None:
-        """The kernel backend's check (the unstaged jobs and the scatter go through it)."""
-        self.kernel.check(plan)
+        """The kernel backend's check (the unstaged jobs and the scatter go through it;
+        converting jobs through its quant backend, `quant.check_split`)."""
+        check_split(self.kernel, plan)
 
     def stages(self, job: PlannedJob, plan: CopyPlan) -> str | None:
         """The side ``job`` is staged on, or ``None`` when it goes straight to the kernel."""

@@ -139,7 +139,8 @@ def _staging_table(host: RowTable, ring: Ring, chunks: np.ndarray, offsets: np.n
     inner = np.cumsum((0,) + host.row_bytes[:-1]).tolist()
     views = [[buf.as_strided((num_rows, n), (stride, 1), where.get(layer, int(offsets[0])) + o)
               for o, n in zip(inner, host.row_bytes)] for layer in range(host.num_layers)]
-    return RowTable.from_views(views, f"{host.name}.staging")
+    # the host's bytes, in the host's format: a job converts from (or into) an int8 staging
+    return RowTable.from_views(views, f"{host.name}.staging", codec=host.codec)
 
 
 class RingLayout(NamedTuple):

@@ -22,6 +22,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from transfer_kernels.codec import Int8Codec
+
 # Widest vector access the Triton kernel issues (bytes); also the cap of ``align``.
 MAX_VECTOR_BYTES = 16
 
@@ -95,6 +97,8 @@ class RowTable:
         chunk_starts: sorted start addresses of the pinned registrations behind a host
             table (``None`` when unknown or not pinned in chunks); a copy engine must not
             issue one copy across a chunk start.
+        codec: ``None`` (rows are plain bytes), or the `Int8Codec` whose int8 host format
+            these rows hold (a job from or to an uncoded table converts; `codec`).
     """
 
     name: str
@@ -108,17 +112,21 @@ class RowTable:
     device: torch.device
     views: tuple[tuple[torch.Tensor, ...], ...] = field(repr=False)
     chunk_starts: np.ndarray | None = field(default=None, repr=False)
+    codec: Int8Codec | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_views(cls, views: Sequence[Sequence[torch.Tensor]], name: str,
-                   chunk_starts: Sequence[int] | np.ndarray | None = None) -> RowTable:
+                   chunk_starts: Sequence[int] | np.ndarray | None = None,
+                   codec: Int8Codec | None = None) -> RowTable:
         """Build a table from ``views[layer][buffer]``, each a 2-D uint8 ``[num_rows, n_b]``.
 
         Args:
             views: per layer, per buffer byte views (see the module docstring).
             name: label for error messages.
             chunk_starts: start addresses of the pinned registrations behind the views.
+            codec: the int8 host format the views hold (their row bytes must be its
+                ``host_row_bytes``), or ``None``.
 
         Returns:
             A new table; the views are kept alive by it.
@@ -126,7 +134,7 @@ class RowTable:
         Raises:
             ValueError: no layers or buffers, or layers disagree on buffer count, row
                 bytes, row stride, row count or device; a view is not 2-D uint8 with
-                last-dim stride 1.
+                last-dim stride 1; row bytes that are not ``codec``'s host rows.
             TypeError: a view is not a tensor.
         """
         layers = tuple(tuple(layer) for layer in views)
@@ -142,6 +150,9 @@ class RowTable:
                 _check_view(v, f"views[{l}][{b}]")
                 _check_same_geometry(v, first[b], f"views[{l}][{b}]", name)
         row_bytes = tuple(v.shape[1] for v in first)
+        if codec is not None and codec.host_row_bytes != row_bytes:
+            raise ValueError(f"codec: {name} rows of {row_bytes} bytes per buffer are not the int8 host "
+                             f"rows {codec.host_row_bytes} of {codec}")
         row_strides = tuple(_row_stride(v) for v in first)
         ptrs = torch.tensor([[v.data_ptr() for v in layer] for layer in layers], dtype=torch.int64)
         return cls(name=name, num_layers=len(layers), num_buffers=len(first),
@@ -149,12 +160,18 @@ class RowTable:
                    ptrs=ptrs, align=_alignment(ptrs, row_strides, row_bytes),
                    device=first[0].device, views=layers,
                    chunk_starts=None if chunk_starts is None
-                   else np.sort(np.asarray(chunk_starts, dtype=np.int64)))
+                   else np.sort(np.asarray(chunk_starts, dtype=np.int64)), codec=codec)
 
     @property
     def signature(self) -> tuple[int, ...]:
         """The buffer layout (row bytes per buffer); two sides of a copy must match."""
         return self.row_bytes
+
+    @property
+    def decoded_signature(self) -> tuple[int, ...]:
+        """The row bytes of the rows this table stands for (its codec's device rows, else
+        its own): the two sides of a converting job agree on it."""
+        return self.row_bytes if self.codec is None else self.codec.device_row_bytes
 
     @property
     def is_pinned(self) -> bool:

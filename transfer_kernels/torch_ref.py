@@ -63,3 +63,8 @@ class TorchBackend(CopyBackend):
         for j, layer in group:
             job = plan.jobs[j]
             copy_rows_ref(job.src.views, job.dst.views, job.src_rows, job.dst_rows, (layer,))
+
+    def _make_quant_backend(self, device: torch.device) -> CopyBackend:
+        """The reference's converting jobs run the reference too (`quant_torch`)."""
+        from transfer_kernels.quant_torch import TorchQuantBackend
+        return TorchQuantBackend()

@@ -23,6 +23,7 @@ import torch
 from transfer_kernels import runtime, tuning
 from transfer_kernels.base import CopyBackend, PreparedPlan
 from transfer_kernels.plan import CopyPlan, LaunchGroups
+from transfer_kernels.quant import prepare_split
 from transfer_kernels.triton_layout import MAGIC_BITS, SEG_FIELDS, Layout, Pairs, layout
 
 __all__ = ["SEG_FIELDS", "Launch", "LaunchSet", "TritonBackend", "TritonLaunches",
@@ -101,8 +102,15 @@ class TritonBackend(CopyBackend):
 
     def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
         """All groups' layouts and indices staged in one copy; each launch reads its part."""
+        if plan.has_quant:  # converting jobs: the fused quant kernel (transfer_kernels.quant)
+            return prepare_split(self, plan, groups)
         self.check(plan)
         return TritonLaunches(self, _build_groups(plan, groups, self))
+
+    def _make_quant_backend(self, device: torch.device) -> CopyBackend:
+        """The fused quantize/dequantize kernel, interpreted on a CPU plan like this one."""
+        from transfer_kernels.quant_kernel import TritonQuantBackend
+        return TritonQuantBackend(max_programs=self.max_programs)
 
 
 class Launch(NamedTuple):

@@ -271,7 +271,7 @@ def open_store(cache: Any, config: HiCacheConfig | None = None, *, extra: str = 
     config = config or cache.config
     if config.storage_backend == "none":
         return None
-    stack, backends = cache.stack, {}
+    stack, backends = cache.host_group.stack, {}  # the host specs: what a page object holds
     try:
         for spec in stack.data_pools():
             backend = make_storage(config, store_namespace(config, stack, spec.name, extra))

@@ -10,7 +10,7 @@ import math
 import os
 from pathlib import Path
 
-from hicache.config import IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES, add_storage_args
+from hicache.config import HOST_DTYPES, IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES, add_storage_args
 
 
 DEFAULT_CAPACITY_GB = 16.0  # the README's storage replay (2 ratios of DeepSeek-V4 Flash) writes ~10 GB
@@ -47,6 +47,9 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hicache-write-policy", dest="write_policy", default="write_through", help=", ".join(WRITE_POLICIES))
     p.add_argument("--hicache-io-backend", dest="io_backend", default="auto", help=", ".join(IO_BACKENDS))
     p.add_argument("--hicache-mem-layout", dest="mem_layout", default="page_first", help=", ".join(MEM_LAYOUTS))
+    p.add_argument("--hicache-host-dtype", dest="host_dtype", default="auto",
+                   help=f"host format, one of {', '.join(HOST_DTYPES)} (int8: bf16/fp16 history pools as int8 + "
+                        "fp32 scales, ~0.53x the host bytes per token; the content replayed is then exact in int8)")
     p.add_argument("--swa-full-tokens-ratio", type=float, default=0.1, help="DeepSeek-V4 device SWA share")
     p.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--seed", type=int, default=0, help="seed of the built-in workload")

@@ -65,7 +65,8 @@ def _config(args: argparse.Namespace, ratio: float) -> HiCacheConfig:
     # ratio 0 = device-only baseline: a ratio so small that every host pool has 0 rows
     config = HiCacheConfig(hicache_ratio=ratio if ratio > 0 else 1e-12, write_policy=args.write_policy,
                            io_backend=args.io_backend, mem_layout=args.mem_layout,
-                           swa_full_tokens_ratio=args.swa_full_tokens_ratio)
+                           swa_full_tokens_ratio=args.swa_full_tokens_ratio,
+                           host_dtype=getattr(args, "host_dtype", "auto"))
     return storage_config(config, args, ratio)
 
 

@@ -10,7 +10,13 @@ the page, pool, layer, buffer), so any page found anywhere can be checked exactl
                         its boundary, tagged so it never equals a page seed)
 
 Words are the widest integer dividing the buffer's row bytes (int64 for every preset),
-so one fill is one vector XOR over the rows plus one ``index_copy_``. Patterns, row
+so one fill is one vector XOR over the rows plus one ``index_copy_``.
+
+A pool held as int8 on the host (``--hicache-host-dtype int8``) gets content that int8
+carries exactly, so every check stays byte for byte: each vector of ``D`` values is
+``v_i * 2**k`` with integers ``|v_i| <= 127``, ``v_0 = 127`` and ``k`` in [-8, 7] (all from
+the same random bytes): its scale is ``2**k``, its int8 values are ``v_i``, and both
+dequantize back to the same bf16/fp16 bits. Patterns, row
 indices and seeds live on each pool's device (slots come from the tree on the CPU and are
 moved once per call), so fills and checks run where the pool is; checks compare the
 integer words, i.e. the bytes.
@@ -68,6 +74,8 @@ class ContentModel:
 
     def __init__(self, cache, seed: int = 0) -> None:
         self.stack, self.pools = cache.stack, cache.device_pools
+        host = cache.host_group.pools
+        self.int8 = {p.name for p in self.stack.data_pools() if host[p.name].spec.buffers != p.buffers}
         g = torch.Generator().manual_seed(seed)
         self.patterns: dict[tuple[str, int, int], torch.Tensor] = {}
         for spec in self.stack.data_pools():
@@ -94,7 +102,19 @@ class ContentModel:
 
     def _expected(self, name: str, layer: int, b: int, row_seeds: torch.Tensor) -> torch.Tensor:
         pattern = self.patterns[(name, layer, b)]
-        return pattern[None, :] ^ row_seeds.to(pattern.dtype)[:, None]
+        words = pattern[None, :] ^ row_seeds.to(pattern.dtype)[:, None]
+        return self._int8_exact(words, self.stack.pool(name).buffers[b]) if name in self.int8 else words
+
+    @staticmethod
+    def _int8_exact(words: torch.Tensor, buf) -> torch.Tensor:
+        """Random words as values an int8 host row holds exactly (module docstring)."""
+        n, vec = words.shape[0], buf.row_shape[-1]
+        raw = words.view(torch.int8).view(n, -1)[:, : buf.row_bytes // buf.dtype.itemsize]
+        vals = raw.clamp(min=-127).view(n, -1, vec).to(torch.float32)
+        vals[..., 0] = 127.0  # absmax 127: the scale is exactly 2**k
+        k = (raw.view(n, -1, vec)[..., :1].to(torch.int64) & 15) - 8
+        vals = vals * torch.pow(2.0, k.to(torch.float32))
+        return vals.to(buf.dtype).view(n, -1).view(torch.uint8).view(words.dtype)
 
     def fill(self, root: str, slots: torch.Tensor, unit_seeds: list[int]) -> None:
         """Write the content of ``len(unit_seeds)`` units (pages or snapshots) at ``slots``."""

@@ -7,7 +7,8 @@ from hicache.replay.run import RunStats
 
 JSON_KEYS = ("hicache_ratio", "hit_rate", "device_hit_rate", "host_hit_rate", "storage_hit_rate", "tokens_total",
              "tokens_recomputed", "bytes_h2d", "bytes_d2h", "bytes_storage_read", "bytes_storage_written",
-             "storage_read_gbps", "storage_write_gbps", "transfers_failed", "mismatches")
+             "storage_read_gbps", "storage_write_gbps", "transfers_failed", "mismatches", "host_dtype",
+             "host_capacity_bytes", "peak_host_bytes")
 
 
 def _gbps(nbytes: int, seconds: float) -> float:
@@ -26,7 +27,8 @@ def json_row(st: RunStats) -> dict:
             "bytes_storage_read": st.bytes_storage_read, "bytes_storage_written": st.bytes_storage_written,
             "storage_read_gbps": _gbps(st.bytes_storage_read, st.seconds_storage_read),
             "storage_write_gbps": _gbps(st.bytes_storage_written, st.seconds_storage_write),
-            "transfers_failed": st.transfers_failed, "mismatches": st.mismatches}
+            "transfers_failed": st.transfers_failed, "mismatches": st.mismatches, "host_dtype": st.host_dtype,
+            "host_capacity_bytes": st.host_capacity_bytes, "peak_host_bytes": st.peak_host_bytes}
 
 
 def format_table(stack, runs: list[RunStats], device: torch.device | str = "cpu", storage: str = "") -> str:
@@ -36,8 +38,9 @@ def format_table(stack, runs: list[RunStats], device: torch.device | str = "cpu"
     head = (f"{'ratio':>6}{'hit':>8}{'device':>8}{'host':>8}" + (f"{'storage':>9}" if with_storage else "")
             + f"{'recomputed':>12}{'pages h2d':>11}{'pages d2h':>11}"
             f"{'GB h2d':>9}{'GB d2h':>9}{'h2d GB/s':>10}{'d2h GB/s':>10}{'peak host GB':>14}{'wall s':>8}")
-    lines = [f"model {stack.model}, page {stack.page_size} tokens, {torch.device(device).type} replay "
-             "(transfer GB/s: launch to completion)", head, "-" * len(head)]
+    dtypes = sorted({st.host_dtype for st in runs})
+    lines = [f"model {stack.model}, page {stack.page_size} tokens, {torch.device(device).type} replay, host dtype "
+             f"{'/'.join(dtypes)} (transfer GB/s: launch to completion; GB are host-format bytes)", head, "-" * len(head)]
     for st in runs:
         r = json_row(st)
         lines.append(f"{st.hicache_ratio:>6g}{r['hit_rate']:>8.3f}{r['device_hit_rate']:>8.3f}{r['host_hit_rate']:>8.3f}"

@@ -63,6 +63,8 @@ class RunStats:
     transfers_ok: int = 0  # backups and loads acked as done
     transfers_failed: int = 0  # acked as failed (rolled back)
     transfer_error: str = ""  # the first failed ack's error
+    host_dtype: str = "auto"  # --hicache-host-dtype of the run
+    host_capacity_bytes: int = 0  # bytes of the host pools (int8 ones counted as int8 + scales)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -85,7 +87,8 @@ class Replayer:
         self.content = ContentModel(cache)
         self.page = self.stack.page_size
         self.anchor = self.stack.anchor.name
-        self.stats = RunStats(hicache_ratio)
+        self.stats = RunStats(hicache_ratio, host_dtype=cache.config.host_dtype,
+                              host_capacity_bytes=cache.host_group.nbytes)
         self.verify_hits = verify_hits
         self._instrument()
 
@@ -254,7 +257,8 @@ class Replayer:
         total = 0
         for spec in self.stack.data_pools():
             used = host[self.stack.root_of(spec.name).name].allocator.used()
-            total += used // spec.tokens_per_row * spec.num_layers * spec.row_bytes
+            row_bytes = host[spec.name].spec.row_bytes  # the host format's (int8 + scales when int8)
+            total += used // spec.tokens_per_row * spec.num_layers * row_bytes
         return total
 
     def _collect_transfers(self) -> None:

@@ -11,7 +11,9 @@ from hicache.storage.keys import StorageNamespace
 def config_namespace(config: HiCacheConfig, stack: Stack, pool: str, *, rows_per_object: int | None = None,
                      extra: str = "") -> StorageNamespace:
     """The namespace of ``pool`` for the server ``config`` describes: its model identity
-    (``--hicache-storage-model-id``), TP rank and size (``--hicache-tp-rank`` / ``--hicache-tp-size``).
+    (``--hicache-storage-model-id``), TP rank and size (``--hicache-tp-rank`` / ``--hicache-tp-size``)
+    and host format (``--hicache-host-dtype``; ``stack`` is then the host stack, whose int8
+    pools' bytes the page objects hold).
 
     Args:
         config: a config with a storage backend (which requires the model identity).
@@ -23,7 +25,8 @@ def config_namespace(config: HiCacheConfig, stack: Stack, pool: str, *, rows_per
     if not config.storage_model_id.strip():
         raise ValueError(f"storage_model_id ({FLAGS['storage_model_id']}): required to open storage")
     return StorageNamespace.for_pool(stack, pool, model=config.storage_model_id, tp_rank=config.tp_rank,
-                                     tp_size=config.tp_size, rows_per_object=rows_per_object, extra=extra)
+                                     tp_size=config.tp_size, rows_per_object=rows_per_object, extra=extra,
+                                     host_dtype=config.host_dtype)
 
 
 def _check_identity(config: HiCacheConfig, namespace: StorageNamespace) -> None:

@@ -8,7 +8,8 @@ never read each other's pages:
                h_-1 = sha256("hicache/page-chain/v1" || 0 || cache_salt)  (or a caller's prior hash)
     namespace  sha256(canonical JSON of: schema version, model id, pool name and kind,
                every buffer's role / row shape / dtype (scales included), tokens per row,
-               page size, rows per object, model layer ids, TP rank and size, extra)
+               page size, rows per object, model layer ids, TP rank and size, extra,
+               and the host format when it is not the device's: "host_dtype": "int8")
     object key "<first 32 hex of namespace>_<64 hex of page hash>"
 """
 from __future__ import annotations
@@ -52,6 +53,9 @@ class StorageNamespace:
         tp_rank: tensor-parallel rank, 0 <= tp_rank < tp_size.
         tp_size: tensor-parallel size, >= 1.
         extra: anything else that changes the bytes (e.g. a kernel version), free text.
+        host_dtype: the host format (``--hicache-host-dtype``): ``"auto"`` (the device's
+            bytes; left out of the digest, so namespaces from before the flag stay valid)
+            or ``"int8"`` (int8 pages are never read as bf16, nor the reverse).
         schema_version: page format and key derivation version.
     """
 
@@ -68,6 +72,7 @@ class StorageNamespace:
     tp_size: int = 1
     extra: str = ""
     schema_version: int = SCHEMA_VERSION
+    host_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -81,11 +86,14 @@ class StorageNamespace:
             raise ValueError(f"tp_rank: must be in [0, tp_size={self.tp_size}), got {self.tp_rank}")
         if not self.layer_ids:
             raise ValueError(f"layer_ids: pool {self.pool!r} holds no layers; only data pools go to storage")
+        if self.host_dtype not in ("auto", "int8"):
+            raise ValueError(f"host_dtype: must be 'auto' or 'int8', got {self.host_dtype!r}")
 
     @classmethod
     def for_pool(cls, stack: Stack, pool: str, *, model: str | None = None, tp_rank: int = 0,
                  tp_size: int = 1, rows_per_object: int | None = None,
-                 layer_ids: Sequence[int] | None = None, extra: str = "") -> "StorageNamespace":
+                 layer_ids: Sequence[int] | None = None, extra: str = "",
+                 host_dtype: str = "auto") -> "StorageNamespace":
         """The namespace of one data pool of ``stack``.
 
         Args:
@@ -98,6 +106,8 @@ class StorageNamespace:
                 state pools.
             layer_ids: model layers held here (pipeline stages); default: the spec's.
             extra: free text folded into the digest.
+            host_dtype: the host format; ``stack`` must then be the host stack (its int8
+                pools' buffers and row bytes are what a page object holds).
 
         Raises:
             ValueError: unknown or data-less pool, or bad rank/size/rows.
@@ -111,7 +121,7 @@ class StorageNamespace:
             tokens_per_row=spec.tokens_per_row, page_size=stack.page_size,
             rows_per_object=_default_rows(spec, stack.page_size) if rows_per_object is None else rows_per_object,
             layer_ids=tuple(spec.layer_ids if layer_ids is None else layer_ids), row_bytes=spec.row_bytes,
-            tp_rank=tp_rank, tp_size=tp_size, extra=extra)
+            tp_rank=tp_rank, tp_size=tp_size, extra=extra, host_dtype=host_dtype)
 
     @functools.cached_property
     def digest(self) -> bytes:
@@ -133,12 +143,15 @@ class StorageNamespace:
 
     def describe(self) -> dict:
         """The fields as plain JSON types (what the digest covers)."""
-        return {"schema_version": self.schema_version, "model": self.model, "pool": self.pool,
-                "kind": self.kind, "buffers": [[r, list(s), d] for r, s, d in self.buffers],
-                "tokens_per_row": self.tokens_per_row, "page_size": self.page_size,
-                "rows_per_object": self.rows_per_object, "layer_ids": list(self.layer_ids),
-                "row_bytes": self.row_bytes, "tp_rank": self.tp_rank, "tp_size": self.tp_size,
-                "extra": self.extra}
+        doc = {"schema_version": self.schema_version, "model": self.model, "pool": self.pool,
+               "kind": self.kind, "buffers": [[r, list(s), d] for r, s, d in self.buffers],
+               "tokens_per_row": self.tokens_per_row, "page_size": self.page_size,
+               "rows_per_object": self.rows_per_object, "layer_ids": list(self.layer_ids),
+               "row_bytes": self.row_bytes, "tp_rank": self.tp_rank, "tp_size": self.tp_size,
+               "extra": self.extra}
+        if self.host_dtype != "auto":  # the default's digest is the one from before the flag
+            doc["host_dtype"] = self.host_dtype
+        return doc
 
     def object_key(self, page_hash: str) -> str:
         """The store-wide name of one page's object in this namespace."""

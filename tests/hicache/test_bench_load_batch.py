@@ -105,3 +105,31 @@ def test_cuda_end_to_end_is_measured_to_completion(tmp_path):
     for r in rows:
         assert r["e2e_us"] >= r["host_us"] and ("gpu_us" not in r or r["gpu_frac"] > 0)
         assert r["bidir_x"] > 0 and r["cmp_ratio"] > 0
+
+
+def test_int8_host_dtype_runs_and_host_only_converts_nothing(tmp_path, monkeypatch):
+    """``--hicache-host-dtype int8``: every backend loads and backs up int8 pages (rows say
+    so); with ``--host-only`` no conversion runs (the quant kernel's launches are left out
+    at ``runtime.launch``, torch's reference conversion is patched out)."""
+    from transfer_kernels import quant_torch
+    int8 = ["--hicache-host-dtype", "int8", "--pages", "1", "--ops", "1", "--models", "deepseek-v3:1"]
+    rows = load_batch.run(SMALL + int8 + ["--no-extra", "--out", str(tmp_path / "q.json")])
+    assert {r["host_dtype"] for r in rows} == {"int8"} and {r["dir"] for r in rows} == {"h2d", "d2h"}
+    assert all(r["bytes"] > 0 for r in rows)
+
+    def converted(*args, **kwargs):
+        raise AssertionError("a conversion ran")
+    monkeypatch.setattr(quant_torch, "convert_job", converted)
+    monkeypatch.setattr("transfer_kernels.quant_triton.run", converted)
+    rows = load_batch.run(["--host-only"] + SMALL + int8 + ["--out", str(tmp_path / "h.json")])
+    assert {r["backend"] for r in rows} == {"auto", "triton", "dma", "copy_engine"}
+
+
+@pytest.mark.parametrize("flags, why", [
+    (["--hicache-host-dtype", "int8", "--models", "deepseek-v4-pro:3"], "nothing to quantize"),
+    (["--hicache-host-dtype", "int8", "--calibrate", "--models", "deepseek-v3:1"], "--calibrate"),
+    (["--hicache-host-dtype", "fp8"], "invalid choice")])
+def test_int8_mistakes_are_one_line(flags, why, capsys):
+    with pytest.raises(SystemExit) as e:
+        load_batch.run(SMALL + flags)
+    assert e.value.code == 2 and why in capsys.readouterr().err

@@ -5,7 +5,8 @@ same calls as the CUDA path; a record of no event does nothing), so counters put
 place count what a GPU load would issue: per load at most one index upload and one stream
 lookup; per launch group exactly one launch and one event record, plus the batch's own
 event; no ``torch.cuda`` Python call anywhere on the path. 16 ops queued by ``load_many``
-take one allocator call per pool and are merged once.
+take one allocator call per pool and are merged once. An int8 host pool's load (the fused
+dequantize kernel) keeps the same budget.
 """
 from __future__ import annotations
 
@@ -46,7 +47,10 @@ def loaded():
 def calls(monkeypatch, loaded):
     """Counters in place of the runtime calls (launches run nothing: only counted) and of
     every ``torch.cuda`` entry the path could use; allocator calls per pool."""
-    cache, _ = loaded
+    return _counters(monkeypatch, loaded[0], ("kv", "swa"))
+
+
+def _counters(monkeypatch, cache, pools: tuple[str, ...]) -> Counter:
     seen: Counter = Counter()
 
     def counted(key, real):
@@ -57,7 +61,7 @@ def calls(monkeypatch, loaded):
     monkeypatch.setattr(runtime, "record", lambda event, stream: seen.update(["record"]))
     for name in CUDA_CALLS:
         monkeypatch.setattr(torch.cuda, name, counted(f"torch.cuda.{name}", lambda *_: None))
-    for name in ("kv", "swa"):
+    for name in pools:
         alloc = cache.device_pools[name].allocator
         monkeypatch.setattr(alloc, "alloc_pages", counted(f"alloc {name}", alloc.alloc_pages))
     monkeypatch.setattr(batch_module, "_merged_once", counted("merged once", batch_module._merged_once))
@@ -67,6 +71,8 @@ def calls(monkeypatch, loaded):
 def _requests(loaded, ops: int) -> list[tuple[torch.Tensor, dict]]:
     cache, (kv, swa) = loaded
     per = PAGES // ops * cache.stack.page_size
+    if swa is None:
+        return [(kv[i * per:(i + 1) * per], {}) for i in range(ops)]
     return [(kv[i * per:(i + 1) * per], {"swa": swa[i * 128:(i + 1) * 128]}) for i in range(ops)]
 
 
@@ -80,8 +86,8 @@ def _load(cache, requests, many: bool) -> int:
     for slots in got:
         for name, s in slots.items():
             cache.device_pools[name].free(s)
-    return len(load_groups(ctrl, torch.cat([kv for kv, _ in requests]),
-                           {"swa": torch.cat([e["swa"] for _, e in requests])}).groups)
+    extra = {"swa": torch.cat([e["swa"] for _, e in requests])} if requests[0][1] else {}
+    return len(load_groups(ctrl, torch.cat([kv for kv, _ in requests]), extra).groups)
 
 
 def _assert_budget(seen: Counter, groups: int) -> None:
@@ -116,3 +122,29 @@ def test_16_ops_one_by_one_allocate_per_op(loaded, calls):
     groups = _load(cache, _requests(loaded, PAGES), many=False)
     _assert_budget(calls, groups)
     assert calls["alloc kv"] == calls["alloc swa"] == PAGES
+
+
+@pytest.fixture(scope="module")
+def loaded_int8():
+    """DeepSeek-V3 (61 layers, MLA bf16) with ``--hicache-host-dtype int8``: every load
+    dequantizes (the fused quant kernel, through the same runtime calls)."""
+    stack = preset("deepseek-v3")
+    config = HiCacheConfig(mem_layout="page_first", hicache_ratio=1.0, host_dtype="int8")
+    cache = build(stack, PAGES * stack.page_size, config, device="cpu", budget=BIG,
+                  backend=TritonBackend())
+    kv = cache.host_group.pools["kv"].alloc(PAGES * stack.page_size)
+    cache.controller.mark_host_written(kv, {})
+    yield cache, (kv, None)
+    cache.close()
+
+
+@pytest.mark.parametrize("ops", [1, PAGES])
+def test_int8_load_keeps_the_budget(loaded_int8, monkeypatch, ops):
+    cache = loaded_int8[0]
+    seen = _counters(monkeypatch, cache, ("kv",))
+    quant = cache.controller.backend.quant_backend(torch.device("cpu"))
+    before = quant.launches
+    groups = _load(cache, _requests(loaded_int8, ops), many=True)
+    assert groups >= 2 and quant.launches - before == groups  # every launch converts
+    _assert_budget(seen, groups)
+    assert seen["alloc kv"] == 1

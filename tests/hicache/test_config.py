@@ -30,7 +30,7 @@ def test_defaults():
         "max_copy_programs": None, "storage_backend": "none", "storage_dir": "",
         "storage_master": "127.0.0.1:50051", "storage_capacity_gb": 0.0, "storage_prefetch_policy": "timeout",
         "storage_prefetch_timeout_s": 2.0, "storage_write_policy": "write_through", "storage_optional": False,
-        "storage_model_id": "", "tp_rank": 0, "tp_size": 1}
+        "storage_model_id": "", "tp_rank": 0, "tp_size": 1, "host_dtype": "auto"}
     assert c.host_headroom_bytes is None
     assert HiCacheConfig.from_args(_parse([])) == c
 
@@ -103,7 +103,8 @@ def test_every_flag_round_trips():
             "--hicache-storage-master", "10.0.0.2:50051", "--hicache-storage-capacity", "64",
             "--hicache-storage-prefetch-policy", "wait_complete", "--hicache-storage-prefetch-timeout", "0.5",
             "--hicache-storage-write-policy", "write_back", "--hicache-storage-optional",
-            "--hicache-storage-model-id", "org/model@rev", "--hicache-tp-rank", "1", "--hicache-tp-size", "2"]
+            "--hicache-storage-model-id", "org/model@rev", "--hicache-tp-rank", "1", "--hicache-tp-size", "2",
+            "--hicache-host-dtype", "int8"]
     c = HiCacheConfig.from_args(_parse(argv))
     assert c == HiCacheConfig(enable_hierarchical_cache=True, hicache_ratio=3.5, hicache_size_gb=40.0,
                               write_policy="write_through_selective", io_backend="triton",
@@ -112,7 +113,8 @@ def test_every_flag_round_trips():
                               storage_dir="/tmp/pages", storage_master="10.0.0.2:50051", storage_capacity_gb=64.0,
                               storage_prefetch_policy="wait_complete", storage_prefetch_timeout_s=0.5,
                               storage_write_policy="write_back", storage_optional=True,
-                              storage_model_id="org/model@rev", tp_rank=1, tp_size=2)
+                              storage_model_id="org/model@rev", tp_rank=1, tp_size=2,
+                              host_dtype="int8")
     assert c.host_headroom_bytes == 6 << 30 and c.storage_capacity_bytes == 64 * 10 ** 9
     # every field has a flag, and every flag was given above
     assert set(FLAGS) == {f.name for f in dataclasses.fields(HiCacheConfig)}

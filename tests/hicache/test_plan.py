@@ -15,7 +15,7 @@ from host_pools.spec import PoolKind, PoolSpec, Stack
 GIB = 1 << 30
 PRO = ["plan", "--model", "deepseek-v4-pro", "--device-tokens", "1048576"]
 POOL_KEYS = {"name", "kind", "source", "num_layers", "row_bytes", "device_rows", "device_bytes", "host_rows",
-             "host_bytes"}
+             "host_bytes", "host_row_bytes"}
 
 
 def _budget(n: int = 1 << 50) -> HostBudget:
