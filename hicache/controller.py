@@ -280,13 +280,19 @@ class HybridCacheController(QueueingMixin):
             self._free_destinations(batch)
         ok, direction, error = batch.error is None, batch.direction, batch.error
         volume, acks, totals = self._volume.volume, [], {}
+        seen: dict[tuple, tuple[dict, dict]] = {}  # ops of one shape: one volume, each ack its dicts
         for op in batch.ops:
             if ok and direction == "d2h":
                 for name, (pages, gens) in op.stamps.items():
                     self._host_stamp[name][pages] = gens
-            counts = {name: slots.numel() for name, slots in op.src.items()}
-            acks.append(Ack(op.op_id, direction, ok, *volume(counts), error))
-            for name, n in counts.items():
+            counts = tuple([(name, slots.numel()) for name, slots in op.src.items()])
+            got = seen.get(counts)
+            if got is None:
+                tokens, nbytes = seen[counts] = volume(dict(counts))
+            else:
+                tokens, nbytes = dict(got[0]), dict(got[1])
+            acks.append(Ack(op.op_id, direction, ok, tokens, nbytes, error))
+            for name, n in counts:
                 totals[name] = totals.get(name, 0) + n
         # the counters take the batch's volume at once, not op by op
         tokens, nbytes = (acks[0].tokens, acks[0].bytes) if len(acks) == 1 else volume(totals)
