@@ -36,8 +36,9 @@ class Op:
     direction: str  # "d2h" (write / backup) or "h2d" (load)
     src: dict[str, torch.Tensor]
     dst: dict[str, torch.Tensor]
-    # d2h: per pool, the destination host pages and their allocation generations
-    host_stamps: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+    # per pool, the destination pages the controller's allocator handed out and their
+    # allocation generations (None: a server's allocator); d2h: stamped when acked
+    stamps: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
     # queued together by load_many/write_many: every op of the call's slots, merged once
     merged: MergedOps | None = None
 
@@ -92,7 +93,8 @@ def merge_slots(per_op: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor
 
 def plan_jobs(stack: Stack, ops: list[Op], tables: Callable[[str], tuple[Any, Any]],
               dst_pages: Mapping[str, int] | None = None) -> dict[tuple, CopyJob]:
-    """Transfers of a batch keyed by (pool name, source pool), rows resolved from merged slots.
+    """Transfers of a batch keyed by (pool name, source pool), rows resolved from merged slots
+    (the general form; the controller builds the same jobs with `hicache.batch_plan.BatchPlanner`).
 
     Every op's slots were validated for their root's page when it was queued, and each
     op's destination slots were allocated distinct; so the rows are derived unchecked.

@@ -27,13 +27,15 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from functools import partial
 from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 import torch
 
 from host_pools.group import HostPoolGroup
-from hicache.batch import Batch, LoadGrouper, Op, launch_backup, launch_load, plan_jobs
+from hicache.batch import Batch, LoadGrouper, Op, launch_backup, launch_load
+from hicache.batch_plan import BatchPlanner
 from hicache.config import HiCacheConfig
 from hicache.device_pool import DevicePool
 from hicache.host_dtype import codec_of
@@ -43,7 +45,7 @@ from hicache.slots import free_all
 from hicache.stats import TransferStats, volume_table
 from transfer_kernels import (AutoBackend, CopyBackend, RowTable, TritonBackend, get_backend, runtime,
                               tuning)
-from transfer_kernels.plan import exec_device, trusted_plan
+from transfer_kernels.plan import exec_device
 
 AllocFn = Callable[[int], "torch.Tensor | None"]
 FreeFn = Callable[[torch.Tensor], Any]
@@ -124,6 +126,9 @@ class HybridCacheController(QueueingMixin):
                            "h2d": {n: self.device_pools[n].allocator.page_size for n in own}}
         first = next(iter(self._routes["d2h"].values()), None)
         self._plan_device = exec_device(*first) if first else torch.device("cpu")
+        # per direction: a batch's jobs, tables and layers per set of roots, built once
+        self._planners = {d: BatchPlanner(self.stack, self._routes[d], self._dst_pages[d], self._plan_device)
+                          for d in DIRECTIONS}
         # Loads launch groups of consecutive layers moving >= load_groups.min_bytes (0: per layer).
         self.load_groups = LoadGrouper(self.stack, tuning.LOAD_GROUP_MIN_BYTES)
         self._volume = volume_table(self.stack)
@@ -204,19 +209,14 @@ class HybridCacheController(QueueingMixin):
             self._rollback(batch, exc, outer)
 
     def _launch(self, batch: Batch) -> None:
-        direction = batch.direction
-        jobs = plan_jobs(self.stack, batch.ops, self._routes[direction].__getitem__,
-                         self._dst_pages[direction])
         # rows derived from slots validated at write()/load(): no second round of checks
-        plan = trusted_plan(jobs.values(), self._plan_device)
-        if direction == "d2h":
+        plan, pools, rows = self._planners[batch.direction].plan(batch.ops)
+        if batch.direction == "d2h":
             launch_backup(plan, self.backend)
         else:
-            groups = self.load_groups.groups(tuple(name for name, _ in jobs),
-                                             tuple(job.num_rows for job in plan.jobs))
+            groups = self.load_groups.groups(pools, rows)
             # on the CPU too: the same runtime calls (a record of no event), one per group
-            consumer, record = batch.consumer, self.layer_done.record_span
-            launch_load(plan, groups, self.backend, lambda first, end: record(first, end, consumer))
+            launch_load(plan, groups, self.backend, partial(self.layer_done.record_span, index=batch.consumer))
         self._record_event(batch)
 
     def _record_event(self, batch: Batch) -> None:
@@ -280,13 +280,19 @@ class HybridCacheController(QueueingMixin):
             self._free_destinations(batch)
         ok, direction, error = batch.error is None, batch.direction, batch.error
         volume, acks, totals = self._volume.volume, [], {}
+        seen: dict[tuple, tuple[dict, dict]] = {}  # ops of one shape: one volume, each ack its dicts
         for op in batch.ops:
             if ok and direction == "d2h":
-                for name, (pages, gens) in op.host_stamps.items():
+                for name, (pages, gens) in op.stamps.items():
                     self._host_stamp[name][pages] = gens
-            counts = {name: slots.numel() for name, slots in op.src.items()}
-            acks.append(Ack(op.op_id, direction, ok, *volume(counts), error))
-            for name, n in counts.items():
+            counts = tuple([(name, slots.numel()) for name, slots in op.src.items()])
+            got = seen.get(counts)
+            if got is None:
+                tokens, nbytes = seen[counts] = volume(dict(counts))
+            else:
+                tokens, nbytes = dict(got[0]), dict(got[1])
+            acks.append(Ack(op.op_id, direction, ok, tokens, nbytes, error))
+            for name, n in counts:
                 totals[name] = totals.get(name, 0) + n
         # the counters take the batch's volume at once, not op by op
         tokens, nbytes = (acks[0].tokens, acks[0].bytes) if len(acks) == 1 else volume(totals)

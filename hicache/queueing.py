@@ -110,7 +110,7 @@ class QueueingMixin:
         if not self._server_alloc:  # the device pools' own allocators: pages straight from them
             got = alloc_pages_many(self._device_allocs, [src], lambda _, n: _label("host_indices", n),
                                    "device")
-            return None if got is None else self._enqueue(Op(-1, "h2d", src, got.slots[0]))
+            return None if got is None else self._enqueue(Op(-1, "h2d", src, got.slots[0], got.stamps[0]))
         # a server's allocator: its slots are coerced and checked
         dst = alloc_all(src, lambda n, k: self._alloc[n](k), lambda n, s: self._free[n](s),
                         self._server_alloc)
@@ -191,7 +191,7 @@ class QueueingMixin:
         if got is None:
             return None
         merged = MergedOps(merge_slots(srcs), got.merged, len(srcs))
-        return [self._enqueue(Op(-1, direction, src, dst, None if load else stamps, merged))
+        return [self._enqueue(Op(-1, direction, src, dst, stamps, merged))
                 for src, dst, stamps in zip(srcs, got.slots, got.stamps)]
 
     def _load_each(self, srcs: list[dict[str, torch.Tensor]]) -> list[dict] | None:

@@ -87,22 +87,28 @@ class PageAllocator:
             after this allocation; ``None`` when fewer are free (nothing changes).
         """
         with self._lock:
-            if num_pages > self._top:
+            top = self._top
+            if num_pages > top:
                 return None
-            pages = self._stack[self._top - num_pages:self._top][::-1]  # the top of the stack first
-            if np.count_nonzero(pages[1:] <= pages[:-1]):  # pushed in descending order: usually not
+            pages = self._stack[top - num_pages:top][::-1]  # the top of the stack first
+            if 1 < num_pages <= _FEW_PAGES:  # a few: sorting beats checking the order first
+                pages = np.sort(pages)
+            elif num_pages > 1 and np.count_nonzero(pages[1:] <= pages[:-1]):  # pushed in order: usually not
                 pages = np.sort(pages)
             else:
                 pages = pages.copy()
-            self._top -= num_pages
-            if num_pages and pages[-1] - pages[0] == num_pages - 1:  # one run (a fresh pool): slices
-                run = slice(int(pages[0]), int(pages[-1]) + 1)
+            self._top = top - num_pages
+            first = int(pages[0]) if num_pages else 0
+            if num_pages and int(pages[-1]) - first == num_pages - 1:  # one run (a fresh pool): slices
+                run = slice(first, first + num_pages)
                 self._owned[run] = True
-                self._generation[run] += 1
-                return pages, self._generation[run].copy()
+                gens = self._generation[run]
+                gens += 1
+                return pages, gens.copy()
             self._owned[pages] = True
-            self._generation[pages] += 1
-            return pages, self._generation[pages]
+            gens = self._generation[pages] + 1  # the pages are distinct: one gather, one scatter
+            self._generation[pages] = gens
+            return pages, gens
 
     def page_slots(self, pages: np.ndarray, ascending: bool = False) -> np.ndarray:
         """The slots of ``pages`` (page numbers, e.g. from `alloc_pages` or `pages_of`), in
@@ -215,9 +221,10 @@ class PageAllocator:
         allocation's), so equal endpoints mean one run, one range of slots."""
         if self.page_size == 1:
             return pages
-        if ascending and pages.size and pages[-1] - pages[0] == pages.size - 1:
-            ps = self.page_size
-            return np.arange(int(pages[0]) * ps, (int(pages[-1]) + 1) * ps, dtype=np.int64)
+        if ascending and pages.size:
+            first, last = int(pages[0]), int(pages[-1])  # Python ints: no numpy scalar arithmetic
+            if last - first == pages.size - 1:
+                return np.arange(first * self.page_size, (last + 1) * self.page_size, dtype=np.int64)
         return (pages[:, None] * self.page_size + self._offsets).reshape(-1)
 
     def check_integrity(self) -> None:

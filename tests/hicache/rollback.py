@@ -1,7 +1,7 @@
 """Rollback tests' fault placement: fail a load's launch group AFTER earlier groups ran.
 
-The group is computed from what the controller itself will launch (``plan_jobs`` and its
-``LoadGrouper``), so a test keeps failing a later group whatever the grouping's tuning
+The group is computed from what the controller itself will launch (its ``BatchPlanner``
+and ``LoadGrouper``), so a test keeps failing a later group whatever the grouping's tuning
 becomes, and refuses to run (assertion) when the load has too few groups for it.
 """
 from __future__ import annotations
@@ -10,16 +10,15 @@ from typing import Any
 
 import torch
 
-from hicache.batch import LoadGroups, Op, plan_jobs
+from hicache.batch import LoadGroups, Op
 
 
 def load_groups(ctrl: Any, host_kv: torch.Tensor, extra: dict | None = None) -> LoadGroups:
     """The launch groups ``ctrl`` will use for a load of ``host_kv`` (+ ``extra``)."""
     src = {ctrl.stack.anchor.name: host_kv, **(extra or {})}
     src = {n: s for n, s in src.items() if s.numel()}
-    jobs = plan_jobs(ctrl.stack, [Op(0, "h2d", src, src)], lambda name: (None, None))
-    pools = tuple(name for name, _ in jobs)
-    return ctrl.load_groups.groups(pools, tuple(j.src_rows.numel() for j in jobs.values()))
+    _, pools, rows = ctrl._planners["h2d"].plan([Op(0, "h2d", src, src)])
+    return ctrl.load_groups.groups(pools, rows)
 
 
 def arm_later_group(ctrl: Any, faulty: Any, host_kv: torch.Tensor, extra: dict | None = None,

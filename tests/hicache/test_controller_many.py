@@ -145,3 +145,19 @@ def test_a_later_group_failing_rolls_back_every_op(gen):
     assert [a.success for a in acks] == [False] * 3 and "injected" in acks[0].error
     assert allocator_state(cache) == before
     ctrl.check_integrity()
+
+
+def test_acks_of_ops_of_one_shape_have_their_own_volume_dicts(gen):
+    # the batch computes one shape's volume once; every ack still gets dicts of its own
+    cache = make("dsv4")
+    reqs, _ = _stored(cache, gen, 3)
+    ctrl = cache.controller
+    assert ctrl.load_many(reqs) is not None
+    ctrl.start_loading()
+    acks = ctrl.poll()
+    assert [a.success for a in acks] == [True] * 3
+    assert acks[0].tokens == acks[2].tokens and acks[0].bytes == acks[2].bytes
+    acks[0].tokens["kv"] = -1
+    acks[0].bytes.clear()
+    assert acks[1].tokens["kv"] == acks[2].tokens["kv"] == 256 and acks[1].bytes == acks[2].bytes != {}
+    assert ctrl.stats()["h2d"]["tokens"]["kv"] == 3 * 256

@@ -290,3 +290,22 @@ def test_pages_of_refuses_repeats_and_range_at_any_size(pages):
         a.pages_of(torch.cat([torch.arange(-4, 0), slots]))
     with pytest.raises(ValueError, match="aligned, consecutive"):
         a.pages_of(slots + 1)
+
+
+def test_alloc_pages_ascend_and_bump_generations_for_0_1_and_many_pages():
+    # one page, a fresh run (slices) and a scattered set (freed in random order) alike
+    a = PageAllocator(64, page_size=4)
+    assert [p.tolist() for p in a.alloc_pages(0)] == [[], []]
+    pages, gens = a.alloc_pages(1)
+    assert pages.tolist() == [0] and gens.tolist() == [1]
+    pages, gens = a.alloc_pages(3)
+    assert pages.tolist() == [1, 2, 3] and gens.tolist() == [1, 1, 1]
+    a.free_pages(pages[[2, 0]])  # pages 3 and 1 back, pushed out of order
+    pages, gens = a.alloc_pages(2)
+    assert pages.tolist() == [1, 3] and gens.tolist() == [2, 2]
+    pages, gens = a.alloc_pages(1)
+    assert pages.tolist() == [4] and gens.tolist() == [1]
+    gens[0] = 99  # the generations handed out are a copy
+    assert a.generations(pages).tolist() == [1]
+    assert a.alloc_pages(12) is None and a.available() == 11 * 4
+    a.check_integrity()
