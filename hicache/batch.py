@@ -177,10 +177,13 @@ def launch_load(plan: CopyPlan, groups: LoadGroups, backend: CopyBackend,
     indices in one copy); each launch reads its part of it, O(1) Python per group.
     """
     launch, bounds = backend.prepare(plan, groups.groups).launch, groups.layers
-    for g in range(len(bounds) - 1):
+    if on_group is None:
+        for g in range(len(bounds) - 1):
+            launch(g)
+        return
+    for g, first, end in zip(range(len(bounds) - 1), bounds, bounds[1:]):
         launch(g)
-        if on_group is not None:
-            on_group(bounds[g], bounds[g + 1])
+        on_group(first, end)
 
 
 class LoadGrouper:

@@ -26,6 +26,8 @@ class StagedLaunches(PreparedPlan):
         self._launched = [False] * num_groups if self.d2h is not None else None
         self._prefix = 0  # groups 0.._prefix-1 have all launched
         self._current: int | None = None  # the caller's stream, from the first launch
+        self._inner_launch = inner.launch  # bound once: no attribute chain per group
+        self._h2d_ends = self.h2d.ends if self.h2d is not None else None
 
     @property
     def num_groups(self) -> int:
@@ -46,12 +48,14 @@ class StagedLaunches(PreparedPlan):
                                        "ring before this one's launches ended; launch a "
                                        "prepared plan's groups before starting another")
         try:
-            h2d = self.h2d
-            if h2d is not None and h2d.ends[group] > self._h2d_at:
-                # the chunks groups up to this one read first; the caller's stream waits
-                self.backend._issue(h2d, self._h2d_at, h2d.ends[group], self._current)
-                self._h2d_at = h2d.ends[group]
-            self.inner.launch(group)
+            ends = self._h2d_ends
+            if ends is not None:
+                end = ends[group]
+                if end > self._h2d_at:
+                    # the chunks groups up to this one read first; the caller's stream waits
+                    self.backend._issue(self.h2d, self._h2d_at, end, self._current)
+                    self._h2d_at = end
+            self._inner_launch(group)
             if self.d2h is not None:
                 launched = self._launched
                 launched[group] = True

@@ -162,21 +162,27 @@ class TritonLaunches(PreparedPlan):
         return [self.launch_set.launch_args(g) for g in range(self.num_groups)]
 
     def launch(self, group: int) -> None:
+        # one frame per group: the grid check and the launch inlined (no call to ``run``)
         if self.launch_set.layout.grids[group]:
-            self.backend.launches += 1
-            self.run(group)
+            backend = self.backend
+            backend.launches += 1
+            backend._last = (self.launch_set, group)
+            runtime.launch(self._bound or self._bind(), group)
 
     def run(self, group: int) -> None:
         """Launch group ``group`` (no counting; ``execute`` counted already) through the
         pre-bound launcher: stream handle and compiled kernels resolved once per plan."""
+        if self.launch_set.layout.grids[group]:
+            self.backend._last = (self.launch_set, group)
+            runtime.launch(self._bound or self._bind(), group)
+
+    def _bind(self):
+        """The pre-bound launcher, built at the first launch."""
         ls = self.launch_set
-        if ls.layout.grids[group]:
-            if self._bound is None:
-                lay = ls.layout
-                self._bound = kernel_module().BoundLaunches(ls.meta, lay.prog_at, lay.grids,
-                                                            lay.aligns, ls.vpt, ls.num_warps)
-            self.backend._last = (ls, group)
-            runtime.launch(self._bound, group)
+        lay = ls.layout
+        self._bound = kernel_module().BoundLaunches(ls.meta, lay.prog_at, lay.grids,
+                                                    lay.aligns, ls.vpt, ls.num_warps)
+        return self._bound
 
 
 def build_launch(plan: CopyPlan, backend: TritonBackend) -> Launch:
