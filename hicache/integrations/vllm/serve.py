@@ -111,10 +111,27 @@ def run_in_private_tmp(argv: Sequence[str]) -> int:
     (`env.private_tmp`), removed when it ends. SIGINT, SIGTERM and SIGHUP sent to this
     process are passed on to the group, as a terminal's Ctrl-C would be; whatever of the
     group is left when the server has ended is killed (nothing writes to the folder after)."""
+    child: list[int] = []  # the group's id once started; a signal before that waits for it
+    pending: list[int] = []
+
+    def forward(sig: int, _frame) -> None:
+        if child:
+            _signal_group(child[0], sig)
+        else:
+            pending.append(sig)
+
     with env.private_tmp() as tmp:
-        proc = subprocess.Popen(list(argv), env=env.process_env(tmp), start_new_session=True)
-        passed = {sig: signal.signal(sig, lambda s, _frame: _signal_group(proc.pid, s))
-                  for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        # Handlers first: a signal that arrives while the child starts is not lost.
+        passed = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            proc = subprocess.Popen(list(argv), env=env.process_env(tmp), start_new_session=True)
+        except BaseException:
+            for sig, handler in passed.items():
+                signal.signal(sig, handler)
+            raise
+        child.append(proc.pid)
+        for sig in pending:
+            _signal_group(proc.pid, sig)
         try:
             code = proc.wait()
         finally:
