@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from transfer_kernels import auto_table
 from transfer_kernels.auto_table import AutoTable, Shape
-from transfer_kernels.base import CopyBackend, PreparedPlan
+from transfer_kernels.base import CopyBackend, PartLaunches, PreparedPlan
 from transfer_kernels.copy_engine import CopyEngineBackend
 from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
 from transfer_kernels.staged import StagedBackend, host_side, same_tables, table_refs
@@ -179,25 +179,23 @@ class AutoBackend(CopyBackend):
         raise NotImplementedError
 
 
-class AutoLaunches(PreparedPlan):
-    """Each launch group runs the matching group of every inner backend used."""
+class AutoLaunches(PartLaunches):
+    """Each launch group runs the matching group of every inner backend used (one
+    ``auto`` launch counted per group)."""
 
     def __init__(self, auto: AutoBackend, inner: list[PreparedPlan], num_groups: int) -> None:
-        self.auto, self.inner, self._num_groups = auto, inner, num_groups
+        super().__init__(inner, num_groups)
+        self.auto = auto
         if len(inner) == 1:  # the usual load: one inner plan, no loop per launch
+            self._one = inner[0].launch
             self.launch = self._launch_one
 
-    @property
-    def num_groups(self) -> int:
-        return self._num_groups
-
     def launch(self, group: int) -> None:
-        for prepared in self.inner:
-            prepared.launch(group)
+        super().launch(group)
         self.auto.launches += 1
 
     def _launch_one(self, group: int) -> None:
-        self.inner[0].launch(group)
+        self._one(group)
         self.auto.launches += 1
 
 

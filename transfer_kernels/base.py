@@ -154,3 +154,19 @@ class GroupLaunches(PreparedPlan):
         if pairs:
             self.backend.launches += 1
             self.backend._execute_group(self.plan, pairs)
+
+
+class PartLaunches(PreparedPlan):
+    """Several prepared plans of one set of launch groups: group ``g`` launches group ``g``
+    of every part, in order (the quantized split, ``auto``'s inner backends)."""
+
+    def __init__(self, parts: list[PreparedPlan], num_groups: int) -> None:
+        self.parts, self._num_groups = parts, num_groups
+
+    @property
+    def num_groups(self) -> int:
+        return self._num_groups
+
+    def launch(self, group: int) -> None:
+        for part in self.parts:
+            part.launch(group)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from transfer_kernels.base import PreparedPlan
+from transfer_kernels.base import PartLaunches, PreparedPlan
 
 if TYPE_CHECKING:
     from transfer_kernels.base import CopyBackend
@@ -63,19 +63,4 @@ def prepare_split(backend: CopyBackend, plan: CopyPlan, groups: LaunchGroups) ->
         parts.append((b, plan.subset(plan.jobs[j] for j in idx), sub_groups))
     for b, p, _ in parts:
         b.check(p)
-    return SplitLaunches([b.prepare(p, g) for b, p, g in parts], len(groups))
-
-
-class SplitLaunches(PreparedPlan):
-    """Launch group ``g`` of every part (exact jobs first, then quantized ones)."""
-
-    def __init__(self, parts: list[PreparedPlan], num_groups: int) -> None:
-        self.parts, self._num_groups = parts, num_groups
-
-    @property
-    def num_groups(self) -> int:
-        return self._num_groups
-
-    def launch(self, group: int) -> None:
-        for part in self.parts:
-            part.launch(group)
+    return PartLaunches([b.prepare(p, g) for b, p, g in parts], len(groups))
