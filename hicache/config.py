@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from hicache.fields import checked_value, field_kinds
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+# eviction order of the device and host tiers (leaves only; hicache/radix/evict.py)
+EVICTION_POLICIES = ("lru",)
 IO_BACKENDS = ("auto", "triton", "copy_engine", "torch")
 MEM_LAYOUTS = ("page_first", "layer_first")
 STORAGE_BACKENDS = ("none", "file", "mooncake")
@@ -42,6 +44,7 @@ FLAGS = {
     "hicache_ratio": "--hicache-ratio",
     "hicache_size_gb": "--hicache-size",
     "write_policy": "--hicache-write-policy",
+    "eviction_policy": "--hicache-eviction-policy",
     "io_backend": "--hicache-io-backend",
     "mem_layout": "--hicache-mem-layout",
     "host_dtype": "--hicache-host-dtype",
@@ -100,6 +103,8 @@ class HiCacheConfig:
             use the same ratio against device SWA rows.
         hicache_size_gb: host bytes in GB (1e9) per rank; 0 = size by ``hicache_ratio``.
         write_policy: ``write_through`` | ``write_through_selective`` | ``write_back``.
+        eviction_policy: which leaf the device and host tiers evict first, one of
+            ``EVICTION_POLICIES`` (``lru``: least recently used).
         io_backend: transfer backend, ``auto`` | ``triton`` | ``copy_engine`` | ``torch``.
         mem_layout: host layout, ``page_first`` | ``layer_first``.
         host_dtype: host format, ``auto`` (the device dtype, byte-exact) | ``int8`` (opt-in:
@@ -133,6 +138,7 @@ class HiCacheConfig:
     hicache_ratio: float = 2.0
     hicache_size_gb: float = 0.0
     write_policy: str = "write_through"
+    eviction_policy: str = "lru"
     io_backend: str = "auto"
     mem_layout: str = "page_first"
     swa_full_tokens_ratio: float = 0.1
@@ -164,7 +170,8 @@ class HiCacheConfig:
                                      ("hicache_size_gb", MAX_HOST_GB, " GB"), ("host_headroom_gb", MAX_HOST_GB, " GiB")):
             if (getattr(self, field) or 0) > ceiling:
                 raise _bad(field, f"must be at most {ceiling:g}{unit} (past any machine), got {getattr(self, field):g}")
-        for field, allowed in (("write_policy", WRITE_POLICIES), ("io_backend", IO_BACKENDS),
+        for field, allowed in (("write_policy", WRITE_POLICIES), ("eviction_policy", EVICTION_POLICIES),
+                               ("io_backend", IO_BACKENDS),
                                ("mem_layout", MEM_LAYOUTS), ("host_dtype", HOST_DTYPES)):
             if getattr(self, field) not in allowed:
                 raise _bad(field, f"must be one of {allowed}, got {getattr(self, field)!r}")
@@ -279,6 +286,8 @@ def add_hicache_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                    help="host pool size in GB per rank; 0 = use --hicache-ratio")
     g.add_argument("--hicache-write-policy", dest="write_policy", default=d.write_policy,
                    help=f"one of {', '.join(WRITE_POLICIES)}")
+    g.add_argument("--hicache-eviction-policy", dest="eviction_policy", default=d.eviction_policy,
+                   help=f"which leaf the device and host tiers evict first, one of {', '.join(EVICTION_POLICIES)}")
     g.add_argument("--hicache-io-backend", dest="io_backend", default=d.io_backend,
                    help=f"one of {', '.join(IO_BACKENDS)}")
     g.add_argument("--hicache-mem-layout", dest="mem_layout", default=d.mem_layout,

@@ -25,7 +25,7 @@ def test_defaults():
     c = HiCacheConfig()
     assert dataclasses.asdict(c) == {
         "enable_hierarchical_cache": False, "hicache_ratio": 2.0, "hicache_size_gb": 0.0,
-        "write_policy": "write_through", "io_backend": "auto", "mem_layout": "page_first",
+        "write_policy": "write_through", "eviction_policy": "lru", "io_backend": "auto", "mem_layout": "page_first",
         "swa_full_tokens_ratio": 0.1, "ranks_per_host": 1, "host_headroom_gb": None,
         "max_copy_programs": None, "storage_backend": "none", "storage_dir": "",
         "storage_master": "127.0.0.1:50051", "storage_capacity_gb": 0.0, "storage_prefetch_policy": "timeout",
@@ -46,6 +46,7 @@ BAD = [
     ("hicache_ratio", float("nan"), "--hicache-ratio"),
     ("hicache_size_gb", -1.0, "--hicache-size"),
     ("write_policy", "write_around", "--hicache-write-policy"),
+    ("eviction_policy", "mru", "--hicache-eviction-policy"),
     ("io_backend", "cuda", "--hicache-io-backend"),
     ("mem_layout", "row_major", "--hicache-mem-layout"),
     ("swa_full_tokens_ratio", 0.0, "--swa-full-tokens-ratio"),
@@ -104,7 +105,7 @@ def test_every_flag_round_trips():
             "--hicache-storage-prefetch-policy", "wait_complete", "--hicache-storage-prefetch-timeout", "0.5",
             "--hicache-storage-write-policy", "write_back", "--hicache-storage-optional",
             "--hicache-storage-model-id", "org/model@rev", "--hicache-tp-rank", "1", "--hicache-tp-size", "2",
-            "--hicache-host-dtype", "int8"]
+            "--hicache-host-dtype", "int8", "--hicache-eviction-policy", "lru"]
     c = HiCacheConfig.from_args(_parse(argv))
     assert c == HiCacheConfig(enable_hierarchical_cache=True, hicache_ratio=3.5, hicache_size_gb=40.0,
                               write_policy="write_through_selective", io_backend="triton",
