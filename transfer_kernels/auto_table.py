@@ -165,7 +165,7 @@ def from_json(doc: Any) -> AutoTable:
     """A table from its parsed JSON document (``ValueError`` naming the bad field)."""
     if not isinstance(doc, dict):
         raise ValueError(f"must be a JSON object, got {type(doc).__name__}")
-    if doc.get("format") != FORMAT or doc.get("version") != VERSION:
+    if doc.get("format") != FORMAT or type(doc.get("version")) is not int or doc["version"] != VERSION:
         raise ValueError(f"format/version: must be {FORMAT!r} / {VERSION}, got "
                          f"{doc.get('format')!r} / {doc.get('version')!r}")
     rules = doc.get("rules")
@@ -184,6 +184,9 @@ def _rule(obj: Any, where: str) -> Rule:
     if unknown:
         raise ValueError(f"{where}.{sorted(unknown)[0]}: unknown key; allowed: device, use, "
                          f"path, dir, {', '.join(_BOUNDS)}")
+    for key in ("device", "use", "path", "dir"):  # before any lookup: a list or object is unhashable
+        if obj.get(key) is not None and not isinstance(obj[key], str):
+            raise ValueError(f"{where}.{key}: must be a string, got {type(obj[key]).__name__} {obj[key]!r}")
     device = obj.get("device")
     if device not in CHOICES:
         raise ValueError(f"{where}.device: must be one of {', '.join(CHOICES)}, got {device!r}")
