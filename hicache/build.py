@@ -79,7 +79,7 @@ def build(stack: Stack, device_tokens: int, config: HiCacheConfig | None = None,
     from hicache.sizing import plan_sizes
 
     config = config or HiCacheConfig()
-    check_backend_usable(config.io_backend if backend is None else backend)
+    check_backend_usable(config.io_backend if backend is None else backend, device)
     dev = torch.device(device)
     plan = plan_sizes(stack, device_tokens, config, budget)
     log_host_stack(stack, plan.host)  # which pools are int8 with --hicache-host-dtype int8
@@ -103,15 +103,29 @@ def triton_problem() -> str | None:
     return None
 
 
-def check_backend_usable(backend: Any) -> None:
+def cuda_problem(device: Any = None) -> str | None:
+    """Why ``device`` (``None``: any device of this process) is not a usable CUDA one, or ``None``."""
+    import torch
+    if device is not None and torch.device(device).type != "cuda":
+        return f"the device is {device}"
+    if not torch.cuda.is_available():
+        return f"this torch sees no CUDA device (torch {torch.__version__})"
+    return None
+
+
+def check_backend_usable(backend: Any, device: Any = None) -> None:
     """Refuse, before anything is allocated, an io backend named by the config that cannot run.
 
     Only names are checked (an instance is the caller's); ``"auto"`` falls back by itself
-    (copy engine without triton), so only ``"triton"`` can be unusable.
+    (copy engine without triton), so only ``"triton"`` (without triton) and ``"dma"``
+    (without CUDA, or for a ``device`` that is not a CUDA one) can be unusable.
 
     Raises:
         ValueError: naming ``--hicache-io-backend``, why, and the backends that work.
     """
+    if backend == "dma" and (problem := cuda_problem(device)) is not None:
+        raise flag_error("io_backend", f"'dma' needs CUDA ({problem}): it stages pages by DMA between pinned "
+                                       "host memory and a GPU; use auto, triton, copy_engine or torch")
     if backend == "triton" and (problem := triton_problem()) is not None:
         raise flag_error("io_backend", f"'triton' cannot run here ({problem}); install triton, "
                                        "or use auto, copy_engine or torch")

@@ -22,7 +22,7 @@ from hicache.fields import checked_value, field_kinds
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 # eviction order of the device and host tiers (leaves only; hicache/radix/evict.py)
 EVICTION_POLICIES = ("lru",)
-IO_BACKENDS = ("auto", "triton", "copy_engine", "torch")
+IO_BACKENDS = ("auto", "triton", "dma", "copy_engine", "torch")  # dma: CUDA only (`build.check_backend_usable`)
 MEM_LAYOUTS = ("page_first", "layer_first")
 STORAGE_BACKENDS = ("none", "file", "mooncake")
 STORAGE_PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
@@ -105,7 +105,7 @@ class HiCacheConfig:
         write_policy: ``write_through`` | ``write_through_selective`` | ``write_back``.
         eviction_policy: which leaf the device and host tiers evict first, one of
             ``EVICTION_POLICIES`` (``lru``: least recently used).
-        io_backend: transfer backend, ``auto`` | ``triton`` | ``copy_engine`` | ``torch``.
+        io_backend: transfer backend, ``auto`` | ``triton`` | ``dma`` (CUDA) | ``copy_engine`` | ``torch``.
         mem_layout: host layout, ``page_first`` | ``layer_first``.
         host_dtype: host format, ``auto`` (the device dtype, byte-exact) | ``int8`` (opt-in:
             bf16/fp16 history pools as int8 + one fp32 scale per token and head, lossy;

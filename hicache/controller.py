@@ -43,8 +43,8 @@ from hicache.layer_sync import LayerDoneCounter, OnStream
 from hicache.queueing import QueueingMixin
 from hicache.slots import free_all
 from hicache.stats import TransferStats, volume_table
-from transfer_kernels import (AutoBackend, CopyBackend, RowTable, TritonBackend, get_backend, runtime,
-                              tuning)
+from transfer_kernels import (AutoBackend, CopyBackend, RowTable, StagedBackend, TritonBackend, get_backend,
+                              runtime, tuning)
 from transfer_kernels.plan import exec_device
 
 AllocFn = Callable[[int], "torch.Tensor | None"]
@@ -352,6 +352,8 @@ def _make_backend(config: HiCacheConfig) -> CopyBackend:
         return TritonBackend(max_programs=config.max_copy_programs)
     if config.io_backend == "auto":
         return AutoBackend(triton=TritonBackend(max_programs=config.max_copy_programs))
+    if config.io_backend == "dma":  # its scatter / gather kernel
+        return StagedBackend(kernel=TritonBackend(max_programs=config.max_copy_programs))
     return get_backend(config.io_backend, fresh=True)
 
 

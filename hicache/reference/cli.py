@@ -15,8 +15,8 @@ import json
 import sys
 
 from hicache.config import IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES
-from hicache.reference.options import (HOST_DTYPES, KV_DTYPES, MAX_KL_TOLERANCE, MEAN_KL_TOLERANCE, TOLERANCE,
-                                       TOP1_TOLERANCE, VerifyOptions)
+from hicache.reference.options import (HOST_DTYPES, KV_DTYPES, MAX_KL_TOLERANCE, MEAN_KL_TOLERANCE, SIZE_LIMITS,
+                                       TOLERANCE, TOP1_TOLERANCE, VerifyOptions)
 
 JSON_KEYS = ("requests", "tokens_from", "max_abs_logit_diff", "greedy_identical", "greedy_total", "ok",
              "mean_kl", "max_kl", "top1_agreement", "criterion")
@@ -34,16 +34,17 @@ def add_verify_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      f"{MAX_KL_TOLERANCE:g}); 1: a mismatch, or nothing restored (see --allow-device-only); "
                      "2: a bad flag.")
     p.add_argument("--arch", default=d.arch, help="deepseek-v4 (default) or mha")
-    p.add_argument("--layers", type=int, default=d.layers, help="decoder layers (default 4: SWA, CSA, HCA, CSA)")
-    p.add_argument("--conversations", type=int, default=d.conversations, help="conversations (default %(default)s)")
-    p.add_argument("--turns", type=int, default=d.turns, help="turns per conversation (default %(default)s)")
+    p.add_argument("--layers", type=int, default=d.layers, help=f"decoder layers, {_range('--layers')} (default 4: SWA, CSA, HCA, CSA)")
+    p.add_argument("--conversations", type=int, default=d.conversations, help=f"conversations, {_range('--conversations')} (default %(default)s)")
+    p.add_argument("--turns", type=int, default=d.turns, help=f"turns per conversation, {_range('--turns')} (default %(default)s)")
     p.add_argument("--decode-tokens", dest="decode_tokens", type=int, default=d.decode_tokens,
-                   help="greedy tokens decoded per request (default %(default)s)")
+                   help=f"greedy tokens decoded per request, {_range('--decode-tokens')} (default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="weights and workload seed (default %(default)s)")
     p.add_argument("--hicache-ratio", dest="hicache_ratio", type=float, default=d.hicache_ratio,
                    help="host tokens per device token (default %(default)s)")
     p.add_argument("--device-tokens", dest="device_tokens", type=int, default=d.device_tokens,
-                   help="device anchor tokens (default: one page more than the longest request)")
+                   help=f"device anchor tokens, at most {SIZE_LIMITS['--device-tokens'][2]} (default: one page more than "
+                        "the longest request)")
     p.add_argument("--hicache-storage-backend", dest="storage_backend", default=d.storage_backend,
                    choices=("none", "file"),
                    help="storage tier below the host (default %(default)s)")
@@ -74,6 +75,12 @@ def add_verify_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def _range(flag: str) -> str:
+    """``"1-64"``: a size flag's range (`SIZE_LIMITS`), for its help."""
+    _, low, high = SIZE_LIMITS[flag]
+    return f"{low}-{high}"
+
+
 def run_verify_model(args: argparse.Namespace) -> int:
     """Run one verification from parsed flags; returns the exit status.
 
@@ -82,6 +89,7 @@ def run_verify_model(args: argparse.Namespace) -> int:
     """
     import torch
 
+    from hicache.reference.progress import RunProgress
     from hicache.reference.verify import run_verify
     from hicache.storage import StorageUnavailableError
 
@@ -90,7 +98,7 @@ def run_verify_model(args: argparse.Namespace) -> int:
     if opts.device == "cpu":
         torch.set_num_threads(1)  # the model's ops are tiny: threads only add contention
     try:
-        report = run_verify(opts)
+        report = run_verify(opts, progress=RunProgress(opts))  # a long run says how far it is, on stderr
     except StorageUnavailableError as exc:
         raise ValueError(str(exc.__cause__ or exc)) from None  # the store's own message, without the
         # --hicache-storage-optional advice of a server (verify-model has no such flag)

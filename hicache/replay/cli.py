@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from hicache.build import build, check_backend_usable
-from hicache.cli_checks import check_device_tokens, check_fits_device, parse_device, stack_from_flags
+from hicache.cli_checks import check_device_tokens, check_fits_device, check_sweep, parse_device, stack_from_flags
 from hicache.config import HiCacheConfig, check_storage_flags
 from hicache.replay.args import add_replay_args
 from hicache.replay.content import ReplayMismatch
@@ -165,6 +165,7 @@ def run_replay(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     layers = args.layers if args.layers is not None else (4 if args.model.startswith("deepseek-v4") else 2)
     stack = stack_from_flags(args.model, layers)
+    check_sweep(args.hicache_ratio)
     device = parse_device(args.device)
     device_tokens = check_device_tokens(args.device_tokens if args.device_tokens is not None
                                         else (1 << 20 if args.trace else 32768), stack)

@@ -37,7 +37,7 @@ def test_human_report_and_a_caught_fault_exit_1(capsys):
                         "c128_kv, c4_state, c4_indexer_state"),
     (["--arch", "mha", "--fault", "swa"], "--fault: 'swa' is not a pool of the mha model; allowed: kv"),
     (["--arch", "gpt"], "--arch): must be one of deepseek-v4, mha"),
-    (["--hicache-io-backend", "dma"], "argument --hicache-io-backend/--io-backend: invalid choice"),
+    (["--hicache-io-backend", "cuda"], "argument --hicache-io-backend/--io-backend: invalid choice"),
     (["--hicache-write-policy", "never"], "argument --hicache-write-policy: invalid choice"),
     (["--hicache-storage-backend", "mooncake"], "argument --hicache-storage-backend: invalid choice"),
     (["--device-tokens", "100"], "--device-tokens: the longest request of 4 turns may take 288 tokens"),

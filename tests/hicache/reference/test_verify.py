@@ -7,6 +7,8 @@ at a time: every pool of each model must be caught.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from hicache.reference.options import VerifyOptions
@@ -80,13 +82,13 @@ def test_the_default_storage_directory_is_removed(tmp_path, monkeypatch):
 @pytest.mark.parametrize("kw, match", [
     (dict(fault="kv"), r"--fault: 'kv' is not a pool of the deepseek-v4 model; allowed: swa, c4_kv"),
     (dict(storage_backend="mooncake"), "--hicache-storage-backend: must be one of none, file"),
-    (dict(decode_tokens=0), "--decode-tokens: must be >= 1"),
+    (dict(decode_tokens=0), re.escape("--decode-tokens: must be in [1, 1,024], got 0")),
     (dict(device_tokens=64), "--device-tokens: the longest request of 3 turns may take"),
-    (dict(turns=0), "--turns: must be >= 1"),
-    (dict(conversations=0), "--conversations: must be >= 1"),
-    (dict(layers=0), r"--layers\): must be >= 1"),
+    (dict(turns=0), re.escape("--turns: must be in [1, 64], got 0")),
+    (dict(conversations=0), re.escape("--conversations: must be in [1, 1,024], got 0")),
+    (dict(layers=0), re.escape("--layers: must be in [1, 64], got 0")),
     (dict(arch="gpt"), r"--arch\): must be one of deepseek-v4, mha"),
-    (dict(seed=-1), r"--seed\): must be >= 0"),
+    (dict(seed=-1), re.escape("--seed: must be in [0, 9,223,372,036,854,775,807], got -1")),
     (dict(device="tpu"), "--device: must be cpu or an available cuda device"),
     (dict(hicache_ratio=0.0), r"--hicache-ratio\): must be > 0"),
 ])
