@@ -37,6 +37,8 @@ MAX_COPY_PROGRAMS = 4096
 MAX_HOST_GB = 1e9
 # host tokens per device token; x any device token count (< 2^40) stays below 2^63
 MAX_HICACHE_RATIO = 1e6
+MAX_RANKS = 1 << 16  # --hicache-ranks-per-host, --hicache-tp-size: past any deployment
+MAX_PREFETCH_TIMEOUT_S = 86400.0  # a day; a thread's wait takes no more than ~2^31 s
 
 # field -> flag, so every error names what the user typed
 FLAGS = {
@@ -167,7 +169,9 @@ class HiCacheConfig:
         if self.hicache_size_gb < 0:
             raise _bad("hicache_size_gb", f"must be >= 0 (0 = use --hicache-ratio), got {self.hicache_size_gb}")
         for field, ceiling, unit in (("hicache_ratio", MAX_HICACHE_RATIO, " host tokens per device token"),
-                                     ("hicache_size_gb", MAX_HOST_GB, " GB"), ("host_headroom_gb", MAX_HOST_GB, " GiB")):
+                                     ("hicache_size_gb", MAX_HOST_GB, " GB"), ("host_headroom_gb", MAX_HOST_GB, " GiB"),
+                                     ("ranks_per_host", MAX_RANKS, " ranks"), ("tp_size", MAX_RANKS, " ranks"),
+                                     ("storage_prefetch_timeout_s", MAX_PREFETCH_TIMEOUT_S, " s")):
             if (getattr(self, field) or 0) > ceiling:
                 raise _bad(field, f"must be at most {ceiling:g}{unit} (past any machine), got {getattr(self, field):g}")
         for field, allowed in (("write_policy", WRITE_POLICIES), ("eviction_policy", EVICTION_POLICIES),

@@ -36,6 +36,20 @@ def test_verify_model_sizes_are_bounded_naming_the_flag_given(capsys, argv, mess
         assert "--kv-dtype" not in err
 
 
+@pytest.mark.parametrize("argv, message", [
+    # was: accepted, the budget split over 1e21 ranks ("host pools do NOT fit")
+    (["--hicache-ranks-per-host", str(10**21)], "(--hicache-ranks-per-host): must be at most 65536 ranks"),
+    (["--hicache-tp-size", str(10**21)], "(--hicache-tp-size): must be at most 65536 ranks"),
+    # was: accepted; a thread's wait of 1e300 s raises OverflowError
+    (["--hicache-storage-backend", "file", "--hicache-storage-dir", "/nonexistent", "--hicache-storage-model-id",
+      "m", "--hicache-storage-prefetch-timeout", "1e300"], "(--hicache-storage-prefetch-timeout): must be at most"),
+])
+def test_plan_sizes_are_bounded(capsys, argv, message):
+    assert main(["plan", "--model", "llama-3.1-8b", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
 def test_replay_sweep_length_is_bounded(capsys):
     ratios = ",".join(["1"] * 65)
     assert main(["replay", "--hicache-ratio", ratios, "--max-requests", "1", "--no-progress"]) == 2
