@@ -167,6 +167,7 @@ def _run(args: argparse.Namespace) -> int:
     stack = stack_from_flags(args.model, layers)
     check_sweep(args.hicache_ratio)
     device = parse_device(args.device)
+    check_backend_usable(args.io_backend)  # a backend that cannot run here, before any run (build checks too)
     device_tokens = check_device_tokens(args.device_tokens if args.device_tokens is not None
                                         else (1 << 20 if args.trace else 32768), stack)
     plot_path = _plot_path(args.plot)
@@ -174,7 +175,6 @@ def _run(args: argparse.Namespace) -> int:
     fill_storage_defaults(args, stack)
     _check_sizes(args, stack, device_tokens, device)  # bad flag values fail before the first run
     check_storage_flags(args)  # after the values' own checks, which name a bad value first
-    check_backend_usable(args.io_backend)  # a backend that cannot run here, before any run (build checks too)
     storage = probe_storage(args, stack, _config(args, 0.0))
     runs: list[RunStats] = []
     ratios = [0.0, *args.hicache_ratio]
