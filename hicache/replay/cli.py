@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from hicache.build import build, check_backend_usable
+from hicache.build import build, check_backend_device, check_backend_usable
 from hicache.cli_checks import check_device_tokens, check_fits_device, check_sweep, parse_device, stack_from_flags
 from hicache.config import HiCacheConfig, check_storage_flags
 from hicache.replay.args import add_replay_args
@@ -167,7 +167,7 @@ def _run(args: argparse.Namespace) -> int:
     stack = stack_from_flags(args.model, layers)
     check_sweep(args.hicache_ratio)
     device = parse_device(args.device)
-    check_backend_usable(args.io_backend)  # a backend that cannot run here, before any run (build checks too)
+    check_backend_device(args.io_backend, device)  # dma without CUDA, named before the memory checks
     device_tokens = check_device_tokens(args.device_tokens if args.device_tokens is not None
                                         else (1 << 20 if args.trace else 32768), stack)
     plot_path = _plot_path(args.plot)
@@ -175,6 +175,7 @@ def _run(args: argparse.Namespace) -> int:
     fill_storage_defaults(args, stack)
     _check_sizes(args, stack, device_tokens, device)  # bad flag values fail before the first run
     check_storage_flags(args)  # after the values' own checks, which name a bad value first
+    check_backend_usable(args.io_backend)  # a backend that cannot run here, before any run (build checks too)
     storage = probe_storage(args, stack, _config(args, 0.0))
     runs: list[RunStats] = []
     ratios = [0.0, *args.hicache_ratio]
