@@ -38,13 +38,21 @@ def _started(pid: int) -> float | None:
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` runs (zombies, which an init that does not reap
+    orphans may keep forever, do not count)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True  # another user's processes hold the id: not ours to judge
-    return True
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def owner_gone(record: dict) -> bool:

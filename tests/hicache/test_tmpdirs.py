@@ -40,8 +40,14 @@ def test_sweep_removes_only_folders_whose_owner_and_group_are_gone(tmp_path):
     me = psutil.Process()
     dead, dead_start = _dead_pid()
     sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)  # a live group
+    zombie = subprocess.Popen(["true"], start_new_session=True)  # a group of one zombie: not reaped yet
     try:
+        deadline = time.monotonic() + WAIT_S
+        while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         cases = {
+            "p-group-zombie": ({"pid": dead, "started": dead_start, "group": zombie.pid}, True),
             "p-dead": ({"pid": dead, "started": dead_start, "group": None}, True),
             "p-reused": ({"pid": os.getpid(), "started": me.create_time() - 3600, "group": None}, True),
             "p-live": ({"pid": os.getpid(), "started": me.create_time(), "group": None}, False),
@@ -54,12 +60,13 @@ def test_sweep_removes_only_folders_whose_owner_and_group_are_gone(tmp_path):
         folders = {name: _folder(tmp_path, name, record) for name, (record, _) in cases.items()}
         (tmp_path / "p-file").write_text("not a folder")
         removed = sweep("p-", tmp_path)
-        assert sorted(p.name for p in removed) == ["p-dead", "p-reused"]
+        assert sorted(p.name for p in removed) == ["p-dead", "p-group-zombie", "p-reused"]
         for name, (_, swept) in cases.items():
             assert folders[name].exists() != swept, name
     finally:
         sleeper.kill()
         sleeper.wait()
+        zombie.wait()
     # the group has ended: its folder goes now
     assert [p.name for p in sweep("p-", tmp_path)] == ["p-group-runs"]
 

@@ -89,6 +89,7 @@ class VllmServer:
                 raise RuntimeError(f"vLLM exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 urllib.request.urlopen(f"{self.url}/v1/models", timeout=2).read()
+                self.group.shm.observe()  # its message queues exist now (removed by stop)
                 return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 time.sleep(1.0)
