@@ -5,7 +5,9 @@
     write_through             at every insert reaching it           deletes it
     write_through_selective   at the 2nd insert reaching it         deletes it
     write_back                when it is evicted from the device    backs it up, then drops
-                                                                    the device copy
+                              (its snapshot too: also one evicted   the device copy
+                              on its own, with its history if the
+                              host lacks it)
 
 Under both write-through policies a node is backed up only after its parent, so the
 backed-up nodes form a prefix from the root.
@@ -87,7 +89,7 @@ class Transfers:
         return self.policy == "write_back" and self.host_enabled
 
     def holds(self, node: TreeNode) -> bool:
-        return node._host is not None
+        return node._host is not None and (node._state_device is None or node._state_host is not None)
 
     def save(self, nodes: list[TreeNode]) -> None:
         """Back ``nodes`` up and wait for the acks (polls)."""
@@ -96,7 +98,9 @@ class Transfers:
             self.wait(ops)
 
     def save_snapshots(self, nodes: list[TreeNode]) -> None:
-        return None  # a device snapshot is dropped: its history stays, an insert brings a new one
+        """Back up the snapshots of ``nodes`` (with their history where the host lacks it:
+        a host snapshot needs its history there) and wait for the acks (polls)."""
+        self.save([n for n in nodes if self.needs_backup(n)])
 
     # ---- backups ------------------------------------------------------------------------
     def needs_backup(self, node: TreeNode) -> bool:
