@@ -71,6 +71,8 @@ class Transfers:
         make_room: ``make_room(tier, anchor_tokens, with_state)`` (the evictor's).
         poll: the tree's poll (acks and storage), what `wait` repeats.
         on_backed_up: ``(nodes, snapshot_owner)`` after a backup's ack published, or None.
+        on_loaded: ``(tier_name, nodes)`` after a load's ack gave ``nodes`` device copies
+            (the eviction policy's ``regained``).
     """
 
     def __init__(self, ctrl, index: RadixIndex, ledger: SlotLedger, counters: Counter, *,
@@ -82,6 +84,7 @@ class Transfers:
         self.make_room: Callable[..., None] = lambda tier, tokens, with_state: None
         self.poll: Callable[[], object] = lambda: self.apply(self.ctrl.poll())
         self.on_backed_up: Callable[[list[TreeNode], TreeNode | None], None] | None = None
+        self.on_loaded: Callable[[str, list[TreeNode]], None] = lambda tier, nodes: None
 
     # ---- below the device (evict.Below) ---------------------------------------------------
     @property
@@ -273,6 +276,7 @@ class Transfers:
         slots = rec.dst.get(self.anchor)
         takers = self.ledger.deal(self.ledger.device, chain, slots) if slots is not None else []
         self.ledger.device.leaves.update(takers)
+        self.on_loaded("device", takers)
         if rec.with_state:
             self.ledger.give_snapshot(self.ledger.device, rec.node, {n: rec.dst[n] for n in self.ledger.state_sizes},
                                       counted=True)
