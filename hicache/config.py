@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from hicache.fields import checked_value, field_kinds
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
-# eviction order of the device and host tiers (leaves only; hicache/radix/evict.py)
-EVICTION_POLICIES = ("lru",)
+# eviction order of the device and host tiers (leaves only; hicache/radix/policies/,
+# whose NAMES it equals: not imported, the config stays free of torch)
+EVICTION_POLICIES = ("lru", "lfu", "adaptive", "lfuda", "tiered")
 IO_BACKENDS = ("auto", "triton", "dma", "copy_engine", "torch")  # dma: CUDA only (`build.check_backend_usable`)
 MEM_LAYOUTS = ("page_first", "layer_first")
 STORAGE_BACKENDS = ("none", "file", "mooncake")
@@ -106,7 +107,9 @@ class HiCacheConfig:
         hicache_size_gb: host bytes in GB (1e9) per rank; 0 = size by ``hicache_ratio``.
         write_policy: ``write_through`` | ``write_through_selective`` | ``write_back``.
         eviction_policy: which leaf the device and host tiers evict first, one of
-            ``EVICTION_POLICIES`` (``lru``: least recently used).
+            ``EVICTION_POLICIES`` (`hicache.radix.policies`): ``lru`` least recently used,
+            ``lfu`` fewest hits, ``adaptive`` LRU or LFU weighted by the misses each caused,
+            ``lfuda`` LFU with dynamic aging, ``tiered`` lfuda on the device and lru on the host.
         io_backend: transfer backend, ``auto`` | ``triton`` | ``dma`` (CUDA) | ``copy_engine`` | ``torch``.
         mem_layout: host layout, ``page_first`` | ``layer_first``.
         host_dtype: host format, ``auto`` (the device dtype, byte-exact) | ``int8`` (opt-in:

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from hicache.config import IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES
+from hicache.config import EVICTION_POLICIES, IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES
 from hicache.reference.options import (HOST_DTYPES, KV_DTYPES, MAX_KL_TOLERANCE, MEAN_KL_TOLERANCE, SIZE_LIMITS,
                                        TOLERANCE, TOP1_TOLERANCE, VerifyOptions)
 
@@ -55,6 +55,9 @@ def add_verify_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    choices=IO_BACKENDS, help="transfer backend (default auto; --io-backend is an alias)")
     p.add_argument("--hicache-write-policy", dest="write_policy", default=d.write_policy, choices=WRITE_POLICIES,
                    help="device -> host backups (default %(default)s)")
+    p.add_argument("--hicache-eviction-policy", dest="eviction_policy", default=d.eviction_policy,
+                   choices=EVICTION_POLICIES, help="which leaf the device and host tiers evict first "
+                                                   "(default %(default)s)")
     p.add_argument("--hicache-mem-layout", dest="mem_layout", default=d.mem_layout, choices=MEM_LAYOUTS,
                    help="host pool layout (default %(default)s)")
     p.add_argument("--kv-format", dest="kv_format", default=d.kv_format,
@@ -134,7 +137,8 @@ def _human(r, opts, unrestored: bool = False) -> str:
     lines = [
         f"hicache verify-model: {r.arch}{'' if opts.kv_format == 'fp32' else ' ' + opts.kv_format}, "
         f"{opts.layers} layers, seed {opts.seed}: {r.requests} requests "
-        f"({opts.conversations} conversations x {opts.turns} turns), {opts.write_policy}, {opts.mem_layout}, "
+        f"({opts.conversations} conversations x {opts.turns} turns), {opts.write_policy}, "
+        f"eviction {opts.eviction_policy}, {opts.mem_layout}, "
         f"{storage}, device {opts.device}, io {opts.io_backend}",
         f"  prompt tokens from device {t['device']}, host {t['host']}, storage {t['storage']}, "
         f"computed {t['computed']}",

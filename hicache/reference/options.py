@@ -48,6 +48,7 @@ class VerifyOptions:
     device: str = "cpu"
     io_backend: str = "auto"
     write_policy: str = "write_through"
+    eviction_policy: str = "lru"  # the tree's device and host eviction order (hicache.config.EVICTION_POLICIES)
     mem_layout: str = "page_first"
     fault: str | None = None  # a data pool whose loads are corrupted (negative control)
     kv_format: str = "fp32"  # deepseek-v4 pool rows: fp32 | fp8_ds_mla
@@ -102,7 +103,7 @@ def verify_config(opts: VerifyOptions, model_id: str) -> HiCacheConfig:
     # The stack's name is ``model_id`` too; the config's storage identity names it as well.
     return HiCacheConfig(
         enable_hierarchical_cache=True, hicache_ratio=opts.hicache_ratio, write_policy=opts.write_policy,
-        io_backend=opts.io_backend, mem_layout=opts.mem_layout, swa_full_tokens_ratio=SWA_FULL_TOKENS_RATIO,
+        eviction_policy=opts.eviction_policy, io_backend=opts.io_backend, mem_layout=opts.mem_layout, swa_full_tokens_ratio=SWA_FULL_TOKENS_RATIO,
         host_headroom_gb=0.0,  # the pools are a few MB: no host headroom to keep
         storage_backend=opts.storage_backend, storage_dir=opts.storage_dir,
         storage_model_id=model_id,

@@ -39,6 +39,7 @@ def test_human_report_and_a_caught_fault_exit_1(capsys):
     (["--arch", "gpt"], "--arch): must be one of deepseek-v4, mha"),
     (["--hicache-io-backend", "cuda"], "argument --hicache-io-backend/--io-backend: invalid choice"),
     (["--hicache-write-policy", "never"], "argument --hicache-write-policy: invalid choice"),
+    (["--hicache-eviction-policy", "fifo"], "argument --hicache-eviction-policy: invalid choice"),
     (["--hicache-storage-backend", "mooncake"], "argument --hicache-storage-backend: invalid choice"),
     (["--device-tokens", "100"], "--device-tokens: the longest request of 4 turns may take 288 tokens"),
     (["--hicache-ratio", "0"], "--hicache-ratio): must be > 0"),

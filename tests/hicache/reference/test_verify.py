@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from hicache.config import EVICTION_POLICIES
 from hicache.reference.options import VerifyOptions
 from hicache.reference.verify import TOLERANCE, run_verify
 
@@ -38,6 +39,15 @@ def test_every_request_matches_the_recompute(tmp_path, arch, policy, layout):
     assert r.max_abs_logit_diff <= TOLERANCE
     assert r.greedy_identical == r.greedy_total == 2 * r.requests
     assert r.tokens_from["host"] > 0 and r.tokens_from["storage"] > 0, r.tokens_from
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+@pytest.mark.parametrize("eviction", [e for e in EVICTION_POLICIES if e != "lru"])
+def test_every_eviction_policy_matches_the_recompute(tmp_path, eviction, policy):
+    r = run_verify(options("deepseek-v4", policy, eviction_policy=eviction, storage_dir=str(tmp_path)))
+    assert r.ok and r.mismatched_requests == 0 and r.max_abs_logit_diff <= TOLERANCE, r
+    # restores were checked (from which tier depends on what the policy kept where)
+    assert r.tokens_from["host"] + r.tokens_from["storage"] > 0, r.tokens_from
 
 
 @pytest.mark.parametrize("arch", list(POOLS))
