@@ -1,8 +1,9 @@
 """What any cache could reach on a workload: three hit rates computed from the trace alone.
 
 `hicache replay` prints them beside every run, for that run's capacity, so a user reads
-"this run hit 0.131; an ideal LRU of the same size would hit 0.149; no policy could beat
-0.379". Every figure is in the replay's own units:
+"this run hit 0.131; an ideal LRU of the same size would hit 0.180; no policy could beat
+0.429" (the shipped trace, DeepSeek-V4 Flash, 262,144 device tokens, ratio 4). Every
+figure is in the replay's own units:
 
     block      one page (``page_size`` tokens of the replay's model) of a request's prompt,
                named by the whole prompt up to and including it (a prefix identity: two
@@ -29,15 +30,17 @@
                as one sequence of accesses; on a miss with C blocks cached, of the cached
                blocks and the incoming one, the block whose next access is furthest away is
                dropped (the incoming one is then not cached). MIN is optimal for uniform
-               blocks: no policy keeping any C blocks (any order, any tier, prefetching
-               included) has more blocks present at their accesses, and a prefix hit needs
-               its blocks present, so no policy's hit rate can exceed it. The set MIN keeps
-               stays closed under prefixes (a block's next access never comes after its
-               descendant's), so a prefix cache reaches it: the bound is tight.
+               blocks: no policy keeping any C blocks it has computed (in any order, on any
+               tier) has more blocks present at their accesses, and a prefix hit needs its
+               blocks present, so no policy's hit rate can exceed it (a storage tier adds
+               capacity of its own: its runs can). The set MIN keeps stays closed under
+               prefixes (a block's next access never comes after its descendant's), so a
+               prefix cache reaches it: the bound is tight.
 
 Cost: one pass to name the blocks (a dict walk of the requests' ``hash_ids``), numpy for
-the next accesses, then one heap-based pass per capacity for ``belady`` and one
-ordered-dict pass for ``lru``: seconds for a 12k-request trace (`bench/replay.py`).
+the next accesses and the runs (`TraceBounds`), then one heap-based pass per capacity for
+``belady`` and one ordered-dict pass for ``lru``: about 3 s for a 12k-request trace, then
+0.1-0.3 s per capacity (`bench/replay.py --bounds`).
 """
 from __future__ import annotations
 
