@@ -5,7 +5,7 @@ of the replay's bounds alone.
     python bench/replay.py --trace data/mooncake_synthetic_trace.jsonl.xz \\
         --model deepseek-v4-flash --layers 4 --hicache-ratio 1,2,4 [--out PNG]
     python bench/replay.py --bounds [--copies 3]              # time the bounds (no replay)
-    python bench/replay.py --matrix --policies lru,lfu [--quick]   # policies x workloads x ratios
+    python bench/replay.py --matrix --policies lru,lfu [--quick] [--resume]   # policies x workloads
     python bench/replay.py --gap                              # why a replay's LRU is below the ideal LRU
 
 Same flags as ``hicache replay``, plus ``--out`` (the plot's path, like ``--plot``); unless
@@ -103,46 +103,54 @@ MATRIX_HOSTS = {"bf16": ["--model", "deepseek-v4-flash", "--layers", "2"],
 # The trace through the int8 host takes hours on a CPU (the torch quantization of ~60 M tokens per run),
 # and at a given ratio an int8 host holds as many tokens as a bf16 one: the same hits. Built-ins only.
 SKIP = {("trace", "int8")}
+HEADROOM_GIB = 0.25  # host memory left free: the CPU VM this ran on had about 1 GiB available
 
 
-def matrix_rows(policies: str, quick: bool) -> list[dict]:
-    """Every (workload, host) replayed with every policy side by side; a row per ratio."""
+def matrix_pair(name: str, host: str, policies: str, quick: bool) -> list[dict]:
+    """One (workload, host) replayed with every policy side by side; a row per ratio."""
     import contextlib
     import io
     import json
-    rows = []
-    for (name, flags), (host, model) in itertools.product(MATRIX_WORKLOADS.items(), MATRIX_HOSTS.items()):
-        if (name, host) in SKIP:
-            continue
-        out = io.StringIO()
-        argv = ["replay", *flags, *model, "--hicache-ratio", "1,2,4", "--hicache-eviction-policy", policies,
-                "--json", "--no-progress", *(["--max-requests", "200"] if quick else [])]
-        t0 = time.perf_counter()
-        with contextlib.redirect_stdout(out):
-            code = main(argv)
-        if code != 0:
-            raise SystemExit(f"{' '.join(argv)}: exit status {code}")
-        runs = json.loads(out.getvalue())["runs"]
-        for ratio in dict.fromkeys(r["hicache_ratio"] for r in runs):
-            mine = {r["eviction_policy"]: r for r in runs if r["hicache_ratio"] == ratio}
-            first = next(iter(mine.values()))
-            row = {"workload": name, "host": host, "ratio": ratio, "capacity_tokens": first["capacity_tokens"]}
-            row |= {p: round(r["hit_rate"], 4) for p, r in mine.items()}
-            row |= {"ideal_lru": round(first["bound_lru"], 4), "belady": round(first["bound_belady"], 4),
-                    "infinite": round(first["bound_infinite"], 4)}
-            row |= {f"{p}-lru": round(r["hit_rate"] - mine["lru"]["hit_rate"], 4) for p, r in mine.items()
-                    if p != "lru" and "lru" in mine}
-            rows.append(row | {"wall_s": round(time.perf_counter() - t0, 1)})
-        print(format_table(rows[-4:], list(rows[-1])), flush=True)  # this pair's ratios as they come
+    out = io.StringIO()
+    argv = ["replay", *MATRIX_WORKLOADS[name], *MATRIX_HOSTS[host], "--hicache-ratio", "1,2,4",
+            "--hicache-eviction-policy", policies, "--hicache-host-headroom", str(HEADROOM_GIB), "--json",
+            "--no-progress", *(["--max-requests", "200"] if quick else [])]
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(out):
+        code = main(argv)
+    if code != 0:
+        raise RuntimeError(f"{' '.join(argv)}: exit status {code}")
+    runs, rows = json.loads(out.getvalue())["runs"], []
+    for ratio in dict.fromkeys(r["hicache_ratio"] for r in runs):
+        mine = {r["eviction_policy"]: r for r in runs if r["hicache_ratio"] == ratio}
+        first = next(iter(mine.values()))
+        row = {"workload": name, "host": host, "ratio": ratio, "capacity_tokens": first["capacity_tokens"]}
+        row |= {p: round(r["hit_rate"], 4) for p, r in mine.items()}
+        row |= {"ideal_lru": round(first["bound_lru"], 4), "belady": round(first["bound_belady"], 4),
+                "infinite": round(first["bound_infinite"], 4)}
+        row |= {f"{p}-lru": round(r["hit_rate"] - mine["lru"]["hit_rate"], 4) for p, r in mine.items()
+                if p != "lru" and "lru" in mine}
+        rows.append(row | {"wall_s": round(time.perf_counter() - t0, 1)})
     return rows
 
 
 def matrix_main(argv: list[str]) -> int:
+    """``--matrix``: every pair in turn, the JSON rewritten after each; ``--resume`` skips the
+    pairs the JSON already has (a run refused for memory on a shared machine: run it again)."""
+    import json
     policies = argv[argv.index("--policies") + 1] if "--policies" in argv else "lru"
     out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else RESULTS_DIR / "replay_policies.json"
-    rows = matrix_rows(policies, "--quick" in argv)
+    rows = json.loads(out.read_text())["rows"] if "--resume" in argv and out.exists() else []
+    done = {(r["workload"], r["host"]) for r in rows}
+    config = {"policies": policies, "quick": "--quick" in argv, "host_headroom_gib": HEADROOM_GIB}
+    for name, host in itertools.product(MATRIX_WORKLOADS, MATRIX_HOSTS):
+        if (name, host) in SKIP or (name, host) in done:
+            continue
+        rows += matrix_pair(name, host, policies, "--quick" in argv)
+        print(format_table(rows[-4:], list(rows[-1])), flush=True)  # this pair's ratios as they come
+        write_json(out, rows, config, torch.device("cpu"))
     print(format_table(rows, list(rows[0])))
-    print(f"json: {write_json(out, rows, {'policies': policies, 'quick': '--quick' in argv}, torch.device('cpu'))}")
+    print(f"json: {write_json(out, rows, config, torch.device('cpu'))}")
     return 0
 
 

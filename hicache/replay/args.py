@@ -73,6 +73,9 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
                    help=f"host format, one of {', '.join(HOST_DTYPES)} (int8: bf16/fp16 history pools as int8 + "
                         "fp32 scales, ~0.53x the host bytes per token; the content replayed is then exact in int8)")
     p.add_argument("--swa-full-tokens-ratio", type=float, default=0.1, help="DeepSeek-V4 device SWA share")
+    p.add_argument("--hicache-host-headroom", dest="host_headroom_gb", type=float, default=None,
+                   help="GiB of host memory left free, as a server's flag (default min(10 GiB, 10%% of RAM)); "
+                        "lower it to replay on a small machine")
     p.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--seed", type=int, default=0, help="seed of the built-in workload")
     p.add_argument("--allow-device-only", action="store_true",

@@ -79,6 +79,7 @@ def _config(args: argparse.Namespace, ratio: float, policy: str | None = None) -
                            io_backend=args.io_backend, mem_layout=args.mem_layout,
                            swa_full_tokens_ratio=args.swa_full_tokens_ratio,
                            eviction_policy=policy or args.eviction_policies[0],
+                           host_headroom_gb=getattr(args, "host_headroom_gb", None),
                            host_dtype=getattr(args, "host_dtype", "auto"))
     return storage_config(config, args, ratio)
 
@@ -106,7 +107,8 @@ def _check_sizes(args: argparse.Namespace, stack, device_tokens: int, device: to
             gib = 1 << 30
             raise ValueError(f"--hicache-ratio {ratio:g}: the host pools need {plan.host_bytes_total / gib:.2f} GiB, "
                              f"the host budget is {plan.budget.budget_bytes / gib:.2f} GiB "
-                             f"({plan.budget.describe()}); lower --hicache-ratio or --device-tokens")
+                             f"({plan.budget.describe()}); lower --hicache-ratio, --device-tokens or "
+                             "--hicache-host-headroom")
         check_fits_device(plan, device)
 
 

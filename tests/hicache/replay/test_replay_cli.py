@@ -146,7 +146,7 @@ def test_plot_into_a_missing_folder_is_refused_not_created(tmp_path, monkeypatch
 
 # ---------------------------------------------------------------- odd numbers, never a traceback
 
-REPLAY_FLOATS = ["--hicache-ratio", "--swa-full-tokens-ratio"]
+REPLAY_FLOATS = ["--hicache-ratio", "--swa-full-tokens-ratio", "--hicache-host-headroom"]
 ODD = st.one_of(st.sampled_from(["nan", "inf", "-0", "0", "5e-324", "1e-300", "1e300", "1.8e308", "1e6", "1e7",
                                  "1,1e300", "-1"]), st.floats(allow_nan=False).map(repr))
 
