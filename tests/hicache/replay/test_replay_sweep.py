@@ -179,3 +179,16 @@ def test_a_plot_format_matplotlib_cannot_write_is_refused_before_the_runs(tmp_pa
     calls = fake_runs(monkeypatch)
     _, line = one_line(capsys, main(["replay", *TINY, "--plot", str(tmp_path / name)]), 2, "--plot", words, ".png")
     assert calls == [] and list(tmp_path.iterdir()) == []
+
+
+def test_each_policy_of_a_ratio_has_its_own_storage_namespace(monkeypatch):
+    # two policies side by side at one ratio: the second must not start warm from the first's pages
+    import types
+
+    import hicache.replay.storage as replay_storage
+    seen = []
+    monkeypatch.setattr(replay_storage, "open_store", lambda cache, extra: seen.append(extra))
+    for policy in ("lru", "lfu"):
+        cache = types.SimpleNamespace(config=types.SimpleNamespace(storage_backend="file", eviction_policy=policy))
+        replay_storage.open_run_store(cache, 2.0)
+    assert len(set(seen)) == 2 and all("ratio 2" in extra for extra in seen)
