@@ -93,7 +93,8 @@ def check_fits_device(plan: CachePlan, device: torch.device) -> None:
         where = f"{device} has {free / GIB:.2f} GiB free"
     else:  # CPU mode: the "device" pools are host memory too, next to the host pools
         free = plan.budget.budget_bytes - plan.host_bytes_total
-        where = (f"in CPU mode they share this machine's budget ({plan.budget.budget_bytes / GIB:.2f} GiB) "
+        where = (f"in CPU mode they share this machine's budget ({plan.budget.budget_bytes / GIB:.2f} GiB, "
+                 f"{plan.budget.headroom_bytes / GIB:.2f} GiB of --hicache-host-headroom kept free) "
                  f"with the host pools ({plan.host_bytes_total / GIB:.2f} GiB)")
     if need > free:
         raise ValueError(f"--device-tokens: the device pools need {need / GIB:.2f} GiB; {where}. "
