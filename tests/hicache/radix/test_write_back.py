@@ -17,7 +17,7 @@ from hicache import HiCacheConfig, build
 from hicache.cli_checks import stack_from_flags
 from hicache.radix.store import open_store
 from hicache.replay.run import Replayer, RunStats
-from hicache.replay.workload import chat_workload
+from hicache.replay.builtin import chat_workload
 from tests.hicache.radix.test_cache import BIG, assert_same, fill_random, seq, snapshot
 from tests.hicache.radix.test_hybrid import PS, SNAP, dsv4, hit, insert
 
