@@ -198,7 +198,137 @@ static PyObject *hold(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-static PyObject *s_end, *s_children, *s_key;
+static PyObject *s_end, *s_children, *s_key, *s_device, *s_last_access, *s_hit_count, *s_data_ptr, *s_numel, *one;
+
+/* The data pointer and element count of a tensor (``data_ptr()``, ``numel()``); -1 on error. */
+static int tensor_span(PyObject *t, const char **data, Py_ssize_t *n)
+{
+    PyObject *ptr = PyObject_CallMethodNoArgs(t, s_data_ptr);
+    if (ptr == NULL)
+        return -1;
+    PyObject *num = PyObject_CallMethodNoArgs(t, s_numel);
+    if (num == NULL) {
+        Py_DECREF(ptr);
+        return -1;
+    }
+    *data = (const char *)PyLong_AsVoidPtr(ptr);
+    *n = PyLong_AsSsize_t(num);
+    Py_DECREF(ptr);
+    Py_DECREF(num);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* touch(nodes, clock, hits) -> int
+ *
+ * Set ``last_access = clock`` on every node of the list ``nodes`` (a walk's path) and, when
+ * ``hits`` is true, add one to its ``hit_count``; returns how many of them hold a device
+ * copy (``_device is not None``: a prefix of a path, device copies being closed under parent).
+ */
+static PyObject *touch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "touch(nodes: list, clock, hits)");
+        return NULL;
+    }
+    PyObject *nodes = args[0], *clock = args[1];
+    int hits = PyObject_IsTrue(args[2]);
+    if (hits < 0)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(nodes), on_device = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *node = PyList_GET_ITEM(nodes, i); /* borrowed */
+        if (PyObject_SetAttr(node, s_last_access, clock) < 0)
+            return NULL;
+        if (hits) {
+            PyObject *h = PyObject_GetAttr(node, s_hit_count);
+            if (h == NULL)
+                return NULL;
+            PyObject *h1 = PyNumber_Add(h, one);
+            Py_DECREF(h);
+            if (h1 == NULL || PyObject_SetAttr(node, s_hit_count, h1) < 0) {
+                Py_XDECREF(h1);
+                return NULL;
+            }
+            Py_DECREF(h1);
+        }
+        PyObject *dev = PyObject_GetAttr(node, s_device);
+        if (dev == NULL)
+            return NULL;
+        on_device += dev != Py_None;
+        Py_DECREF(dev);
+    }
+    return PyLong_FromSsize_t(on_device);
+}
+
+/* gather(nodes, count, out) -> None
+ *
+ * Copy the device slots (``_device``: the tree's own 1-D int64 contiguous CPU tensors) of
+ * the first ``count`` nodes of the list ``nodes``, one after another, into ``out`` (an
+ * int64 buffer of exactly their total length; ValueError otherwise, before any copy).
+ */
+static PyObject *gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "gather(nodes: list, count, out)");
+        return NULL;
+    }
+    Py_ssize_t count = PyLong_AsSsize_t(args[1]);
+    if (count == -1 && PyErr_Occurred())
+        return NULL;
+    if (count < 0 || count > PyList_GET_SIZE(args[0])) {
+        PyErr_SetString(PyExc_ValueError, "gather: count outside the list");
+        return NULL;
+    }
+    Py_buffer out;
+    if (get_buf(args[2], &out, 8, 1, "out") < 0)
+        return NULL;
+    enum { FEW = 64 };
+    const char *src_few[FEW];
+    Py_ssize_t len_few[FEW];
+    const char **src = src_few;
+    Py_ssize_t *len = len_few;
+    if (count > FEW) {
+        src = PyMem_Malloc(sizeof(*src) * (size_t)count);
+        len = PyMem_Malloc(sizeof(*len) * (size_t)count);
+        if (src == NULL || len == NULL) {
+            PyMem_Free(src);
+            PyMem_Free(len);
+            PyBuffer_Release(&out);
+            return PyErr_NoMemory();
+        }
+    }
+    Py_ssize_t total = 0;
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *t = PyObject_GetAttr(PyList_GET_ITEM(args[0], i), s_device);
+        if (t == NULL)
+            goto done;
+        int bad = tensor_span(t, &src[i], &len[i]);
+        Py_DECREF(t);
+        if (bad)
+            goto done;
+        total += len[i];
+    }
+    if (total * 8 != out.len) {
+        PyErr_Format(PyExc_ValueError, "gather: %zd slots into a buffer of %zd", total, out.len / 8);
+        goto done;
+    }
+    char *dst = (char *)out.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (len[i])
+            memcpy(dst, src[i], (size_t)len[i] * 8);
+        dst += len[i] * 8;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    if (src != src_few) {
+        PyMem_Free(src);
+        PyMem_Free(len);
+    }
+    PyBuffer_Release(&out);
+    return result;
+}
 
 
 /* walk(node, kb, page_bytes) -> (path, partial)
@@ -290,7 +420,53 @@ fail:
     return NULL;
 }
 
+/* rows(slots, tokens_per_row, out) -> None
+ *
+ * out[i] = slots[i * tokens_per_row] / tokens_per_row: the rows of whole rows of slots
+ * (``slots`` a 1-D int64 contiguous CPU tensor of the controller's own or checked slots;
+ * ``out`` an int64 buffer of exactly numel / tokens_per_row items; ValueError otherwise).
+ */
+static PyObject *rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "rows(slots, tokens_per_row, out)");
+        return NULL;
+    }
+    Py_ssize_t tpr = PyLong_AsSsize_t(args[1]);
+    if (tpr == -1 && PyErr_Occurred())
+        return NULL;
+    if (tpr < 1) {
+        PyErr_SetString(PyExc_ValueError, "tokens_per_row: must be >= 1");
+        return NULL;
+    }
+    const char *data;
+    Py_ssize_t n;
+    if (tensor_span(args[0], &data, &n) < 0)
+        return NULL;
+    const int64_t *slot = (const int64_t *)data;
+    Py_buffer out;
+    if (get_buf(args[2], &out, 8, 1, "out") < 0)
+        return NULL;
+    if (n % tpr || out.len / 8 != n / tpr) {
+        PyBuffer_Release(&out);
+        PyErr_Format(PyExc_ValueError, "rows: %zd slots are not %zd rows of %zd", n, out.len / 8, tpr);
+        return NULL;
+    }
+    pagediv div = make_pagediv(tpr);
+    int64_t *row = (int64_t *)out.buf;
+    for (Py_ssize_t i = 0, k = 0; i < n; i += tpr, k++)
+        row[k] = page_of(div, slot[i]);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"rows", (PyCFunction)(void (*)(void))rows, METH_FASTCALL,
+     "rows(slots, tokens_per_row, out): out[i] = slots[i * tokens_per_row] // tokens_per_row."},
+    {"touch", (PyCFunction)(void (*)(void))touch, METH_FASTCALL,
+     "touch(nodes, clock, hits) -> nodes holding a device copy (last_access set, hit_count raised if hits)."},
+    {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL,
+     "gather(nodes, count, out): the device slots of the first count nodes, one after another, into out."},
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL,
      "walk(node, kb, page_bytes) -> (fully matched nodes, partly matched node or None)."},
     {"same_bytes", (PyCFunction)(void (*)(void))same_bytes, METH_FASTCALL,
@@ -310,7 +486,14 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     s_end = PyUnicode_InternFromString("end");
     s_children = PyUnicode_InternFromString("children");
     s_key = PyUnicode_InternFromString("key");
-    if (s_end == NULL || s_children == NULL || s_key == NULL)
+    s_device = PyUnicode_InternFromString("_device");
+    s_last_access = PyUnicode_InternFromString("last_access");
+    s_hit_count = PyUnicode_InternFromString("hit_count");
+    s_data_ptr = PyUnicode_InternFromString("data_ptr");
+    s_numel = PyUnicode_InternFromString("numel");
+    one = PyLong_FromLong(1);
+    if (s_end == NULL || s_children == NULL || s_key == NULL || s_device == NULL || s_last_access == NULL
+        || s_hit_count == NULL || s_data_ptr == NULL || s_numel == NULL || one == NULL)
         return NULL;
     return PyModule_Create(&module);
 }

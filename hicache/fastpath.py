@@ -13,6 +13,11 @@ install time, another Python), the numpy code below, which gives the same answer
     hold(slots, ps, held, d)  held[page] += d for the pages of the tree's own slots
     walk(node, kb, pb)      the nodes below ``node`` matching the key bytes ``kb`` in full,
                             and the next node if it matches only in part
+    touch(nodes, clock, hits)  last_access = clock (hit_count += 1 if hits) on each node of
+                            a path; returns how many hold a device copy
+    gather(nodes, k, out)   the device slots of the first k nodes, one after another, into
+                            out (an int64 array of exactly their length)
+    rows(slots, tpr)        slots[::tpr] // tpr of a 1-D int64 CPU tensor, as a new array
 
 ``COMPILED`` says which one runs.
 """
@@ -83,6 +88,38 @@ def _walk(node, kb: bytes, page_bytes: int) -> tuple[list, object]:
     return path, None
 
 
+def _touch(nodes: list, clock: int, hits: bool) -> int:
+    on_device = 0
+    for node in nodes:
+        node.last_access = clock
+        if hits:
+            node.hit_count += 1
+        if node._device is not None:
+            on_device += 1
+    return on_device
+
+
+def _gather(nodes: list, count: int, out: np.ndarray) -> None:
+    parts = [n._device.numpy() for n in nodes[:count]]
+    total = sum(p.size for p in parts)
+    if total != out.size:
+        raise ValueError(f"gather: {total} slots into a buffer of {out.size}")
+    if parts:
+        np.concatenate(parts, out=out)
+
+
+def rows(slots, tokens_per_row: int) -> np.ndarray:
+    """``slots[::tokens_per_row] // tokens_per_row`` of a 1-D int64 contiguous CPU tensor
+    (whole rows, the caller's own or checked slots), as a new int64 array."""
+    if _c is None or not slots.is_contiguous():
+        return slots.numpy()[::tokens_per_row] // tokens_per_row
+    out = np.empty(slots.numel() // tokens_per_row, np.int64)
+    _c.rows(slots, tokens_per_row, out)
+    return out
+
+
 same_bytes = _c.same_bytes if _c is not None else _same_bytes
 walk = _c.walk if _c is not None else _walk
 hold = _c.hold if _c is not None else _hold
+touch = _c.touch if _c is not None else _touch
+gather = _c.gather if _c is not None else _gather

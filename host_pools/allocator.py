@@ -91,8 +91,12 @@ class PageAllocator:
             if num_pages > top:
                 return None
             pages = self._stack[top - num_pages:top][::-1]  # the top of the stack first
-            if 1 < num_pages <= _FEW_PAGES:  # a few: sorting beats checking the order first
-                pages = np.sort(pages)
+            if 1 < num_pages <= _FEW_PAGES:  # a few: Python lists beat numpy's per-call cost
+                few = pages.tolist()
+                if few[-1] - few[0] == num_pages - 1 and few == list(range(few[0], few[-1] + 1)):
+                    pages = np.arange(few[0], few[-1] + 1, dtype=np.int64)  # one run, in order
+                else:
+                    pages = np.array(sorted(few), dtype=np.int64)
             elif num_pages > 1 and np.count_nonzero(pages[1:] <= pages[:-1]):  # pushed in order: usually not
                 pages = np.sort(pages)
             else:
@@ -102,9 +106,9 @@ class PageAllocator:
             if num_pages and int(pages[-1]) - first == num_pages - 1:  # one run (a fresh pool): slices
                 run = slice(first, first + num_pages)
                 self._owned[run] = True
-                gens = self._generation[run]
-                gens += 1
-                return pages, gens.copy()
+                gens = self._generation[run] + 1
+                self._generation[run] = gens
+                return pages, gens
             self._owned[pages] = True
             gens = self._generation[pages] + 1  # the pages are distinct: one gather, one scatter
             self._generation[pages] = gens

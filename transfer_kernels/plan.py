@@ -95,7 +95,10 @@ class CopyPlan:
     @property
     def is_empty(self) -> bool:
         """True when no job moves any byte."""
-        return all(j.num_rows == 0 or not j.layers for j in self.jobs)
+        for j in self.jobs:  # a loop, not a generator: run for every batch launched
+            if j.layers and j.src_rows.numel():
+                return False
+        return True
 
     @property
     def num_bytes(self) -> int:
@@ -105,7 +108,10 @@ class CopyPlan:
     @property
     def has_quant(self) -> bool:
         """True when a job converts (quantizes or dequantizes, `codec`)."""
-        return any(j.mode for j in self.jobs)
+        for j in self.jobs:  # job_mode is not None: exactly one side coded
+            if (j.src.codec is None) != (j.dst.codec is None):
+                return True
+        return False
 
     def subset(self, jobs: Iterable[PlannedJob]) -> CopyPlan:
         """A plan over some of this plan's (already validated) jobs, on the same device."""

@@ -21,6 +21,7 @@ from typing import Iterable, Mapping, NamedTuple, Sequence
 import numpy as np
 import torch
 
+from hicache import fastpath
 from hicache.controller import batch
 from hicache.controller.batch import DIRECTIONS, Op
 from hicache.device_pool import DevicePool
@@ -124,12 +125,12 @@ class BatchPlanner:
         jobs, rows, dst = [], [], None
         for group in shape.groups:
             root, tpr = group.root, group.tokens_per_row
-            src_rows = torch.from_numpy(src[root].numpy()[::tpr] // tpr)
+            src_rows = _rows(src[root], tpr)
             if pages is not None and tpr == self.dst_pages[root]:  # a page is one row
                 dst_rows = torch.from_numpy(pages[root])
             else:
                 dst = batch.merge(ops, "dst") if dst is None else dst
-                dst_rows = torch.from_numpy(dst[root].numpy()[::tpr] // tpr)
+                dst_rows = _rows(dst[root], tpr)
             n = src_rows.numel()
             for src_table, dst_table, layers in group.jobs:
                 jobs.append(PlannedJob(src_table, dst_table, src_rows, dst_rows, layers))
@@ -159,6 +160,15 @@ class BatchPlanner:
             if dup.size:  # named by its first slot, as the slots' check names it
                 _shared(root, int(s[dup[0]]) * self.dst_pages[root])
         return pages
+
+
+def _rows(slots: torch.Tensor, tokens_per_row: int) -> torch.Tensor:
+    """The rows of a pool whose row holds ``tokens_per_row`` tokens, for the slots of its
+    root (whole rows: checked or allocated by the controller). A token per row: the slots
+    themselves (an op's own tensor, read-only until its ack), no copy."""
+    if tokens_per_row == 1:
+        return slots
+    return torch.from_numpy(fastpath.rows(slots, tokens_per_row))
 
 
 def _refuse_shared(per_root: Mapping[str, torch.Tensor], page_sizes: Mapping[str, int]) -> None:

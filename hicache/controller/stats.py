@@ -88,6 +88,11 @@ class BatchStats:
     def acks(self, batch: Batch) -> list[Ack]:
         """The acks of a finished ``batch``, one per op in order; the batch is counted."""
         ok, direction, error = batch.error is None, batch.direction, batch.error
+        if len(batch.ops) == 1:  # the common case (a tree step): one volume, counted as the batch's
+            op = batch.ops[0]
+            tokens, nbytes = self._volume.volume({name: slots.numel() for name, slots in op.src.items()})
+            self._counters.record(direction, ok, tokens, nbytes)
+            return [Ack(op.op_id, direction, ok, tokens, nbytes, error)]
         volume, acks, totals = self._volume.volume, [], {}
         seen: dict[tuple, tuple[dict, dict]] = {}  # ops of one shape: one volume, each ack its dicts
         for op in batch.ops:

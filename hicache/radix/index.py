@@ -12,9 +12,10 @@ tokens that follows continues it instead of walking again:
     insert(tokens, ...)    same epoch and the key extends the kept one: continue from its
                            last node; otherwise walk again from the root
 
-The slots a match returns are never a node's tensor: a one-node match hands out a copy,
-a longer one the fresh concatenation (one copy, as before: a second would cost a match
-as much again). That concatenation is kept only as the insert's *hint* of what the
+The slots a match returns are never a node's tensor: the path's device slots are
+gathered once into a fresh array (`hicache.fastpath.gather`: one copy, no torch call but
+the tensor handed out over it; a second copy would cost a match as much again). That
+array is kept only as the insert's *hint* of what the
 tree's slots along the path are: it decides which of the caller's pages in the cached
 prefix differ (and are freed when no node holds them). An edit in place through torch
 bumps the tensor's version and the hint is dropped (the insert checks every slot); an
@@ -34,6 +35,8 @@ from hicache.radix.hybrid import select_match_end
 from hicache.radix.node import EMPTY_SLOTS, TreeNode, common_pages, new_root
 
 Partial = tuple[TreeNode, int]  # a node matched only in part, and its matched tokens
+_NO_SLOTS = np.empty(0, np.int64)  # the hint of a match with no device hit
+_NO_SLOTS.flags.writeable = False
 
 
 class RadixIndex:
@@ -54,7 +57,8 @@ class RadixIndex:
         self.root = new_root()
         self.clock = 0
         self.epoch = 0
-        # the last match's (key bytes, path, epoch, device slots, their tensor version or -1)
+        # the last match's (key bytes, path, epoch, device slots (numpy), the caller's tensor
+        # over them and its version, or -1)
         self._kept: tuple | None = None
 
     # ---- walks -------------------------------------------------------------------------
@@ -89,20 +93,17 @@ class RadixIndex:
             if child is not None:
                 path.append(self.split(*self._partly(kb, path[-1] if path else self.root, child)))
             self.clock += 1
-            clock, d, e = self.clock, -1, len(path) - 1
-            for node in path:  # touched (LRU) and counted in one pass; device nodes are closed under parent
-                node.last_access = clock
-                if node._device is not None:
-                    d += 1
-        if d > 0:  # a fresh tensor, the caller's; kept as the next insert's hint, with its version
-            slots = torch.cat([n._device for n in path[:d + 1]])
-            self._kept = (kb, path, self.epoch, slots, slots._version)
-        elif d == 0:  # the node's own tensor: kept, never handed out; the caller gets a copy
-            slots = path[0]._device.clone()
-            self._kept = (kb, path, self.epoch, path[0]._device, -1)
+            e = len(path) - 1
+            # touched (LRU) and counted in one pass; device nodes are closed under parent
+            d = fastpath.touch(path, self.clock, False) - 1
+        if d >= 0:  # a fresh array, the caller's tensor over it; kept as the next insert's hint
+            hint = np.empty(path[d].end, np.int64)
+            fastpath.gather(path, d + 1, hint)
+            slots = torch.from_numpy(hint)
+            self._kept = (kb, path, self.epoch, hint, slots, slots._version)
         else:
             slots = EMPTY_SLOTS.new_empty(0)
-            self._kept = (kb, path, self.epoch, EMPTY_SLOTS, -1)
+            self._kept = (kb, path, self.epoch, _NO_SLOTS, slots, -1)
         return path, d, e, slots
 
     def continue_walk(self, key: np.ndarray) -> tuple[bytes, list[TreeNode], Partial | None, np.ndarray | None]:
@@ -125,10 +126,8 @@ class RadixIndex:
         start = path[-1] if path else self.root
         more, child = fastpath.walk(start, kb, self.page_bytes)
         path = path + more if more else path
-        if kept[4] >= 0 and matched._version != kept[4]:
+        if kept[5] >= 0 and kept[4]._version != kept[5]:
             matched = None  # the caller edited the match's slots in place: no hint (checked in full)
-        else:
-            matched = matched.numpy()
         return kb, path, self._partly(kb, path[-1] if path else start, child), matched
 
     # ---- changes -----------------------------------------------------------------------

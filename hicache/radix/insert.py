@@ -104,10 +104,7 @@ class Inserter:
             self._attach_snapshot(last, snap, complete, end)
         index = self.index
         index.clock += 1
-        clock = index.clock
-        for n in path:  # touched (LRU) and counted (write_through_selective) in one pass
-            n.last_access = clock
-            n.hit_count += 1
+        fastpath.touch(path, index.clock, True)  # touched (LRU) and counted (hit_count) in one pass
         self.transfers.backup_path(path)
         return InsertResult(plan.keep, last)
 

@@ -80,6 +80,7 @@ class Transfers:
         self.ctrl, self.index, self.ledger, self.counters = ctrl, index, ledger, counters
         self.policy, self.host_enabled = policy, host_enabled
         self.anchor = ledger.anchor
+        self._host_allocator = ledger.host_pool.allocator
         self.pending: dict[int, PendingOp] = {}
         self.make_room: Callable[..., None] = lambda tier, tokens, with_state: None
         self.poll: Callable[[], object] = lambda: self.apply(self.ctrl.poll())
@@ -135,7 +136,7 @@ class Transfers:
         """
         anchor, tokens = (node._device, node.num_tokens) if node._host is None else (EMPTY_SLOTS, 0)
         state = node._state_device if node._state_host is None else None
-        if state is not None or tokens > self.ledger.host_pool.allocator.available():
+        if state is not None or tokens > self._host_allocator.available():
             self.make_room(self.ledger.host, tokens, state is not None)
         dst = self.ctrl.write(anchor, state, trusted=True)  # the tree's own slots, checked at insert
         if dst is None and state is not None and tokens:

@@ -62,6 +62,39 @@ def test_compiled_hold_and_same_bytes():
     assert fastpath.same_bytes(a[:0], np.empty(0, np.int64))
 
 
+@needs_compiled
+def test_compiled_touch_gather_and_rows_agree_with_numpy():
+    from hicache.radix.node import TreeNode
+
+    def path():
+        nodes, end = [], 0
+        for i, n in enumerate((3, 0, 5, 2)):
+            end += n
+            nodes.append(TreeNode(key=b"", end=end, hit_count=i, last_access=1,
+                                  _device=torch.arange(100 * i, 100 * i + n) if i < 3 else None))
+        return nodes
+
+    a, b = path(), path()
+    assert fastpath.touch(a, 7, True) == fastpath._touch(b, 7, True) == 3
+    assert [(n.last_access, n.hit_count) for n in a] == [(n.last_access, n.hit_count) for n in b] \
+        == [(7, 1), (7, 2), (7, 3), (7, 4)]
+    assert fastpath.touch(a, 9, False) == 3 and [n.hit_count for n in a] == [1, 2, 3, 4]
+    out, ref = np.full(8, -1, np.int64), np.full(8, -1, np.int64)
+    fastpath.gather(a, 3, out)
+    fastpath._gather(b, 3, ref)
+    assert out.tolist() == ref.tolist() == [0, 1, 2, 200, 201, 202, 203, 204]
+    for gather in (fastpath.gather, fastpath._gather):  # a buffer of another length: nothing written
+        short = np.full(7, -1, np.int64)
+        with pytest.raises(ValueError, match="gather: 8 slots into a buffer of 7"):
+            gather(a, 3, short)
+        assert (short == -1).all()
+    slots = torch.arange(64, 64 + 4 * 16)[16:]  # a view with an offset: rows 20..31 of 4 tokens
+    assert fastpath.rows(slots, 4).tolist() == (slots.numpy()[::4] // 4).tolist() == list(range(20, 32))
+    assert fastpath.rows(slots[:0], 4).tolist() == []
+    with pytest.raises(ValueError, match="not 2 rows of 4"):
+        fastpath._c.rows(slots[:6], 4, np.empty(2, np.int64))
+
+
 def test_the_tree_is_the_same_with_the_numpy_fallbacks(monkeypatch):
     def run():
         cache, tree = make(mha(1, 1, 8, page_size=4), device_pages=32)
@@ -93,4 +126,6 @@ def test_the_tree_is_the_same_with_the_numpy_fallbacks(monkeypatch):
     monkeypatch.setattr(fastpath, "same_bytes", fastpath._same_bytes)
     monkeypatch.setattr(fastpath, "hold", fastpath._hold)
     monkeypatch.setattr(fastpath, "walk", fastpath._walk)
+    monkeypatch.setattr(fastpath, "touch", fastpath._touch)
+    monkeypatch.setattr(fastpath, "gather", fastpath._gather)
     assert run() == compiled
