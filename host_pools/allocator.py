@@ -46,6 +46,9 @@ class PageAllocator:
         # Lowest pages on top so a fresh allocator hands out ascending, contiguous runs.
         self._stack = np.arange(self.num_pages - 1, -1, -1, dtype=np.int64)
         self._top = self.num_pages
+        # Below this position the stack still holds its first order (never popped since):
+        # the top pages there form one ascending run never handed out (generation 0).
+        self._fresh = self.num_pages
         self._owned = np.zeros(self.num_pages, dtype=np.bool_)
         # Bumped on every alloc of a page: a holder that remembers a page's generation
         # can tell when it was freed and handed out again behind its back.
@@ -90,6 +93,13 @@ class PageAllocator:
             top = self._top
             if num_pages > top:
                 return None
+            if top <= self._fresh and num_pages:  # never handed out yet: the next run, no reads
+                first = self.num_pages - top
+                self._top = top - num_pages
+                run = slice(first, first + num_pages)
+                self._owned[run] = True
+                self._generation[run] = 1
+                return np.arange(first, first + num_pages, dtype=np.int64), np.ones(num_pages, np.int64)
             pages = self._stack[top - num_pages:top][::-1]  # the top of the stack first
             if 1 < num_pages <= _FEW_PAGES:  # a few: Python lists beat numpy's per-call cost
                 few = pages.tolist()
@@ -151,6 +161,7 @@ class PageAllocator:
                 raise ValueError(f"pages: double free (or never allocated) of slots starting at {bad.tolist()}")
             self._owned[pages] = False
             self._stack[self._top:self._top + pages.size] = pages[::-1]
+            self._fresh = min(self._fresh, self._top)
             self._top += pages.size
         return int(pages.size * self.page_size)
 

@@ -45,6 +45,7 @@ from hicache.tokens import int64_token_ids
 _ids = itertools.count()
 
 EMPTY_SLOTS = torch.empty(0, dtype=torch.int64)
+_INT64 = np.dtype(np.int64)  # the native int64 dtype (arrays of it share this object: `is` is enough)
 
 
 @dataclass(slots=True, eq=False)
@@ -207,7 +208,7 @@ def as_key(token_ids, page_size: int, strict: bool) -> np.ndarray:
         TypeError: ids that are not integers (floats and bools are refused, never cast).
         ValueError: not 1-D, an id outside int64, or (strict) not a multiple of ``page_size``.
     """
-    if type(token_ids) is np.ndarray and token_ids.dtype == np.int64 and token_ids.ndim == 1 \
+    if type(token_ids) is np.ndarray and token_ids.dtype is _INT64 and token_ids.ndim == 1 \
             and token_ids.flags.c_contiguous:  # the common case: nothing to convert
         key = token_ids
     else:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -309,3 +310,27 @@ def test_alloc_pages_ascend_and_bump_generations_for_0_1_and_many_pages():
     assert a.generations(pages).tolist() == [1]
     assert a.alloc_pages(12) is None and a.available() == 11 * 4
     a.check_integrity()
+
+
+@settings(max_examples=60, deadline=None)
+@given(page_size=st.sampled_from([1, 4]), num_pages=st.integers(1, 40),
+       ops=st.lists(st.tuples(st.booleans(), st.integers(0, 70)), max_size=60))
+def test_pages_never_handed_out_come_as_the_general_path_gives_them(page_size, num_pages, ops):
+    """A run of pages still in the stack's first order is handed out without reading the
+    stack (``_fresh``): pages, generations and records equal the general path's."""
+    fast, ref = PageAllocator(num_pages * page_size, page_size), PageAllocator(num_pages * page_size, page_size)
+    ref._fresh = -1  # the reference never takes the shortcut
+    held: list = []
+    for free, k in ops:
+        if free and held:
+            pages_fast, pages_ref = held.pop(k % len(held))
+            assert fast.free_pages(pages_fast) == ref.free_pages(pages_ref)
+            continue
+        got, want = fast.alloc_pages(k % 7), ref.alloc_pages(k % 7)
+        assert (got is None) == (want is None)
+        if got is not None:
+            assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
+            assert got[0].dtype == want[0].dtype and got[1].dtype == want[1].dtype
+            held.append((got[0], want[0]))
+        fast.check_integrity()
+        assert (fast.generations(np.arange(num_pages)) == ref.generations(np.arange(num_pages))).all()
