@@ -5,7 +5,7 @@ Three operations on numpy arrays, each one pass in C (one call instead of severa
 calls of about a microsecond each) or, when the extension is absent (no C compiler at
 install time, another Python), the numpy code below, which gives the same answers:
 
-    same_bytes(a, b)        equal lengths and bytes
+    same_bytes(a, b)        equal lengths and bytes (arrays or bytes)
     fresh_pages(...)        the pages of a caller's slots past the cached prefix when they
                             are whole aligned pages, strictly ascending, in range,
                             allocated and (``held`` given) held by nobody; None otherwise
@@ -33,8 +33,8 @@ except ImportError:  # not built: numpy fallbacks
 COMPILED = _c is not None
 
 
-def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.tobytes() == b.tobytes()
+def _same_bytes(a: np.ndarray | bytes, b: np.ndarray | bytes) -> bool:
+    return memoryview(a).cast("B") == memoryview(b).cast("B")
 
 
 def fresh_pages(slots: np.ndarray, start: int, free_from: int, page_size: int,

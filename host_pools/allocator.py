@@ -99,7 +99,9 @@ class PageAllocator:
                 run = slice(first, first + num_pages)
                 self._owned[run] = True
                 self._generation[run] = 1
-                return np.arange(first, first + num_pages, dtype=np.int64), np.ones(num_pages, np.int64)
+                gens = np.empty(num_pages, np.int64)
+                gens.fill(1)  # np.ones is a Python-level call: twice the cost
+                return np.arange(first, first + num_pages, dtype=np.int64), gens
             pages = self._stack[top - num_pages:top][::-1]  # the top of the stack first
             if 1 < num_pages <= _FEW_PAGES:  # a few: Python lists beat numpy's per-call cost
                 few = pages.tolist()

@@ -116,7 +116,7 @@ class RadixIndex:
             kb = key.tobytes()
             return (kb, *self.walk(kb), None)
         kkb = kept[0]
-        if key.size << 3 == len(kkb) and fastpath.same_bytes(key, np.frombuffer(kkb, np.int64)):
+        if key.size << 3 == len(kkb) and fastpath.same_bytes(key, kkb):
             kb = kkb
         else:
             kb = key.tobytes()
