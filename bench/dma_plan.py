@@ -74,7 +74,7 @@ def _load(model: str, pages: int) -> _Recording:
 def pieces_table(staged: _Recording) -> list[dict]:
     """Per pool: rows, row bytes, the per-group piece sizes and the backend's chunks."""
     plan, groups, prepared = staged.last
-    layouts = {st.job: st for st in staged._shape(plan, groups, None).stages}
+    layouts = {st.job: st for st in staged._layout(plan, groups, None).stages}
     out = []
     for j, job in enumerate(plan.jobs):
         rb = sum(job.src.row_bytes)
@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(str(exc))
     plan, groups, _ = staged.last
     sides = staged.sides(plan)
-    prepare_us = min(timeit.repeat(lambda: staged._prepare(plan, groups, sides), number=20,
+    prepare_us = min(timeit.repeat(lambda: StagedBackend.prepare(staged, plan, groups, sides), number=20,
                                    repeat=5)) / 20 * 1e6
     table = pieces_table(staged)
     cols = list(table[0])

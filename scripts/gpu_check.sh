@@ -34,7 +34,7 @@ step() {  # step NAME TIMEOUT_S COMMAND...: run, keep the log, print rc and the 
 for s in $STEPS; do
   case $s in
     tests) step gpu_tests 420 python3 -m pytest tests -m gpu -q -p no:cacheprovider ;;
-    kernel) step kernel 120 python3 -m transfer_kernels.triton_inspect --tiles 8192,32768 ;;
+    kernel) step kernel 120 python3 -m transfer_kernels.cuda.inspect --tiles 8192,32768 ;;
     load_pro) step load_pro 580 python3 bench/load_batch.py --models deepseek-v4-pro \
                --out "$OUT/load_batch_pro.json" ;;
     load_flash) step load_flash 580 python3 bench/load_batch.py --models deepseek-v4-flash \

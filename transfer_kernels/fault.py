@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from transfer_kernels.base import CopyBackend, PreparedPlan
-from transfer_kernels.plan import CopyPlan, LaunchGroups
+from transfer_kernels.api import get_backend
+from transfer_kernels.backends.base import CopyBackend, Launches
+from transfer_kernels.rows import CopyPlan, LaunchGroups
 
 
 class FaultyBackend(CopyBackend):
@@ -28,8 +29,6 @@ class FaultyBackend(CopyBackend):
         super().__init__()
         if fail_on_launch < 1:
             raise ValueError(f"fail_on_launch: must be >= 1, got {fail_on_launch}")
-        from transfer_kernels.api import get_backend  # api imports this module
-
         self.inner = get_backend(inner, fresh=True) if isinstance(inner, str) else inner
         self.fail_on_launch = fail_on_launch
         self.name = f"faulty({self.inner.name})"
@@ -38,30 +37,24 @@ class FaultyBackend(CopyBackend):
         """The inner backend's check."""
         self.inner.check(plan)
 
-    def _execute(self, plan: CopyPlan) -> None:
-        if self.launches == self.fail_on_launch:
-            raise RuntimeError(f"injected fault on launch {self.launches}")
-        self.inner.execute(plan)
-
-    def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
+    def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> Launches:
         """The inner backend's own preparation (the production launches), one of whose
         launches fails."""
         return FaultyLaunches(self, self.inner.prepare(plan, groups))
 
 
-class FaultyLaunches(PreparedPlan):
+class FaultyLaunches(Launches):
     """Another backend's prepared launches; the backend's ``fail_on_launch``-th launch
     (counting every launch call of its preparations) raises before enqueuing anything."""
 
-    def __init__(self, backend: FaultyBackend, inner: PreparedPlan) -> None:
+    def __init__(self, backend: FaultyBackend, inner: Launches) -> None:
         self.backend, self.inner = backend, inner
 
     @property
     def num_groups(self) -> int:
         return self.inner.num_groups
 
-    def launch(self, group: int) -> None:
-        self.backend.launches += 1
+    def _launch(self, group: int) -> None:
         if self.backend.launches == self.backend.fail_on_launch:
             raise RuntimeError(f"injected fault on launch {self.backend.launches}")
         self.inner.launch(group)

@@ -12,7 +12,7 @@ import torch
 
 from hicache.batch import plan_jobs
 from tests.hicache.test_controller import STACKS, alloc_device, backup, fill_random, make
-from transfer_kernels.plan import trusted_plan
+from tests.transfer_kernels.oracles import trusted_plan
 
 
 def _queued_loads(cache, how: str, gen) -> list:

@@ -1,6 +1,6 @@
 """The call budget of a load: the runtime-level calls a 16-page DeepSeek-V4-Pro load makes.
 
-Every call of the budget goes through ``transfer_kernels.runtime`` (the CPU path makes the
+Every call of the budget goes through ``transfer_kernels.cuda.runtime`` (the CPU path makes the
 same calls as the CUDA path; a record of no event does nothing), so counters put in its
 place count what a GPU load would issue: per load at most one index upload and one stream
 lookup; per launch group exactly one launch and one event record, plus the batch's own

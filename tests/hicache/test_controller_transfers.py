@@ -78,7 +78,7 @@ def test_back_to_back_loads_reuse_the_staging(gen):
         assert _equal(snapshot(cache, dev), expected)
     # one ring per direction (the backups staged too), allocated once
     bases = [ring.base() for ring in staged._rings.values()]
-    assert staged._held == 2 * staged.max_staging_bytes and len(bases) == 2
+    assert staged.held_bytes == 2 * staged.max_staging_bytes and len(bases) == 2
     devs.append(_load(cache, stored[0][0]))  # a fourth: nothing new allocated
     assert [ring.base() for ring in staged._rings.values()] == bases
 

@@ -7,7 +7,8 @@ import torch
 from tests.transfer_kernels.pools import (assert_copied, make_pool, random_map, snapshot,
                                           sync)
 from transfer_kernels import CopyJob, FaultyBackend, get_backend, make_plan
-from transfer_kernels.plan import exec_device, trusted_plan
+from tests.transfer_kernels.oracles import trusted_plan
+from transfer_kernels.rows import exec_device
 
 
 def _jobs(gen):
@@ -81,7 +82,7 @@ def test_triton_reuses_a_layout_only_for_the_same_shape(gen):
     # A second batch of the same shape (tables, row counts, groups) reuses the segment
     # layout and copies its own rows byte for byte; a batch with other row counts builds
     # its own; a dead table's layout never serves a new table.
-    from transfer_kernels import triton_layout as tb
+    from transfer_kernels.backends import triton_layout as tb
 
     groups = (((0, 0), (1, 0)), ((0, 1), (1, 1)))
     impl = get_backend("triton", fresh=True)

@@ -7,16 +7,16 @@ import pytest
 import torch
 
 from transfer_kernels import AutoBackend, StagedBackend, copy_rows, tuning
-from transfer_kernels.auto import converting
-from transfer_kernels.auto_table import Shape
-from transfer_kernels.plan import make_plan
-from transfer_kernels.quant_ref import dequantize_int8_ref, quantize_int8_ref
+from transfer_kernels.backends.auto import converting
+from transfer_kernels.backends.auto_table import JobTraits
+from transfer_kernels.rows.plan import make_plan
+from transfer_kernels.quant.reference import dequantize_int8_ref, quantize_int8_ref
 from tests.transfer_kernels.pools import sync
 from tests.transfer_kernels.test_quant_copy import Side
 
 
-def _stage(device: str, side: str | None) -> Shape:
-    return Shape(device, "h2d", "stage" if side else "dense", 4096, 1 << 20, 1 << 22, side)
+def _stage(device: str, side: str | None) -> JobTraits:
+    return JobTraits(device, "h2d", "stage" if side else "dense", 4096, 1 << 20, 1 << 22, side)
 
 
 def test_converting_decision_follows_the_table():
@@ -91,7 +91,7 @@ def test_dma_ring_stages_int8_chunks_per_group(direction, gen, monkeypatch):
 def test_quant_layout_is_built_once_per_shape(gen, monkeypatch):
     """Two loads of one shape (other rows, same counts, hashable groups): the segment
     tables are built once; the second load's bytes come from its own rows."""
-    from transfer_kernels import quant_kernel
+    from transfer_kernels.backends import quant_triton as quant_kernel
     built = []
     real = quant_kernel.build_layout
     monkeypatch.setattr(quant_kernel, "build_layout", lambda *a: built.append(1) or real(*a))

@@ -9,7 +9,7 @@ import torch
 from tests.transfer_kernels.pools import assert_copied, make_pool, random_map, snapshot
 from transfer_kernels import AutoBackend, CopyJob, StagedBackend, TorchBackend, TritonBackend, \
     make_plan
-from transfer_kernels.auto_table import AutoTable, Rule
+from transfer_kernels.backends.auto_table import AutoTable, Rule
 
 MIXED = [((8,), torch.bfloat16), ((3, 4), torch.float32), ((5,), torch.uint8)]
 GROUPS = ((((0, 0),), ((0, 1), (0, 2))))  # two launch groups over the 3 layers
@@ -64,7 +64,7 @@ def test_a_new_table_at_a_reused_id_is_not_served_the_old_layout(gen):
     stale = next(iter(staged._layouts.items.values()))
     staged._layouts.items.clear()
     plan = make_plan([CopyJob(new.host_table, new.device_table, *rows)])
-    staged._shape(plan, GROUPS, None)  # the new plan's key, now holding its own shape
+    staged._layout(plan, GROUPS, None)  # the new plan's key, now holding its own layout
     key = next(iter(staged._layouts.items))
     staged._layouts.put(key, stale)
     _load(staged, new.host_table, new.device_table, *rows)
@@ -78,9 +78,9 @@ def test_auto_routes_a_seen_shape_once_and_checks_tables_on_a_hit(gen):
     first, second = _pool(gen), _pool(gen)
     for pool in (first, first, second):
         _load(auto, pool.host_table, pool.device_table, *random_map(gen, 16, 16, 5))
-    assert len(auto._routes.items) == 2 and auto.inner["dma"].built == 2
+    assert len(auto._assignments.items) == 2 and auto.inner["dma"].built == 2
     # a stale route under the new tables' key is refused: routed (and checked) again
-    key_first, key_second = list(auto._routes.items)
-    auto._routes.put(key_second, auto._routes.get(key_first))
+    key_first, key_second = list(auto._assignments.items)
+    auto._assignments.put(key_second, auto._assignments.get(key_first))
     _load(auto, second.host_table, second.device_table, *random_map(gen, 16, 16, 5))
-    assert auto._routes.get(key_second).refs[0][0]() is second.host_table
+    assert auto._assignments.get(key_second).refs[0][0]() is second.host_table

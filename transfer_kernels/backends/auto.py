@@ -3,7 +3,7 @@
 A job's path comes from :class:`transfer_kernels.auto_table.AutoTable` (the seed table
 from the H100 measurements cited in :mod:`transfer_kernels.tuning`, or a measured one:
 ``bench/load_batch.py --calibrate`` writes it, ``HICACHE_AUTO_TABLE=PATH`` or
-``AutoBackend(table=...)`` loads it). The shape it looks up is read from the job's two
+``AutoBackend(table=...)`` loads it). The traits it looks up are read from the job's two
 tables and its row-count class only (``auto_table`` module docstring): no run analysis of
 the rows. The decision is cached per (source table, destination table, layer count, row
 class): a batch of a shape seen before costs a dictionary look-up per job.
@@ -11,9 +11,9 @@ class): a batch of a shape seen before costs a dictionary look-up per job.
 Two conditions override the table on CUDA: a host side that is not pinned, or no
 ``triton`` to import, sends the job to ``copy_engine`` (the only path that can run it).
 
-A converting job (int8 host rows, `transfer_kernels.codec`) is decided in the same terms
+A converting job (int8 host rows, `transfer_kernels.quant.codec`) is decided in the same terms
 and cached the same way: on CUDA ``dma`` (int8 pages staged in the ring, converted by the
-fused kernel from there) where the table would stage its shape, else the fused kernel
+fused kernel from there) where the table would stage its traits, else the fused kernel
 (``triton``); ``torch`` (`quant_torch`) on the CPU, and on CUDA where the kernel cannot run
 it (no ``triton``, a host side not pinned).
 
@@ -23,26 +23,27 @@ launch of their backend.
 """
 from __future__ import annotations
 
-import importlib.util
 import weakref
 from typing import NamedTuple
 
-from transfer_kernels import auto_table
-from transfer_kernels.auto_table import AutoTable, Shape
-from transfer_kernels.base import CopyBackend, PartLaunches, PreparedPlan
-from transfer_kernels.copy_engine import CopyEngineBackend
-from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
-from transfer_kernels.staged import StagedBackend, host_side, same_tables, table_refs
-from transfer_kernels.torch_ref import TorchBackend
-from transfer_kernels.triton_backend import TritonBackend
-from transfer_kernels.triton_layout import _Lru
+from transfer_kernels.backends import auto_table
+from transfer_kernels.backends.auto_table import AutoTable, JobTraits
+from transfer_kernels.backends.base import CopyBackend, Launches, PartLaunches
+from transfer_kernels.backends.cache import Lru, same_tables, table_refs
+from transfer_kernels.backends.copy_engine import CopyEngineBackend
+from transfer_kernels.backends.staged import StagedBackend
+from transfer_kernels.backends.staging import host_side
+from transfer_kernels.backends.torch_ref import TorchBackend
+from transfer_kernels.backends.triton import TritonBackend
+from transfer_kernels.cuda.abi import triton_importable
+from transfer_kernels.rows import CopyPlan, LaunchGroups, PlannedJob
 
 KERNEL = ("triton", "dma")  # choices served by the staged backend's kernel launches
 Decision = tuple[str, "str | None"]  # (backend name, staged side for "dma")
 
 
-class Route(NamedTuple):
-    """A plan shape's routing (``AutoBackend._route``)."""
+class Assignment(NamedTuple):
+    """Which inner backend runs which jobs of a plan shape (``AutoBackend._assign``)."""
 
     refs: tuple  # per job: weak references to (src, dst), verifying a hit
     routed: dict[str, tuple[tuple[int, ...], tuple[str | None, ...]]]  # name -> (jobs, sides)
@@ -88,13 +89,14 @@ class AutoBackend(CopyBackend):
             "dma": StagedBackend(triton),
         }
         self.analyses = 0
-        self._routes = _Lru(64)
+        self._assignments = Lru(64)
         # src table -> {(id(dst), layers, row class): (name, side, dst ref)}; weak on src so
         # a dropped pool takes its decisions along.
         self._decisions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def decide(self, job: PlannedJob, plan: CopyPlan) -> Decision:
-        """The job's (backend, staged side), computed once per shape (module docstring)."""
+        """The job's (backend, staged side), computed once per (tables, layers, row class)
+        (module docstring)."""
         per_src = self._decisions.get(job.src)
         if per_src is None:
             per_src = self._decisions.setdefault(job.src, {})
@@ -107,14 +109,14 @@ class AutoBackend(CopyBackend):
         per_src[key] = (name, side, weakref.ref(job.dst))
         return name, side
 
-    def _route(self, plan: CopyPlan) -> Route:
-        """The plan's :class:`Route`, cached per (device, per job: both tables, layer
-        count, row class); a new route is checked by every backend it uses before it is
+    def _assign(self, plan: CopyPlan) -> Assignment:
+        """The plan's :class:`Assignment`, cached per (device, per job: both tables, layer
+        count, row class); a new one is checked by every backend it uses before it is
         cached (the checks read the tables only)."""
         jobs = plan.jobs
         key = (plan.device, tuple([(id(j.src), id(j.dst), len(j.layers),
                                     j.src_rows.numel().bit_length()) for j in jobs]))
-        found = self._routes.get(key)
+        found = self._assignments.get(key)
         if found is not None and same_tables(jobs, found.refs):
             return found
         routed: dict[str, tuple[list[int], list[str | None]]] = {}
@@ -127,76 +129,49 @@ class AutoBackend(CopyBackend):
                 js.append(j)
                 sides.append(side)
         frozen = {n: (tuple(js), tuple(ss)) for n, (js, ss) in routed.items()}
-        route = Route(table_refs(jobs), frozen,
-                      len(routed) == 1 and len(next(iter(routed.values()))[0]) == len(jobs))
-        for n, sub in self._subplans(plan, route).items():  # all checked before any runs
+        found = Assignment(table_refs(jobs), frozen,
+                           len(routed) == 1 and len(next(iter(routed.values()))[0]) == len(jobs))
+        for n, sub in self._subplans(plan, found).items():  # all checked before any runs
             self.inner[n].check(sub)
-        self._routes.put(key, route)
-        return route
+        self._assignments.put(key, found)
+        return found
 
-    def _subplans(self, plan: CopyPlan, route: Route) -> dict[str, CopyPlan]:
-        if route.whole:
-            return {n: plan for n in route.routed}
-        return {n: plan.subset(plan.jobs[j] for j in js) for n, (js, _) in route.routed.items()}
+    def _subplans(self, plan: CopyPlan, assigned: Assignment) -> dict[str, CopyPlan]:
+        if assigned.whole:
+            return {n: plan for n in assigned.routed}
+        return {n: plan.subset(plan.jobs[j] for j in js) for n, (js, _) in assigned.routed.items()}
 
-    def execute(self, plan: CopyPlan) -> None:
-        """Route, then run each inner backend once on its jobs (see :class:`CopyBackend`)."""
-        if plan.is_empty:
-            return
-        route = self._route(plan)
-        for n, sub in self._subplans(plan, route).items():
-            if n == "dma":
-                self.inner[n].launches += 1
-                self.inner[n]._execute(sub, route.routed[n][1])
-            else:
-                self.inner[n].execute(sub)
-            self.launches += 1
-
-    def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
-        """Route every job (a seen shape: one cached look-up), then prepare each inner
+    def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> Launches:
+        """Assign every job (a seen shape: one cached look-up), then prepare each inner
         backend on its jobs' groups.
 
         When one backend takes every job (the usual load), it gets the plan and the
         caller's groups unchanged: hashable groups keep the layout caches hit.
         """
-        route = self._route(plan)
-        if route.whole:  # the usual load: one backend, no sub-plans
-            (name, (_, sides)), = route.routed.items()
+        assigned = self._assign(plan)
+        if assigned.whole:  # the usual load: one backend, no sub-plans
+            (name, (_, sides)), = assigned.routed.items()
             return AutoLaunches(self, [self._prepare_on(name, plan, groups, sides)], len(groups))
-        subplans = self._subplans(plan, route)
-        sub_groups = _split_groups(groups, route.routed)
+        subplans = self._subplans(plan, assigned)
+        sub_groups = _split_groups(groups, assigned.routed)
         return AutoLaunches(self, [self._prepare_on(n, subplans[n], sub_groups[n], sides)
-                                   for n, (_, sides) in route.routed.items()], len(groups))
+                                   for n, (_, sides) in assigned.routed.items()], len(groups))
 
     def _prepare_on(self, name: str, plan: CopyPlan, groups: LaunchGroups,
-                    sides: tuple[str | None, ...]) -> PreparedPlan:
-        """Inner backend ``name``'s prepared plan (the dma path takes the staged sides)."""
+                    sides: tuple[str | None, ...]) -> Launches:
+        """Inner backend ``name``'s prepared launches (the dma path takes the staged sides)."""
         if name == "dma":
             return self.inner[name].prepare(plan, groups, sides)
         return self.inner[name].prepare(plan, groups)
 
-    def _execute(self, plan: CopyPlan) -> None:  # pragma: no cover - execute overrides
-        raise NotImplementedError
-
 
 class AutoLaunches(PartLaunches):
-    """Each launch group runs the matching group of every inner backend used (one
-    ``auto`` launch counted per group)."""
+    """Each launch group runs the matching group of every inner backend used; one
+    ``auto`` launch counted per group (by `Launches.launch`)."""
 
-    def __init__(self, auto: AutoBackend, inner: list[PreparedPlan], num_groups: int) -> None:
+    def __init__(self, auto: AutoBackend, inner: list[Launches], num_groups: int) -> None:
         super().__init__(inner, num_groups)
-        self.auto = auto
-        if len(inner) == 1:  # the usual load: one inner plan, no loop per launch
-            self._one = inner[0].launch
-            self.launch = self._launch_one
-
-    def launch(self, group: int) -> None:
-        super().launch(group)
-        self.auto.launches += 1
-
-    def _launch_one(self, group: int) -> None:
-        self._one(group)
-        self.auto.launches += 1
+        self.backend = auto
 
 
 def _split_groups(groups: LaunchGroups, routed: dict[str, tuple[tuple[int, ...], tuple]]
@@ -215,14 +190,9 @@ def _split_groups(groups: LaunchGroups, routed: dict[str, tuple[tuple[int, ...],
     return {n: tuple(gs) for n, gs in out.items()}
 
 
-def triton_available() -> bool:
-    """True when the ``triton`` package can be imported."""
-    return importlib.util.find_spec("triton") is not None
-
-
-def shape(job: PlannedJob, plan: CopyPlan) -> Shape:
-    """The job's :class:`~transfer_kernels.auto_table.Shape`: read from its tables and row
-    count, never from its rows."""
+def traits(job: PlannedJob, plan: CopyPlan) -> JobTraits:
+    """The job's :class:`~transfer_kernels.backends.auto_table.JobTraits`: read from its
+    tables and row count, never from its rows."""
     src, dst = job.src, job.dst
     on_host = src.device.type == "cpu", dst.device.type == "cpu"
     direction = "same" if on_host[0] == on_host[1] else "h2d" if on_host[0] else "d2h"
@@ -232,18 +202,18 @@ def shape(job: PlannedJob, plan: CopyPlan) -> Shape:
     piece = row_bytes // src.num_buffers
     if side is not None:
         span = getattr(job, side).page_span()[1]
-        return Shape(plan.device.type, direction, "stage", piece, span, job_bytes, side)
+        return JobTraits(plan.device.type, direction, "stage", piece, span, job_bytes, side)
     # each table against its own rows (a converting job's two sides differ in buffers)
     dense = all(t.row_strides[b] == n for t in (src, dst) for b, n in enumerate(t.row_bytes))
-    return Shape(plan.device.type, direction, "dense" if dense else "strided", piece, 0, job_bytes)
+    return JobTraits(plan.device.type, direction, "dense" if dense else "strided", piece, 0, job_bytes)
 
 
 def decide(job: PlannedJob, plan: CopyPlan, table: AutoTable = auto_table.SEED) -> Decision:
     """The (backend, staged side) of ``job`` under ``table``, uncached (module docstring)."""
-    s = shape(job, plan)
+    s = traits(job, plan)
     if s.device == "cuda":
         host_ok = all(t.device.type != "cpu" or t.is_pinned for t in (job.src, job.dst))
-        if not (host_ok and triton_available()):
+        if not (host_ok and triton_importable()):
             return ("torch" if job.mode else "copy_engine"), None
     name = table.choose(s)
     if job.mode:
@@ -253,9 +223,9 @@ def decide(job: PlannedJob, plan: CopyPlan, table: AutoTable = auto_table.SEED) 
     return name, s.side if name == "dma" else None
 
 
-def converting(name: str, s: Shape) -> Decision:
+def converting(name: str, s: JobTraits) -> Decision:
     """A converting job's (backend, staged side) from the table's choice ``name`` for its
-    shape ``s``: on CUDA ``dma`` where the table stages the shape, else the fused kernel;
+    traits ``s``: on CUDA ``dma`` where the table stages such a job, else the fused kernel;
     ``torch`` on the CPU."""
     if s.device != "cuda":
         return "torch", None

@@ -1,7 +1,8 @@
 """The fused int8 quantize / dequantize copy: one Triton pass from bf16/fp16 device rows to
 int8 + fp32-scale host rows (D2H) and back (H2D), compiled for CUDA and interpreted for CPU.
 
-Same bytes as `quant_ref` (tests compare bytes), which takes care in three places:
+Same bytes as `transfer_kernels.quant.reference` (tests compare bytes), which takes care in
+three places:
 
 * division: the compiled ``/`` of fp32 is approximate (``div.full``); the kernel uses
   ``tl.math.div_rn`` there and ``/`` under the interpreter (numpy's fp32 division is IEEE,
@@ -17,9 +18,10 @@ values, host int8 rows and fp32 scale rows. Program (s, p) handles vectors
 launch per (group, mode, dtype, vector length): one for a whole MHA or MLA load group.
 The grid is about the copy kernel's program budget in all (``max(cap, segments)``
 programs, ``tuning.TRITON_MAX_PROGRAMS`` by default on CUDA): a conversion takes no more
-SMs from the model than a copy. (Not tuned on a GPU yet.)
+SMs from the model than a copy. (Not tuned on a GPU yet.) The kernel itself is
+`transfer_kernels.cuda.quant_kernel`.
 
-Like the copy kernel's, a prepared plan's calls go through `transfer_kernels.runtime`: one
+Like the copy kernel's, a prepared plan's calls go through `transfer_kernels.cuda.runtime`: one
 ``upload`` of ``meta`` per plan and one ``launch`` per launch group (of a `BoundQuant`
 bound at the first launch), so an int8 load keeps the load's call budget.
 
@@ -31,25 +33,19 @@ fields::
 """
 from __future__ import annotations
 
-import importlib.util
 import weakref
 from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
 
-from transfer_kernels import runtime, tuning
-from transfer_kernels.base import CopyBackend, PreparedPlan
-from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
-from transfer_kernels.quant_ref import TINY
-from transfer_kernels.triton_layout import _Lru
-
-SEG = 10
-
-
-def triton_importable() -> bool:
-    """True when the ``triton`` package can be imported."""
-    return importlib.util.find_spec("triton") is not None
+from transfer_kernels import tuning
+from transfer_kernels.backends.base import CopyBackend, Launches
+from transfer_kernels.backends.cache import Lru
+from transfer_kernels.cuda import runtime
+from transfer_kernels.cuda.abi import QUANT_SEG_FIELDS as SEG
+from transfer_kernels.quant.reference import TINY
+from transfer_kernels.rows import CopyPlan, LaunchGroups, PlannedJob
 
 
 class _Launch(NamedTuple):
@@ -64,7 +60,7 @@ class _Launch(NamedTuple):
 
 
 class TritonQuantBackend(CopyBackend):
-    """The fused quant kernel for converting jobs (`transfer_kernels.quant`)."""
+    """The fused quant kernel for converting jobs (`base`: the converting split)."""
 
     name = "triton_quant"
     converts = True
@@ -77,7 +73,7 @@ class TritonQuantBackend(CopyBackend):
         """
         super().__init__()
         self.max_programs = max_programs
-        self._layouts = _Lru(64)
+        self._layouts = Lru(64)
 
     def check(self, plan: CopyPlan) -> None:
         """``ValueError`` when a CUDA plan's host side is not pinned, or a scale buffer is not
@@ -93,11 +89,7 @@ class TritonQuantBackend(CopyBackend):
                 raise ValueError(f"jobs[{i}]: host table {host.name} must be pinned memory for the "
                                  f"triton quant kernel (read through UVA)")
 
-    def _execute(self, plan: CopyPlan) -> None:
-        pairs = [(j, layer) for j, job in enumerate(plan.jobs) if job.num_rows for layer in job.layers]
-        QuantLaunches(self, plan, [pairs]).run(0)  # counted by execute
-
-    def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
+    def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> Launches:
         """Every group's segments and indices staged in one copy; a launch reads its part."""
         self.check(plan)
         return QuantLaunches(self, plan, groups)
@@ -133,7 +125,7 @@ class QuantLayout(NamedTuple):
     segs: torch.Tensor  # int64 CPU: the segment tables, after the indices in ``meta``
 
 
-class QuantLaunches(PreparedPlan):
+class QuantLaunches(Launches):
     """The launches of every group of one plan, sharing one ``meta`` buffer."""
 
     def __init__(self, backend: TritonQuantBackend, plan: CopyPlan, groups: LaunchGroups) -> None:
@@ -149,17 +141,14 @@ class QuantLaunches(PreparedPlan):
     def num_groups(self) -> int:
         return len(self.groups)
 
-    def launch(self, group: int) -> None:
-        if self.groups[group]:
-            self.backend.launches += 1
-            self.run(group)
+    def counts(self, group: int) -> bool:
+        return bool(self.groups[group])
 
-    def run(self, group: int) -> None:
-        """Launch group ``group`` (no counting) through the plan's pre-bound launcher."""
-        if self.groups[group]:
-            if self._bound is None:
-                self._bound = BoundQuant(self.meta, self._calls)
-            runtime.launch(self._bound, group)
+    def _launch(self, group: int) -> None:
+        """Launch group ``group`` through the plan's pre-bound launcher."""
+        if self._bound is None:
+            self._bound = BoundQuant(self.meta, self._calls)
+        runtime.launch(self._bound, group)
 
 
 class BoundQuant:
@@ -174,9 +163,9 @@ class BoundQuant:
 
     def launch(self, group: int) -> None:
         """Enqueue group ``group``'s launches (CUDA: the current stream; CPU: done on return)."""
-        from transfer_kernels import quant_triton
+        from transfer_kernels.cuda import quant_kernel
         for seg_at, grid, consts in self.calls[group]:
-            quant_triton.run(self.meta, seg_at, grid, device=self.device, **consts)
+            quant_kernel.run(self.meta, seg_at, grid, device=self.device, **consts)
 
 
 def _dev_host_rows(job: PlannedJob) -> tuple[torch.Tensor, torch.Tensor]:

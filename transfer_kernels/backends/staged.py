@@ -27,7 +27,7 @@ launches after that raises ``RuntimeError`` instead of racing it.
 
 The host work of a load does not grow with its layers or groups beyond one pass over its
 pieces: the layout of a shape — (launch groups, device, per job: both tables, row count,
-layers) — is built once and cached (``Shape``: staging tables, every piece's fixed
+layers) — is built once and cached (``StagedLayout``: staging tables, every piece's fixed
 fields, sorted by issuing group); a load of a seen shape fills in its host rows' addresses
 in one vectorized step per ring, the kernel uploads its indices once, and each group's
 launch issues its slice of the pieces in one call.
@@ -44,40 +44,19 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from transfer_kernels import cudart, tuning
-from transfer_kernels.base import CopyBackend, PreparedPlan
-from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
-from transfer_kernels.quant import check_split
-from transfer_kernels.staged_launches import StagedLaunches
-from transfer_kernels.staging import Ring, RingLayout, RingWork, StagedJob, dma, layer_groups, \
-    plan_job, region_end, ring_layout, ring_work
-from transfer_kernels.table import RowTable
-from transfer_kernels.triton_layout import _Lru
+from transfer_kernels import tuning
+from transfer_kernels.backends.base import CopyBackend, Launches
+from transfer_kernels.backends.cache import Lru, same_tables, table_refs
+from transfer_kernels.backends.ring import DmaQueue, Ring
+from transfer_kernels.backends.staged_launches import StagedLaunches
+from transfer_kernels.backends.staging import (RingLayout, StagedJob, host_side, layer_groups,
+                                               page_piece_bytes, region_end, ring_layout, ring_work,
+                                               stage_job)
+from transfer_kernels.rows import CopyPlan, LaunchGroups, PlannedJob, RowTable
 
 
-def host_side(job: PlannedJob, plan: CopyPlan) -> str | None:
-    """``"src"`` or ``"dst"``: the side of ``job`` whose whole pages can be staged, or
-    ``None``. On a CUDA plan: a ``page_span`` table in CPU memory facing a CUDA table; on a
-    CPU plan: a ``page_span`` table facing one that is not (both contiguous: nothing to
-    gain)."""
-    for side, other in (("src", "dst"), ("dst", "src")):
-        table, peer = getattr(job, side), getattr(job, other)
-        if table.device.type != "cpu" or table.page_span() is None:
-            continue
-        if peer.device.type == "cuda" if plan.device.type == "cuda" else peer.page_span() is None:
-            return side
-    return None
-
-
-def page_piece_bytes(job: PlannedJob, side: str) -> int:
-    """Bytes of one host row of ``job``'s layers on ``side``: its DMA piece when the job's
-    layers fall in one launch group (a multi-group load cuts it into chunks of
-    ``tuning.DMA_PIECE_BYTES``). Read from the table alone: never from the rows."""
-    return len(job.layers) * sum(getattr(job, side).row_bytes)
-
-
-class Shape(NamedTuple):
-    """What every load of one shape reuses (``StagedBackend._shape``)."""
+class StagedLayout(NamedTuple):
+    """What every load of one shape reuses (``StagedBackend._layout``)."""
 
     refs: tuple[tuple[weakref.ref, weakref.ref], ...]  # per job (src, dst): verifies a hit
     swaps: tuple[tuple[int, RowTable, torch.Tensor, bool], ...]  # (job, staging, 0..n-1, h2d)
@@ -89,8 +68,8 @@ class StagedBackend(CopyBackend):
     """``"dma"``: stages page chunks of ``page_first`` host pools (module docstring).
 
     Attributes:
-        copies / pieces: DMA calls issued and pieces they moved.
-        records / waits: event records and stream waits issued (CUDA; counted on CPU too).
+        dma: the DMA calls and event ordering (`ring.DmaQueue`), with their counts
+            (``copies``, ``pieces``, ``records``, ``waits`` read them).
         built: shapes laid out (layout cache misses); for tests.
     """
 
@@ -122,24 +101,44 @@ class StagedBackend(CopyBackend):
             raise ValueError(f"window_growth: must be an int >= 1, got {window_growth!r}")
         super().__init__()
         if kernel is None:
-            from transfer_kernels.triton_backend import TritonBackend
+            from transfer_kernels.backends.triton import TritonBackend
             kernel = TritonBackend()
         self.kernel, self.min_piece_bytes = kernel, min_piece_bytes
-        self.max_staging_bytes, self.batch = max_staging_bytes, batch
-        self.window_growth = window_growth
-        self.copies = self.pieces = self.records = self.waits = self.built = 0
+        self.max_staging_bytes, self.window_growth = max_staging_bytes, window_growth
+        self.dma = DmaQueue(batch)
+        self.built = 0
         self._rings: dict[tuple[str, str], Ring] = {}
-        self._layouts = _Lru(64)
+        self._layouts = Lru(64)
 
     @property
-    def _held(self) -> int:
+    def copies(self) -> int:
+        """DMA calls issued."""
+        return self.dma.copies
+
+    @property
+    def pieces(self) -> int:
+        """Pieces the DMA calls moved."""
+        return self.dma.pieces
+
+    @property
+    def records(self) -> int:
+        """Event records issued (CUDA; counted on CPU too)."""
+        return self.dma.records
+
+    @property
+    def waits(self) -> int:
+        """Stream waits issued (CUDA; counted on CPU too)."""
+        return self.dma.waits
+
+    @property
+    def held_bytes(self) -> int:
         """Staging bytes allocated (rings used so far)."""
-        return sum(r.nbytes for r in self._rings.values() if r._buffer is not None)
+        return sum(r.nbytes for r in self._rings.values() if r.allocated)
 
     def check(self, plan: CopyPlan) -> None:
         """The kernel backend's check (the unstaged jobs and the scatter go through it;
-        converting jobs through its quant backend, `quant.check_split`)."""
-        check_split(self.kernel, plan)
+        converting jobs through its quant backend, `CopyBackend.check_split`)."""
+        self.kernel.check_split(plan)
 
     def stages(self, job: PlannedJob, plan: CopyPlan) -> str | None:
         """The side ``job`` is staged on, or ``None`` when it goes straight to the kernel."""
@@ -156,14 +155,8 @@ class StagedBackend(CopyBackend):
         """Per job: the side it is staged on (:meth:`stages`)."""
         return [self.stages(job, plan) for job in plan.jobs]
 
-    def _execute(self, plan: CopyPlan, sides: Sequence[str | None] | None = None) -> None:
-        """One group of every layer: one DMA call per direction, one kernel launch."""
-        group = tuple((j, layer) for j, job in enumerate(plan.jobs) if job.num_rows
-                      for layer in job.layers)
-        self._prepare(plan, (group,), sides)._run(0)
-
     def prepare(self, plan: CopyPlan, groups: LaunchGroups,
-                sides: Sequence[str | None] | None = None) -> PreparedPlan:
+                sides: Sequence[str | None] | None = None) -> Launches:
         """Lay the staged jobs out in the rings and prepare the kernel's launches; nothing
         is copied until a group launches (module docstring). The plan is checked when its
         shape is new (the check reads the tables only: a seen shape passed it).
@@ -172,22 +165,17 @@ class StagedBackend(CopyBackend):
             sides: per job, the side to stage (``None``: straight to the kernel); by
                 default :meth:`sides` (``"auto"`` passes the choice it made).
         """
-        return self._prepare(plan, groups, sides)
-
-    def _prepare(self, plan: CopyPlan, groups: LaunchGroups,
-                 sides: Sequence[str | None] | None) -> StagedLaunches:
-        """The cached shape, this load's host rows filled in, and the kernel's launches."""
-        shape = self._shape(plan, groups, sides)
+        staged = self._layout(plan, groups, sides)
         jobs = plan.jobs
-        work = {lay.ring.direction: ring_work(lay, _host_rows(jobs, lay)) for lay in shape.rings}
-        if shape.swaps:
+        work = {lay.ring.direction: ring_work(lay, _host_rows(jobs, lay)) for lay in staged.rings}
+        if staged.swaps:
             jobs = list(jobs)
-            for j, staging, local, h2d in shape.swaps:  # the kernel's side of the ring
+            for j, staging, local, h2d in staged.swaps:  # the kernel's side of the ring
                 job = jobs[j]
                 jobs[j] = (PlannedJob(staging, job.dst, local, job.dst_rows, job.layers) if h2d
                            else PlannedJob(job.src, staging, job.src_rows, local, job.layers))
             plan = plan.subset(jobs)
-        return StagedLaunches(self, self.kernel.prepare(plan, groups), work, len(groups))
+        return StagedLaunches(self, self.dma, self.kernel.prepare(plan, groups), work, len(groups))
 
     def _ring(self, plan: CopyPlan, direction: str) -> Ring:
         key = (str(plan.device), direction)
@@ -196,9 +184,9 @@ class StagedBackend(CopyBackend):
             ring = self._rings[key] = Ring(plan.device, direction, self.max_staging_bytes)
         return ring
 
-    def _shape(self, plan: CopyPlan, groups: LaunchGroups,
-               sides: Sequence[str | None] | None) -> Shape:
-        """The plan's :class:`Shape`, cached per (groups, device, sides, per job: both
+    def _layout(self, plan: CopyPlan, groups: LaunchGroups,
+                sides: Sequence[str | None] | None) -> StagedLayout:
+        """The plan's :class:`StagedLayout`, cached per (groups, device, sides, per job: both
         tables, rows, layers, where the rows are). Tables are keyed by id and a hit is
         verified against weak references: a new table at a reused id is a miss, and no
         pool is kept alive."""
@@ -214,12 +202,12 @@ class StagedBackend(CopyBackend):
         found = self._layouts.get(key)
         if found is not None and same_tables(jobs, found.refs):
             return found
-        found = self._build_shape(plan, groups, sides)
+        found = self._build_layout(plan, groups, sides)
         self._layouts.put(key, found)
         return found
 
-    def _build_shape(self, plan: CopyPlan, groups: LaunchGroups,
-                     sides: Sequence[str | None] | None) -> Shape:
+    def _build_layout(self, plan: CopyPlan, groups: LaunchGroups,
+                      sides: Sequence[str | None] | None) -> StagedLayout:
         """A new shape: check the plan, then lay out every staged job's chunks and regions."""
         self.check(plan)
         self.built += 1
@@ -236,7 +224,7 @@ class StagedBackend(CopyBackend):
             if side is None or not seen[j]:
                 continue  # not staged, or no group names a layer of it
             direction = "h2d" if side == "src" else "d2h"
-            st = plan_job(j, jobs[j], side, seen[j], self._ring(plan, direction), used[direction])
+            st = stage_job(j, jobs[j], side, seen[j], self._ring(plan, direction), used[direction])
             if st is not None:  # else over the ring's bytes: the kernel copies it directly
                 used[direction] = region_end(st)
                 stages.append(st)
@@ -248,43 +236,7 @@ class StagedBackend(CopyBackend):
                                          self.window_growth))
         swaps = tuple((st.job, st.staging, torch.arange(st.staging.num_rows), st.ring == "h2d")
                       for st in stages)
-        return Shape(table_refs(jobs), swaps, tuple(rings), tuple(stages))
-
-    def _issue(self, work: RingWork, begin: int, end: int, caller: int) -> None:
-        """DMA pieces ``[begin, end)`` of ``work`` on the ring's stream, record its done
-        event there and make the ``caller`` stream wait for it (one launch's DMA)."""
-        ring = work.ring
-        self.copies += dma(work.pieces[:, begin:end], ring.stream, ring.device, self.batch)
-        self.pieces += end - begin
-        if ring.cuda:
-            cudart.event_record(ring.events[1], ring.stream)
-            cudart.stream_wait_event(caller, ring.events[1])
-        self.records += 1
-        self.waits += 1
-
-    def _record(self, ring: Ring, event: int, stream: int) -> None:
-        if ring.cuda:
-            cudart.event_record(event, stream)
-        self.records += 1
-
-    def _wait(self, ring: Ring, stream: int, event: int) -> None:
-        if ring.cuda:
-            cudart.stream_wait_event(stream, event)
-        self.waits += 1
-
-
-def table_refs(jobs: Sequence[PlannedJob]) -> tuple[tuple[weakref.ref, weakref.ref], ...]:
-    """Per job, weak references to its (src, dst) tables: a cache keyed by table ids keeps
-    these to tell a hit from a new table at a reused id, without keeping a pool alive."""
-    return tuple((weakref.ref(j.src), weakref.ref(j.dst)) for j in jobs)
-
-
-def same_tables(jobs: Sequence[PlannedJob], refs: tuple) -> bool:
-    """True when ``refs`` (from :func:`table_refs`) still name ``jobs``' tables."""
-    for job, (src, dst) in zip(jobs, refs):
-        if src() is not job.src or dst() is not job.dst:
-            return False
-    return True
+        return StagedLayout(table_refs(jobs), swaps, tuple(rings), tuple(stages))
 
 
 def _host_rows(jobs: Sequence[PlannedJob], lay: RingLayout) -> np.ndarray:

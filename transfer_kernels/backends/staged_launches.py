@@ -1,25 +1,28 @@
 """The prepared launches of the ``"dma"`` backend: per launch group, the group's DMA on
 the ring's DMA stream and its one kernel launch on the caller's stream, ordered by events
-(``staged``'s module docstring has the sequence and the call budget)."""
+(`staged`'s module docstring has the sequence and the call budget)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from transfer_kernels.base import PreparedPlan
-from transfer_kernels.staging import RingWork
-
-if TYPE_CHECKING:
-    from transfer_kernels.staged import StagedBackend
+from transfer_kernels.backends.base import CopyBackend, Launches
+from transfer_kernels.backends.ring import DmaQueue
+from transfer_kernels.backends.staging import RingWork
 
 
-class StagedLaunches(PreparedPlan):
+class StagedLaunches(Launches):
     """The kernel's prepared launches with each group's DMA before (H2D) or after (D2H)
     it. Groups may launch in any order; each launches once. A launch reads its group's
-    piece bounds from tuples and issues one slice: no per-launch array work."""
+    piece bounds from tuples and issues one slice: no per-launch array work.
 
-    def __init__(self, backend: StagedBackend, inner: PreparedPlan, work: dict[str, RingWork],
-                 num_groups: int) -> None:
-        self.backend, self.inner, self.work = backend, inner, work
+    Args:
+        backend: the ``"dma"`` backend (its launches are counted here).
+        dma: its DMA calls and event ordering.
+        inner: the kernel's prepared launches (scatter, gather, unstaged jobs).
+        work: per direction, this plan's pieces in that direction's ring.
+    """
+
+    def __init__(self, backend: CopyBackend, dma: DmaQueue, inner: Launches,
+                 work: dict[str, RingWork], num_groups: int) -> None:
+        self.backend, self.dma, self.inner, self.work = backend, dma, inner, work
         self.h2d, self.d2h = work.get("h2d"), work.get("d2h")
         self._rings = tuple(w.ring for w in work.values())
         self._h2d_at = self._d2h_at = 0  # pieces issued so far, per ring
@@ -33,12 +36,8 @@ class StagedLaunches(PreparedPlan):
     def num_groups(self) -> int:
         return self.inner.num_groups
 
-    def launch(self, group: int) -> None:
-        self.backend.launches += 1
-        self._run(group)
-
-    def _run(self, group: int) -> None:
-        """Launch ``group`` with its DMA (no counting of launches)."""
+    def _launch(self, group: int) -> None:
+        """Launch ``group`` with its DMA."""
         if self._current is None:
             self._start()
         else:
@@ -53,7 +52,7 @@ class StagedLaunches(PreparedPlan):
                 end = ends[group]
                 if end > self._h2d_at:
                     # the chunks groups up to this one read first; the caller's stream waits
-                    self.backend._issue(self.h2d, self._h2d_at, end, self._current)
+                    self.dma.issue(self.h2d.ring, self.h2d.pieces[:, self._h2d_at:end], self._current)
                     self._h2d_at = end
             self._inner_launch(group)
             if self.d2h is not None:
@@ -70,24 +69,24 @@ class StagedLaunches(PreparedPlan):
     def _start(self) -> None:
         """First launch: claim the rings and order them after the caller's stream and the
         previous user."""
-        b = self.backend
+        b = self.dma
         for w in self.work.values():
             ring = w.ring
             ring.buffer()
             cur = self._current = ring.current()
             mark, done = ring.events
             if ring.direction == "h2d":  # the DMA writes the ring and reads the host
-                b._record(ring, mark, cur)
-                b._wait(ring, ring.stream, mark)
+                b.record(ring, mark, cur)
+                b.wait(ring, ring.stream, mark)
                 if ring.last_stream not in (None, cur):  # an older load's scatter elsewhere
-                    b._record(ring, done, ring.last_stream)
-                    b._wait(ring, ring.stream, done)
+                    b.record(ring, done, ring.last_stream)
+                    b.wait(ring, ring.stream, done)
             else:  # the gathers overwrite what the previous backup's DMA may still read
-                b._record(ring, done, ring.stream)
-                b._wait(ring, cur, done)
+                b.record(ring, done, ring.stream)
+                b.wait(ring, cur, done)
                 if ring.last_stream not in (None, cur):  # an older backup's gathers elsewhere
-                    b._record(ring, mark, ring.last_stream)
-                    b._wait(ring, cur, mark)
+                    b.record(ring, mark, ring.last_stream)
+                    b.wait(ring, cur, mark)
             ring.owner, ring.last_stream = self, cur
         if self._current is None:
             self._current = 0
@@ -97,10 +96,10 @@ class StagedLaunches(PreparedPlan):
         stream waits for it."""
         if end <= self._d2h_at:
             return
-        b, ring = self.backend, w.ring
-        b._record(ring, ring.events[0], self._current)
-        b._wait(ring, ring.stream, ring.events[0])
-        b._issue(w, self._d2h_at, end, self._current)
+        b, ring = self.dma, w.ring
+        b.record(ring, ring.events[0], self._current)
+        b.wait(ring, ring.stream, ring.events[0])
+        b.issue(ring, w.pieces[:, self._d2h_at:end], self._current)
         self._d2h_at = end
 
     def _join(self) -> None:
@@ -108,5 +107,5 @@ class StagedLaunches(PreparedPlan):
         if self._current is None:
             return
         for w in self.work.values():
-            self.backend._record(w.ring, w.ring.events[1], w.ring.stream)
-            self.backend._wait(w.ring, self._current, w.ring.events[1])
+            self.dma.record(w.ring, w.ring.events[1], w.ring.stream)
+            self.dma.wait(w.ring, self._current, w.ring.events[1])

@@ -14,26 +14,26 @@ uploaded elsewhere (no per-table descriptor to order against the launch).
 """
 from __future__ import annotations
 
-import itertools
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from transfer_kernels import runtime, tuning
-from transfer_kernels.base import CopyBackend, PreparedPlan
-from transfer_kernels.plan import CopyPlan, LaunchGroups
-from transfer_kernels.quant import prepare_split
-from transfer_kernels.triton_layout import MAGIC_BITS, SEG_FIELDS, Layout, Pairs, layout
+from transfer_kernels import tuning
+from transfer_kernels.backends.base import CopyBackend, Launches, all_pairs
+from transfer_kernels.backends.quant_triton import TritonQuantBackend
+from transfer_kernels.backends.triton_layout import Layout, Pairs, layout
+from transfer_kernels.cuda import runtime
+from transfer_kernels.cuda.abi import MAGIC_BITS
+from transfer_kernels.rows import CopyPlan, LaunchGroups
 
-__all__ = ["SEG_FIELDS", "Launch", "LaunchSet", "TritonBackend", "TritonLaunches",
-           "build_launch", "kernel_module"]
+__all__ = ["Launch", "LaunchSet", "TritonBackend", "TritonLaunches", "build_launch", "kernel_module"]
 
 
 def kernel_module():
     """The kernel module, imported on first use (``import triton`` costs about a second)."""
-    from transfer_kernels import triton_kernel
-    return triton_kernel
+    from transfer_kernels.cuda import copy_kernel
+    return copy_kernel
 
 
 class TritonBackend(CopyBackend):
@@ -67,8 +67,7 @@ class TritonBackend(CopyBackend):
         self.max_programs = max_programs
         self.tile_bytes = tile_bytes
         self.vpt = tile_bytes // 16
-        self.num_warps = num_warps or max(1, min(
-            tuning.TRITON_MAX_WARPS, self.vpt // (32 * tuning.TRITON_VECTORS_PER_THREAD)))
+        self.num_warps = num_warps or tuning.triton_warps(tile_bytes)
         self._last: tuple[LaunchSet, int] | None = None  # the latest launch, for tests
 
     def check(self, plan: CopyPlan) -> None:
@@ -97,24 +96,20 @@ class TritonBackend(CopyBackend):
         """The latest kernel launch's arguments (for tests), or ``None`` before any."""
         return None if self._last is None else self._last[0].launch_args(self._last[1])
 
-    def _execute(self, plan: CopyPlan) -> None:
-        TritonLaunches(self, _build_all_layers(plan, self)).run(0)
-
-    def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
+    def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> Launches:
         """All groups' layouts and indices staged in one copy; each launch reads its part."""
-        if plan.has_quant:  # converting jobs: the fused quant kernel (transfer_kernels.quant)
-            return prepare_split(self, plan, groups)
+        if plan.has_quant:  # converting jobs: the fused quant kernel (`quant_triton`)
+            return self._prepare_split(plan, groups)
         self.check(plan)
         return TritonLaunches(self, _build_groups(plan, groups, self))
 
     def _make_quant_backend(self, device: torch.device) -> CopyBackend:
         """The fused quantize/dequantize kernel, interpreted on a CPU plan like this one."""
-        from transfer_kernels.quant_kernel import TritonQuantBackend
         return TritonQuantBackend(max_programs=self.max_programs)
 
 
 class Launch(NamedTuple):
-    """The arguments of one kernel launch (see ``triton_kernel``'s module docstring)."""
+    """The arguments of one kernel launch (`transfer_kernels.cuda.copy_kernel`'s module docstring)."""
 
     meta: torch.Tensor  # int64 on the plan's device: tables, then row indices
     prog_at: int  # the launch's program table in meta
@@ -144,37 +139,32 @@ class LaunchSet(NamedTuple):
                       self.num_warps, lay.bounds[group], lay.bounds[group + 1])
 
 
-class TritonLaunches(PreparedPlan):
+class TritonLaunches(Launches):
     """Prepared launches: one staged ``meta`` buffer, one program table per group. A launch
     reads its table offset, grid and alignment from tuples: no per-launch object is built."""
 
     def __init__(self, backend: TritonBackend, launch_set: LaunchSet) -> None:
         self.backend, self.launch_set = backend, launch_set
+        self._grids = launch_set.layout.grids
         self._bound = None  # bound at the first launch (importing triton costs a second)
 
     @property
     def num_groups(self) -> int:
-        return len(self.launch_set.layout.grids)
+        return len(self._grids)
 
     @property
     def launches(self) -> list[Launch]:
         """Every group's launch arguments (for tests and inspection)."""
         return [self.launch_set.launch_args(g) for g in range(self.num_groups)]
 
-    def launch(self, group: int) -> None:
-        # one frame per group: the grid check and the launch inlined (no call to ``run``)
-        if self.launch_set.layout.grids[group]:
-            backend = self.backend
-            backend.launches += 1
-            backend._last = (self.launch_set, group)
-            runtime.launch(self._bound or self._bind(), group)
+    def counts(self, group: int) -> bool:
+        return self._grids[group] > 0
 
-    def run(self, group: int) -> None:
-        """Launch group ``group`` (no counting; ``execute`` counted already) through the
-        pre-bound launcher: stream handle and compiled kernels resolved once per plan."""
-        if self.launch_set.layout.grids[group]:
-            self.backend._last = (self.launch_set, group)
-            runtime.launch(self._bound or self._bind(), group)
+    def _launch(self, group: int) -> None:
+        """Launch group ``group`` through the pre-bound launcher: stream handle and compiled
+        kernels resolved once per plan."""
+        self.backend._last = (self.launch_set, group)
+        runtime.launch(self._bound or self._bind(), group)
 
     def _bind(self):
         """The pre-bound launcher, built at the first launch."""
@@ -187,17 +177,7 @@ class TritonLaunches(PreparedPlan):
 
 def build_launch(plan: CopyPlan, backend: TritonBackend) -> Launch:
     """The single launch of every job and layer of ``plan`` (tests inspect it)."""
-    return _build_all_layers(plan, backend).launch_args(0)
-
-
-def _build_all_layers(plan: CopyPlan, backend: TritonBackend) -> LaunchSet:
-    def pairs() -> Pairs:
-        jobs = np.repeat(np.arange(len(plan.jobs), dtype=np.int64), [len(j.layers) for j in plan.jobs])
-        layers = np.fromiter(itertools.chain.from_iterable(j.layers for j in plan.jobs), np.int64,
-                             jobs.size)
-        return jobs, layers, np.zeros(jobs.size, dtype=np.int64)
-
-    return _build(plan, pairs, ("all layers", tuple(j.layers for j in plan.jobs)), 1, backend)
+    return _build_groups(plan, (all_pairs(plan),), backend).launch_args(0)
 
 
 def _build_groups(plan: CopyPlan, groups: LaunchGroups, backend: TritonBackend) -> LaunchSet:

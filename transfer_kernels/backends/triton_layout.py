@@ -1,7 +1,7 @@
 """Launch layouts of the triton backend: segment and program tables, built with numpy.
 
 A *layout* is everything a set of launches reads besides the row indices: the segment
-table (``triton_kernel``'s module docstring) and, per launch, the program table that
+table (`transfer_kernels.cuda.copy_kernel`'s module docstring) and, per launch, the program table that
 deals its items into contiguous ranges. It is built for every launch group of a plan at
 once (numpy over all segments, O(jobs) Python) and cached at two levels; tables are keyed
 by weak reference, so no cache keeps a pool alive and a dead table's entry never matches
@@ -18,34 +18,18 @@ scale buffer slows its launch, it is never split off into another one).
 """
 from __future__ import annotations
 
-import threading
 import weakref
-from collections import OrderedDict
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
 
-from transfer_kernels.plan import CopyPlan
-from transfer_kernels.table import MAX_VECTOR_BYTES, RowTable
+from transfer_kernels.backends.cache import Lru
+from transfer_kernels.cuda.abi import SEG_FIELDS, magic
+from transfer_kernels.rows import CopyPlan, RowTable
+from transfer_kernels.rows.table import MAX_VECTOR_BYTES
 
-SEG_FIELDS = 12  # must equal triton_kernel.SEG_FIELDS (that module imports triton)
-MAGIC_BITS = 31  # the kernel's dividends stay below 2**MAGIC_BITS
 Pairs = tuple[np.ndarray, np.ndarray, np.ndarray]  # job, table-local layer, group per pair
-
-
-def magic(divisors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(m, s)`` with ``t // d == (t * m) >> s`` for every ``0 <= t < 2**31`` (d >= 1).
-
-    Granlund-Montgomery: with ``l = ceil(log2 d)``, ``m = floor(2**(31 + l) / d) + 1`` and
-    ``s = 31 + l``, ``m * d`` lies in ``(2**s, 2**s + 2**l]``, which makes the quotient
-    exact; ``m <= 2**32``, so ``t * m < 2**63`` never overflows int64.
-    """
-    d = np.asarray(divisors, dtype=np.int64)
-    l = np.ceil(np.log2(d)).astype(np.int64)  # exact in float64 for d < 2**31
-    s = MAGIC_BITS + l  # <= 62: 2**s fits int64
-    m = np.left_shift(np.int64(1), s) // d + 1
-    return m, s
 
 
 class Static(NamedTuple):
@@ -69,28 +53,8 @@ class Layout(NamedTuple):
     aligns: tuple[int, ...]
 
 
-class _Lru:
-    """A small thread-safe LRU map."""
-
-    def __init__(self, size: int) -> None:
-        self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
-
-    def get(self, key: tuple) -> Any:
-        with self.lock:
-            value = self.items.get(key)
-            if value is not None:
-                self.items.move_to_end(key)
-            return value
-
-    def put(self, key: tuple, value: Any) -> None:
-        with self.lock:
-            self.items[key] = value
-            if len(self.items) > self.size:
-                self.items.popitem(last=False)
-
-
-SHAPES = _Lru(256)
-STATICS = _Lru(256)
+SHAPES = Lru(256)
+STATICS = Lru(256)
 
 
 def layout(plan: CopyPlan, pairs: Callable[[], Pairs], pairs_key: tuple | None,
@@ -208,13 +172,14 @@ def _program_tables(done: np.ndarray, group_first: np.ndarray, per_group: np.nda
 def _side(table: RowTable) -> np.ndarray:
     """``[num_layers * num_buffers, 4]`` int64 per (layer, buffer), layer-major: base
     address, row stride, row bytes, alignment. Cached on the table (it never changes)."""
-    side = table._cache.get("segment_side")
-    if side is None:
-        nl, nb = table.num_layers, table.num_buffers
-        side = np.empty((nl * nb, 4), dtype=np.int64)
-        side[:, 0] = table.ptrs.numpy().reshape(-1)
-        side[:, 1] = np.tile(np.asarray(table.row_strides, dtype=np.int64), nl)
-        side[:, 2] = np.tile(np.asarray(table.row_bytes, dtype=np.int64), nl)
-        side[:, 3] = table.align.numpy().reshape(-1)
-        table._cache["segment_side"] = side
+    return table.derived("segment_side", _build_side)
+
+
+def _build_side(table: RowTable) -> np.ndarray:
+    nl, nb = table.num_layers, table.num_buffers
+    side = np.empty((nl * nb, 4), dtype=np.int64)
+    side[:, 0] = table.ptrs.numpy().reshape(-1)
+    side[:, 1] = np.tile(np.asarray(table.row_strides, dtype=np.int64), nl)
+    side[:, 2] = np.tile(np.asarray(table.row_bytes, dtype=np.int64), nl)
+    side[:, 3] = table.align.numpy().reshape(-1)
     return side

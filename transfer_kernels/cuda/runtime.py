@@ -73,7 +73,7 @@ def upload(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
 
 
 def launch(launcher: Any, group: int) -> None:
-    """Launch group ``group`` of a pre-bound launcher (``triton_kernel.BoundLaunches``)."""
+    """Launch group ``group`` of a pre-bound launcher (``copy_kernel.BoundLaunches``)."""
     launcher.launch(group)
 
 

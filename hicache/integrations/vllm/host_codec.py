@@ -24,8 +24,8 @@ import torch
 from host_pools.host_format import host_spec
 from host_pools.spec import BufferSpec, PoolKind, PoolSpec
 from hicache.host_dtype import int8_codec
-from transfer_kernels.codec import Int8Codec
-from transfer_kernels.quant_ref import QUANTIZABLE
+from transfer_kernels.quant.codec import Int8Codec
+from transfer_kernels.quant.reference import QUANTIZABLE
 
 
 class Vector(NamedTuple):
