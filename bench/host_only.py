@@ -36,7 +36,8 @@ import numpy as np
 
 from transfer_kernels import (AutoBackend, CopyEngineBackend, NullBackend, StagedBackend, TorchBackend,
                               TritonBackend, runtime, tuning)
-from transfer_kernels.backends import auto, auto_table, ring
+from transfer_kernels.backends import auto, auto_table
+from transfer_kernels.backends.dma import DmaQueue
 from transfer_kernels.backends.quant_torch import TorchQuantBackend
 from transfer_kernels.backends.quant_triton import TritonQuantBackend
 from transfer_kernels.rows import PlannedJob
@@ -85,9 +86,12 @@ def make_backends(names: list[str], cuda: bool = False) -> dict:
     return {n: factories[n]() for n in names}
 
 
-def _null_dma(pieces: np.ndarray, stream: int, device, batch: bool | None) -> int:
-    """``ring.dma`` with its pieces already built by the preparation: no call made."""
-    return 1
+def _null_issue(self: DmaQueue, ring, pieces: np.ndarray, caller: int) -> None:
+    """``DmaQueue.issue`` with its pieces already built by the load: counted, no call made."""
+    self.copies += 1
+    self.pieces += pieces.shape[1]
+    self.records += 1
+    self.waits += 1
 
 
 def _converting_as_on_cuda(name: str, s: auto_table.JobTraits) -> auto.Decision:
@@ -108,7 +112,7 @@ def _patches() -> list[tuple[object, str, object]]:
                (TorchQuantBackend, "_execute", _nothing), (TorchQuantBackend, "_execute_group", _nothing),
                (auto, "converting", _converting_as_on_cuda),
                (CopyEngineBackend, "_make_quant_backend", _fused_quant)]
-    patches.append((ring, "dma", _null_dma))  # the staged backend's DMA call
+    patches.append((DmaQueue, "issue", _null_issue))  # the staged backend's DMA call
     return patches
 
 

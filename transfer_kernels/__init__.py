@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from transfer_kernels.api import BACKEND_NAMES, copy_rows, copy_rows_batch, get_backend
 from transfer_kernels.backends.auto import AutoBackend
-from transfer_kernels.backends.base import CopyBackend, Launches
+from transfer_kernels.backends.base import CopyBackend
+from transfer_kernels.backends.launches import Launches
 from transfer_kernels.backends.copy_engine import CopyEngineBackend
 from transfer_kernels.backends.staged import StagedBackend
 from transfer_kernels.backends.torch_ref import TorchBackend, copy_rows_ref

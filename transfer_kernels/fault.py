@@ -1,10 +1,11 @@
 """Fault injection: a backend that fails on a chosen launch, for the controller's tests."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from transfer_kernels.api import get_backend
-from transfer_kernels.backends.base import CopyBackend, Launches
+from transfer_kernels.backends.base import CopyBackend
+from transfer_kernels.backends.launches import Launches, Prepared
 from transfer_kernels.rows import CopyPlan, LaunchGroups
 
 
@@ -37,18 +38,36 @@ class FaultyBackend(CopyBackend):
         """The inner backend's check."""
         self.inner.check(plan)
 
-    def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> Launches:
+    def decide_lanes(self, lanes: CopyPlan) -> Any:
+        """The inner backend's decisions (and checks)."""
+        return self.inner.decide_lanes(lanes)
+
+    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None) -> Prepared:
         """The inner backend's own preparation (the production launches), one of whose
         launches fails."""
-        return FaultyLaunches(self, self.inner.prepare(plan, groups))
+        return FaultyPrepared(self, self.inner.lay_out(plan, groups, decided))
+
+
+class FaultyPrepared(Prepared):
+    """Another backend's prepared object whose loads' launches may fail."""
+
+    def __init__(self, backend: FaultyBackend, inner: Prepared) -> None:
+        self.backend, self.inner, self.counters = backend, inner, (backend,)
+
+    @property
+    def num_groups(self) -> int:
+        return self.inner.num_groups
+
+    def start(self, lanes, src_rows, dst_rows) -> FaultyLaunches:
+        return FaultyLaunches(self.backend, self.inner.start(lanes, src_rows, dst_rows))
 
 
 class FaultyLaunches(Launches):
-    """Another backend's prepared launches; the backend's ``fail_on_launch``-th launch
-    (counting every launch call of its preparations) raises before enqueuing anything."""
+    """Another backend's launches of one load; the backend's ``fail_on_launch``-th launch
+    (counting every launch call of its loads) raises before enqueuing anything."""
 
     def __init__(self, backend: FaultyBackend, inner: Launches) -> None:
-        self.backend, self.inner = backend, inner
+        self.backend, self.inner, self.counters = backend, inner, (backend,)
 
     @property
     def num_groups(self) -> int:

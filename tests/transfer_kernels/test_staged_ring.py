@@ -261,25 +261,28 @@ def test_cuda_calls_are_the_runtime_calls_with_the_ring_stream(monkeypatch):
     # (the CPU has no device; a GPU machine runs test_cuda_groups_... for real).
     import numpy as np
 
+    from transfer_kernels.backends.dma import DmaQueue
+    from transfer_kernels.backends.ring import Ring
     from transfer_kernels.cuda import cudart
-    from transfer_kernels.backends.ring import Ring, dma
     calls = []
     monkeypatch.setattr(cudart, "memcpy_batch_rows", lambda p, st: calls.append(
         ("batch", *p.tolist(), st)))
     monkeypatch.setattr(cudart, "memcpy_async", lambda d, s, n, st: calls.append(("one", d, s, n, st)))
     monkeypatch.setattr(cudart, "event_record", lambda ev, st: calls.append(("record", ev, st)))
     monkeypatch.setattr(cudart, "stream_wait_event", lambda st, ev: calls.append(("wait", st, ev)))
-    cuda = torch.device("cuda", 0)
-    pieces = np.array([[100, 200], [300, 400], [8, 16]], dtype=np.int64)
-    assert dma(pieces, 7, cuda, True) == 1 and dma(pieces, 7, cuda, False) == 2
-    ring = Ring(cuda, "h2d", 1 << 20)
+    ring = Ring(torch.device("cuda", 0), "h2d", 1 << 20)
     ring.stream, ring.events = 7, (11, 12)
-    staged = StagedBackend(TorchBackend())
-    staged.dma.record(ring, 12, 7)
-    staged.dma.wait(ring, 3, 12)
-    assert calls == [("batch", [100, 200], [300, 400], [8, 16], 7), ("one", 100, 300, 8, 7),
-                     ("one", 200, 400, 16, 7), ("record", 12, 7), ("wait", 3, 12)]
-    assert (staged.records, staged.waits) == (1, 1)
+    pieces = np.array([[100, 200], [300, 400], [8, 16]], dtype=np.int64)
+    batched, single = DmaQueue(batch=True), DmaQueue(batch=False)
+    batched.issue(ring, pieces, 3)
+    single.issue(ring, pieces, 3)
+    assert (batched.copies, single.copies, batched.pieces, single.pieces) == (1, 2, 2, 2)
+    batched.record(ring, 12, 7)
+    batched.wait(ring, 3, 12)
+    assert calls == [("batch", [100, 200], [300, 400], [8, 16], 7), ("record", 12, 7), ("wait", 3, 12),
+                     ("one", 100, 300, 8, 7), ("one", 200, 400, 16, 7), ("record", 12, 7),
+                     ("wait", 3, 12), ("record", 12, 7), ("wait", 3, 12)]
+    assert (batched.records, batched.waits) == (2, 2)
 
 
 def test_batched_dma_reads_a_column_slice_in_place(monkeypatch):

@@ -5,32 +5,34 @@ from the H100 measurements cited in :mod:`transfer_kernels.tuning`, or a measure
 ``bench/load_batch.py --calibrate`` writes it, ``HICACHE_AUTO_TABLE=PATH`` or
 ``AutoBackend(table=...)`` loads it). The traits it looks up are read from the job's two
 tables and its row-count class only (``auto_table`` module docstring): no run analysis of
-the rows. The decision is cached per (source table, destination table, layer count, row
-class): a batch of a shape seen before costs a dictionary look-up per job.
+the rows. They are read once per route (`decide_lanes`: a controller's pool set and
+direction, or the tables of a ``copy_rows`` call), and so is the decision when the table
+does not bound job bytes (the seed does not); else each size class decides once, when it
+is laid out. A load never decides.
 
 Two conditions override the table on CUDA: a host side that is not pinned, or no
 ``triton`` to import, sends the job to ``copy_engine`` (the only path that can run it).
 
-A converting job (int8 host rows, `transfer_kernels.quant.codec`) is decided in the same terms
-and cached the same way: on CUDA ``dma`` (int8 pages staged in the ring, converted by the
+A converting job (int8 host rows, `transfer_kernels.quant.codec`) is decided in the same
+terms and as often: on CUDA ``dma`` (int8 pages staged in the ring, converted by the
 fused kernel from there) where the table would stage its traits, else the fused kernel
 (``triton``); ``torch`` (`quant_torch`) on the CPU, and on CUDA where the kernel cannot run
 it (no ``triton``, a host side not pinned).
 
 ``dma`` and ``triton`` jobs share the kernel's launches (the staged backend scatters and
 copies the others in one launch per group); ``copy_engine`` and ``torch`` jobs share one
-launch of their backend.
+launch of their backend. When one inner backend takes every job (the usual load), its
+prepared object is the route's, counted for ``auto`` too: no layer of ``auto`` per launch.
 """
 from __future__ import annotations
 
-import weakref
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from transfer_kernels.backends import auto_table
 from transfer_kernels.backends.auto_table import AutoTable, JobTraits
-from transfer_kernels.backends.base import CopyBackend, Launches, PartLaunches
-from transfer_kernels.backends.cache import Lru, same_tables, table_refs
+from transfer_kernels.backends.base import CopyBackend
 from transfer_kernels.backends.copy_engine import CopyEngineBackend
+from transfer_kernels.backends.launches import PartPrepared, Prepared
 from transfer_kernels.backends.staged import StagedBackend
 from transfer_kernels.backends.staging import host_side
 from transfer_kernels.backends.torch_ref import TorchBackend
@@ -40,14 +42,14 @@ from transfer_kernels.rows import CopyPlan, LaunchGroups, PlannedJob
 
 KERNEL = ("triton", "dma")  # choices served by the staged backend's kernel launches
 Decision = tuple[str, "str | None"]  # (backend name, staged side for "dma")
+# name -> (its jobs, their staged sides): which inner backend moves which jobs
+Assignment = dict[str, tuple[tuple[int, ...], tuple["str | None", ...]]]
 
 
-class Assignment(NamedTuple):
-    """Which inner backend runs which jobs of a plan shape (``AutoBackend._assign``)."""
+class AutoLanes(NamedTuple):
+    """What ``auto`` decides from a route's tables (`AutoBackend.decide_lanes`)."""
 
-    refs: tuple  # per job: weak references to (src, dst), verifying a hit
-    routed: dict[str, tuple[tuple[int, ...], tuple[str | None, ...]]]  # name -> (jobs, sides)
-    whole: bool  # one backend takes every job: it gets the plan and groups unchanged
+    assignment: Assignment | None  # None: the table bounds job bytes (decided per size class)
 
 
 class AutoBackend(CopyBackend):
@@ -56,9 +58,10 @@ class AutoBackend(CopyBackend):
 
     Attributes:
         table: the decision table.
-        analyses: decisions computed (not served from the cache); for tests.
-        launches: the launches of the inner backends it used (each inner backend also
-            counts its own).
+        inner: the inner backends by name.
+        analyses: decisions computed (one per job of a new route, or of a new size class
+            under a table that bounds job bytes); for tests.
+        launches: one per launch group of its loads (each inner backend also counts its own).
     """
 
     name = "auto"
@@ -73,7 +76,7 @@ class AutoBackend(CopyBackend):
                 this backend, the staged path's included).
             copy_engine / torch_ref: the other inner backends (fresh ones by default).
             table: the decision table; ``None``: ``$HICACHE_AUTO_TABLE`` if set, else
-                :data:`transfer_kernels.auto_table.SEED`.
+                :data:`transfer_kernels.backends.auto_table.SEED`.
 
         Raises:
             ValueError: ``$HICACHE_AUTO_TABLE`` names a bad file (the message names the
@@ -89,89 +92,52 @@ class AutoBackend(CopyBackend):
             "dma": StagedBackend(triton),
         }
         self.analyses = 0
-        self._assignments = Lru(64)
-        # src table -> {(id(dst), layers, row class): (name, side, dst ref)}; weak on src so
-        # a dropped pool takes its decisions along.
-        self._decisions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def decide(self, job: PlannedJob, plan: CopyPlan) -> Decision:
-        """The job's (backend, staged side), computed once per (tables, layers, row class)
-        (module docstring)."""
-        per_src = self._decisions.get(job.src)
-        if per_src is None:
-            per_src = self._decisions.setdefault(job.src, {})
-        key = (id(job.dst), len(job.layers), job.num_rows.bit_length())
-        hit = per_src.get(key)
-        if hit is not None and hit[2]() is job.dst:  # not a new table at a reused id
-            return hit[0], hit[1]
-        name, side = decide(job, plan, self.table)
+        """The job's (backend, staged side) under this backend's table (module docstring)."""
         self.analyses += 1
-        per_src[key] = (name, side, weakref.ref(job.dst))
-        return name, side
+        return decide(job, plan, self.table)
+
+    def decide_lanes(self, lanes: CopyPlan) -> AutoLanes:
+        """Every lane's inner backend and staged side, when the table does not bound job
+        bytes (each inner backend checks its lanes now); else nothing yet."""
+        if self.table.size_dependent:
+            return AutoLanes(None)
+        return AutoLanes(self._assign(lanes))
+
+    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None) -> Prepared:
+        """Each inner backend's preparation of its jobs' part of the groups; the whole
+        plan's when one backend takes every job (the usual load)."""
+        assigned = decided.assignment if decided is not None else None
+        if assigned is None:
+            assigned = self._assign(plan)
+        if len(assigned) == 1:
+            (name, (_, sides)), = assigned.items()
+            prepared = self.inner[name].lay_out(plan, groups, sides if name == "dma" else None)
+            prepared.counters += (self,)
+            return prepared
+        sub_groups = _split_groups(groups, assigned)
+        parts = [(self.inner[n].lay_out(plan.subset(plan.jobs[j] for j in js), sub_groups[n],
+                                        sides if n == "dma" else None), js)
+                 for n, (js, sides) in assigned.items()]
+        prepared = PartPrepared(parts, len(groups))
+        prepared.counters = (self,)
+        return prepared
 
     def _assign(self, plan: CopyPlan) -> Assignment:
-        """The plan's :class:`Assignment`, cached per (device, per job: both tables, layer
-        count, row class); a new one is checked by every backend it uses before it is
-        cached (the checks read the tables only)."""
-        jobs = plan.jobs
-        key = (plan.device, tuple([(id(j.src), id(j.dst), len(j.layers),
-                                    j.src_rows.numel().bit_length()) for j in jobs]))
-        found = self._assignments.get(key)
-        if found is not None and same_tables(jobs, found.refs):
-            return found
+        """Which inner backend takes which job (kernel choices share the staged backend's
+        launches); each inner backend checks its jobs before anything is kept."""
         routed: dict[str, tuple[list[int], list[str | None]]] = {}
-        for j, job in enumerate(jobs):
-            if job.num_rows and job.layers:
-                name, side = self.decide(job, plan)
-                if name in KERNEL:
-                    name = "dma"
-                js, sides = routed.setdefault(name, ([], []))
-                js.append(j)
-                sides.append(side)
-        frozen = {n: (tuple(js), tuple(ss)) for n, (js, ss) in routed.items()}
-        found = Assignment(table_refs(jobs), frozen,
-                           len(routed) == 1 and len(next(iter(routed.values()))[0]) == len(jobs))
-        for n, sub in self._subplans(plan, found).items():  # all checked before any runs
-            self.inner[n].check(sub)
-        self._assignments.put(key, found)
-        return found
-
-    def _subplans(self, plan: CopyPlan, assigned: Assignment) -> dict[str, CopyPlan]:
-        if assigned.whole:
-            return {n: plan for n in assigned.routed}
-        return {n: plan.subset(plan.jobs[j] for j in js) for n, (js, _) in assigned.routed.items()}
-
-    def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> Launches:
-        """Assign every job (a seen shape: one cached look-up), then prepare each inner
-        backend on its jobs' groups.
-
-        When one backend takes every job (the usual load), it gets the plan and the
-        caller's groups unchanged: hashable groups keep the layout caches hit.
-        """
-        assigned = self._assign(plan)
-        if assigned.whole:  # the usual load: one backend, no sub-plans
-            (name, (_, sides)), = assigned.routed.items()
-            return AutoLaunches(self, [self._prepare_on(name, plan, groups, sides)], len(groups))
-        subplans = self._subplans(plan, assigned)
-        sub_groups = _split_groups(groups, assigned.routed)
-        return AutoLaunches(self, [self._prepare_on(n, subplans[n], sub_groups[n], sides)
-                                   for n, (_, sides) in assigned.routed.items()], len(groups))
-
-    def _prepare_on(self, name: str, plan: CopyPlan, groups: LaunchGroups,
-                    sides: tuple[str | None, ...]) -> Launches:
-        """Inner backend ``name``'s prepared launches (the dma path takes the staged sides)."""
-        if name == "dma":
-            return self.inner[name].prepare(plan, groups, sides)
-        return self.inner[name].prepare(plan, groups)
-
-
-class AutoLaunches(PartLaunches):
-    """Each launch group runs the matching group of every inner backend used; one
-    ``auto`` launch counted per group (by `Launches.launch`)."""
-
-    def __init__(self, auto: AutoBackend, inner: list[Launches], num_groups: int) -> None:
-        super().__init__(inner, num_groups)
-        self.backend = auto
+        for j, job in enumerate(plan.jobs):
+            name, side = self.decide(job, plan)
+            js, sides = routed.setdefault("dma" if name in KERNEL else name, ([], []))
+            js.append(j)
+            sides.append(side)
+        assigned = {n: (tuple(js), tuple(ss)) for n, (js, ss) in routed.items()}
+        for n, (js, _) in assigned.items():  # all checked before any is used
+            sub = plan if len(assigned) == 1 else plan.subset(plan.jobs[j] for j in js)
+            self.inner[n].check_split(sub)
+        return assigned
 
 
 def _split_groups(groups: LaunchGroups, routed: dict[str, tuple[tuple[int, ...], tuple]]
@@ -196,7 +162,7 @@ def traits(job: PlannedJob, plan: CopyPlan) -> JobTraits:
     src, dst = job.src, job.dst
     on_host = src.device.type == "cpu", dst.device.type == "cpu"
     direction = "same" if on_host[0] == on_host[1] else "h2d" if on_host[0] else "d2h"
-    side = host_side(job, plan) if len(job.layers) == src.num_layers else None
+    side = host_side(job, plan.device) if len(job.layers) == src.num_layers else None
     row_bytes = sum(src.row_bytes)
     job_bytes = (1 << (max(1, job.num_rows).bit_length() - 1)) * row_bytes * len(job.layers)
     piece = row_bytes // src.num_buffers

@@ -104,6 +104,11 @@ class AutoTable:
     rules: tuple[Rule, ...]
     source: str = ""
 
+    @property
+    def size_dependent(self) -> bool:
+        """True when a rule bounds job bytes: a job's choice then depends on its size class."""
+        return any(r.min_job_bytes is not None or r.max_job_bytes is not None for r in self.rules)
+
     def choose(self, traits: JobTraits) -> str:
         """The backend name for a job of ``traits`` (module docstring)."""
         for rule in self.rules:

@@ -1,27 +1,36 @@
-"""The copy backend interface: something that executes a validated :class:`CopyPlan`,
-whole or prepared once as several launches (`Launches`).
+"""The copy backend interface: something that moves the rows of validated plans.
 
-Every launch of every backend is counted in ONE place, :meth:`Launches.launch`: a plan
-executed whole is one prepared launch group of all its (job, layer) pairs.
+Every backend moves a load in two steps (`route`): what the tables alone decide, once per
+lane set (:meth:`CopyBackend.decide_lanes`, checks included), and what a size class needs,
+once per class (:meth:`CopyBackend.lay_out` builds a `Prepared`); a load then only binds
+its rows. The checked entry points (:meth:`CopyBackend.prepare`, :meth:`execute`,
+``copy_rows``) find the route of their tables in the backend's route cache (identity
+checked once per call) and go through the same prepared objects as hicache's controller.
 
 A backend that cannot convert int8 host rows itself (``converts`` False) runs a plan's
 converting jobs (`transfer_kernels.quant.codec`) on its *quant backend*: the same launch
-groups, one more launch per group where both kinds are present (`PartLaunches`). Each
+groups, one more launch per group where both kinds are present (`PartPrepared`). Each
 concrete backend names its own quant backend (:meth:`CopyBackend.quant_backend`); this
 module knows none of them.
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from typing import Sequence
+import threading
+from abc import ABC
+from collections import OrderedDict
+from typing import Any, Sequence
 
 import torch
 
-from transfer_kernels.rows import CopyPlan, LaunchGroups
+from transfer_kernels.backends.launches import Launches, PartPrepared, Prepared
+from transfer_kernels.backends.route import Route
+from transfer_kernels.rows import CopyPlan, Lane, LaunchGroups, PlannedJob
+
+ROUTE_CACHE_SIZE = 64  # routes a backend keeps for its checked entry points (lane sets)
 
 
 class CopyBackend(ABC):
-    """Executes validated copy plans on the caller's current stream.
+    """Moves the rows of validated copy plans on the caller's current stream.
 
     Backends never synchronize the device on their own (``"torch"`` is the exception
     on D2H into pageable memory, documented there) and copy nothing when a plan is empty.
@@ -29,10 +38,10 @@ class CopyBackend(ABC):
     Attributes:
         name: the public backend name (``"triton"``, ``"copy_engine"``, ``"torch"``...).
         launches: how many launches this instance issued: one per executed non-empty plan
-            and one per non-empty launch group of a prepared plan (for ``"triton"`` exactly
-            one kernel launch each), counted by :meth:`Launches.launch`. Converting jobs
-            (int8 host rows) run on the backend's `quant_backend`, which counts its own.
-            Instances are not thread-safe.
+            and one per non-empty launch group of a prepared load (for ``"triton"`` exactly
+            one kernel launch each), counted by `Launches`. Converting jobs (int8 host rows)
+            run on the backend's `quant_backend`, which counts its own. Instances are not
+            thread-safe.
     """
 
     name: str = "abstract"
@@ -57,26 +66,13 @@ class CopyBackend(ABC):
             return
         self.prepare(plan, (all_pairs(plan),)).launch(0)
 
-    def check(self, plan: CopyPlan) -> None:
-        """Raise ``ValueError`` if this backend cannot run ``plan``; the default accepts all."""
-
-    def check_split(self, plan: CopyPlan) -> None:
-        """:meth:`check` of the plan's exact jobs and the quant backend's check of its
-        converting ones (a backend that hands converting jobs on checks both kinds)."""
-        if not plan.has_quant:
-            self.check(plan)
-            return
-        exact, quant = split_jobs(plan)
-        if exact:
-            self.check(plan.subset(plan.jobs[j] for j in exact))
-        self.quant_backend(plan.device).check(plan.subset(plan.jobs[j] for j in quant))
-
     def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> Launches:
-        """Prepare ``plan`` once as several launches (e.g. one per group of model layers of a load).
+        """Prepare ``plan`` as several launches (e.g. one per group of model layers of a
+        load), through the route of its tables and the prepared object of its size class.
 
-        Whatever a launch needs is built here, for every group at once (the triton backend
-        stages all indices and descriptors in one copy), so that :meth:`Launches.launch`
-        costs only the launch itself. Nothing is copied yet.
+        Nothing is copied yet; the first plan of a lane set decides and checks, the first
+        of a size class lays out every group at once (the triton backend: one layout and
+        one index upload per load).
 
         Args:
             plan: a validated plan.
@@ -90,10 +86,80 @@ class CopyBackend(ABC):
         Raises:
             ValueError: the plan cannot run on this backend (see :meth:`check`).
         """
+        try:
+            hash(groups)
+        except TypeError:  # lists (tests, a caller's own groups): a tuple of them keys the same
+            groups = tuple(map(tuple, groups))
+        jobs = plan.jobs
+        key = (groups, tuple([(j.num_rows, j.src_rows.is_cuda, j.dst_rows.is_cuda) for j in jobs]))
+        prepared = self.route_of(plan).prepared(key, lambda: plan, lambda: groups)
+        return prepared.start(jobs, [j.src_rows for j in jobs], [j.dst_rows for j in jobs])
+
+    def route(self, lanes: Sequence[Lane], device: torch.device, hold: bool = True) -> Route:
+        """A route of ``lanes`` on this backend (decided and checked now, `Route`).
+
+        Raises:
+            ValueError: this backend cannot move these tables.
+        """
+        return Route(self, lanes, device, hold)
+
+    @property
+    def route_cache(self) -> OrderedDict:
+        """The routes of this backend's checked entry points by `route_key` (for tests and
+        inspection)."""
+        return self.__dict__.setdefault("_route_cache", (OrderedDict(), threading.Lock()))[0]
+
+    def route_of(self, plan: CopyPlan) -> Route:
+        """The route of ``plan``'s tables and layers, kept in this backend's route cache
+        (weakly: no pool kept alive; a new table at a reused id is a miss)."""
+        routes, lock = self.__dict__.setdefault("_route_cache", (OrderedDict(), threading.Lock()))
+        key = route_key(plan)
+        with lock:
+            got = routes.get(key)
+        if got is None or not got.holds(plan.jobs):
+            got = Route(self, plan.jobs, plan.device, hold=False)
+            with lock:
+                routes[key] = got
+                if len(routes) > ROUTE_CACHE_SIZE:
+                    routes.popitem(last=False)
+        return got
+
+    def decide_lanes(self, lanes: CopyPlan) -> Any:
+        """What this backend decides from the lanes' tables alone (``lanes``: a plan of the
+        lanes, without rows), once per route; the default checks and decides nothing.
+
+        Raises:
+            ValueError: the backend cannot move these tables (:meth:`check_split`).
+        """
+        self.check_split(lanes)
+        return None
+
+    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None) -> Prepared:
+        """The prepared object of ``plan``'s size class (its row counts; ``plan`` is its
+        first load), for ``groups``; built once per class by the route. The tables were
+        checked when the route decided (``decided``: what :meth:`decide_lanes` returned;
+        ``None``: decide from ``plan`` where needed).
+
+        The default is the generic preparation: each launch hands its group's (job, layer)
+        pairs to :meth:`_execute_group`.
+        """
         if not self.converts and plan.has_quant:
-            return self._prepare_split(plan, groups)
-        self.check(plan)
-        return GroupLaunches(self, plan, groups)
+            return self._lay_out_split(plan, groups)
+        return GroupPrepared(self, plan, groups)
+
+    def check(self, plan: CopyPlan) -> None:
+        """Raise ``ValueError`` if this backend cannot run ``plan``; the default accepts all."""
+
+    def check_split(self, plan: CopyPlan) -> None:
+        """:meth:`check` of the plan's exact jobs and the quant backend's check of its
+        converting ones (a backend that hands converting jobs on checks both kinds)."""
+        if self.converts or not plan.has_quant:
+            self.check(plan)
+            return
+        exact, quant = split_jobs(plan)
+        if exact:
+            self.check(plan.subset(plan.jobs[j] for j in exact))
+        self.quant_backend(plan.device).check(plan.subset(plan.jobs[j] for j in quant))
 
     def quant_backend(self, device: torch.device) -> CopyBackend:
         """The backend that runs this backend's converting jobs on ``device`` (built once).
@@ -111,30 +177,27 @@ class CopyBackend(ABC):
         raise ValueError(f"backend {self.name!r} cannot convert int8 host rows (it names no quant "
                          f"backend); use torch, triton, copy_engine, dma or auto")
 
-    def _prepare_split(self, plan: CopyPlan, groups: LaunchGroups) -> Launches:
-        """:meth:`prepare` of a plan with converting jobs: each kind prepared by its backend
-        on its jobs' part of every group (both checked first); a launch runs both parts."""
+    def _lay_out_split(self, plan: CopyPlan, groups: LaunchGroups) -> Prepared:
+        """:meth:`lay_out` of a plan with converting jobs: each kind laid out by its backend
+        on its jobs' part of every group; a launch runs both parts."""
         exact, quant = split_jobs(plan)
         parts = []
         for b, idx in ((self, exact), (self.quant_backend(plan.device), quant)):
             if not idx:
                 continue
             local = {j: i for i, j in enumerate(idx)}
-            # tuples: hashable groups keep the kernel's layout cache hit from load to load
             sub_groups = tuple(tuple((local[j], layer) for j, layer in g if j in local) for g in groups)
-            parts.append((b, plan.subset(plan.jobs[j] for j in idx), sub_groups))
-        for b, p, _ in parts:
-            b.check(p)
-        return PartLaunches([b.prepare(p, g) for b, p, g in parts], len(groups))
+            parts.append((b.lay_out(plan.subset(plan.jobs[j] for j in idx), sub_groups), tuple(idx)))
+        return PartPrepared(parts, len(groups))
 
     def _execute(self, plan: CopyPlan) -> None:
         """Enqueue the copies of a non-empty, checked plan (one launch).
 
-        What the generic preparation (`GroupLaunches`) runs per group; a backend implements
-        this, or :meth:`_execute_group`, or its own :meth:`prepare`.
+        What the generic preparation runs per group; a backend implements this, or
+        :meth:`_execute_group`, or its own :meth:`lay_out`.
         """
         raise NotImplementedError(f"backend {self.name!r} implements neither _execute, "
-                                  f"_execute_group nor prepare")
+                                  f"_execute_group nor lay_out")
 
     def _execute_group(self, plan: CopyPlan, group: Sequence[tuple[int, int]]) -> None:
         """Enqueue one non-empty launch group of a checked plan (one launch).
@@ -146,6 +209,12 @@ class CopyBackend(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(launches={self.launches})"
+
+
+def route_key(plan: CopyPlan) -> tuple:
+    """The key of ``plan``'s route in a backend's route cache: device and, per job, the ids
+    of its tables and its layers (a hit is verified: `Route.holds`)."""
+    return plan.device, tuple([(id(j.src), id(j.dst), j.layers) for j in plan.jobs])
 
 
 def all_pairs(plan: CopyPlan) -> tuple[tuple[int, int], ...]:
@@ -161,51 +230,33 @@ def split_jobs(plan: CopyPlan) -> tuple[list[int], list[int]]:
     return exact, quant
 
 
-class Launches(ABC):
-    """Launch groups of one plan, prepared by :meth:`CopyBackend.prepare`.
+class GroupPrepared(Prepared):
+    """The generic preparation: a size class's groups, without the jobs that move nothing
+    (a caller's empty rows); a load's launches hand one group each to the backend's
+    ``_execute_group`` (O(pairs of the group), nothing built per launch)."""
 
-    Keeps whatever the launches read (staged indices, descriptors) alive. Not thread-safe.
-
-    Attributes:
-        backend: the backend whose ``launches`` counter each launch increments (``None``:
-            the launches of parts, each counted by its own backend).
-    """
-
-    backend: CopyBackend | None = None
+    def __init__(self, backend: CopyBackend, plan: CopyPlan, groups: LaunchGroups) -> None:
+        self.backend, self.device, self.counters = backend, plan.device, (backend,)
+        empty = {j for j, job in enumerate(plan.jobs) if not (job.num_rows and job.layers)}
+        self.groups = tuple(groups) if not empty else tuple(
+            tuple((j, layer) for j, layer in g if j not in empty) for g in groups)
 
     @property
-    @abstractmethod
     def num_groups(self) -> int:
-        """How many launch groups there are."""
+        return len(self.groups)
 
-    def launch(self, group: int) -> None:
-        """Enqueue group ``group`` on the current stream (a no-op for an empty group);
-        the one place where any backend's launches are counted."""
-        if self.counts(group):
-            if self.backend is not None:
-                self.backend.launches += 1
-            self._launch(group)
-
-    def counts(self, group: int) -> bool:
-        """True when group ``group`` launches anything (the default: every group)."""
-        return True
-
-    @abstractmethod
-    def _launch(self, group: int) -> None:
-        """Enqueue group ``group`` (called once it counts)."""
+    def start(self, lanes, src_rows, dst_rows) -> Launches:
+        plan = CopyPlan(tuple(PlannedJob(lane.src, lane.dst, s, d, lane.layers)
+                              for lane, s, d in zip(lanes, src_rows, dst_rows)), self.device)
+        return GroupLaunches(self, plan)
 
 
 class GroupLaunches(Launches):
-    """The generic preparation: the plan and its groups; each launch hands one group to
-    the backend's ``_execute_group`` (O(pairs of the group), nothing built per launch)."""
+    """One load of a `GroupPrepared`: its plan and the prepared groups."""
 
-    def __init__(self, backend: CopyBackend, plan: CopyPlan, groups: LaunchGroups) -> None:
-        self.backend, self.plan = backend, plan
-        empty = {j for j, job in enumerate(plan.jobs) if not (job.num_rows and job.layers)}
-        # Jobs that move nothing are dropped from the groups once, here (rare: a caller's
-        # empty rows); a group left empty launches nothing.
-        self.groups = groups if not empty else [[(j, layer) for j, layer in g if j not in empty]
-                                                for g in groups]
+    def __init__(self, prepared: GroupPrepared, plan: CopyPlan) -> None:
+        self.backend, self.plan, self.groups = prepared.backend, plan, prepared.groups
+        self.counters = prepared.counters
 
     @property
     def num_groups(self) -> int:
@@ -216,20 +267,3 @@ class GroupLaunches(Launches):
 
     def _launch(self, group: int) -> None:
         self.backend._execute_group(self.plan, self.groups[group])
-
-
-class PartLaunches(Launches):
-    """Several prepared plans of one set of launch groups: group ``g`` launches group ``g``
-    of every part, in order (the converting split, ``auto``'s inner backends); each part
-    counts its own launches."""
-
-    def __init__(self, parts: list[Launches], num_groups: int) -> None:
-        self.parts, self._num_groups = parts, num_groups
-
-    @property
-    def num_groups(self) -> int:
-        return self._num_groups
-
-    def _launch(self, group: int) -> None:
-        for part in self.parts:
-            part.launch(group)

@@ -33,19 +33,18 @@ fields::
 """
 from __future__ import annotations
 
-import weakref
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
 from transfer_kernels import tuning
-from transfer_kernels.backends.base import CopyBackend, Launches
-from transfer_kernels.backends.cache import Lru
+from transfer_kernels.backends.base import CopyBackend
+from transfer_kernels.backends.launches import Launches, Prepared
 from transfer_kernels.cuda import runtime
 from transfer_kernels.cuda.abi import QUANT_SEG_FIELDS as SEG
 from transfer_kernels.quant.reference import TINY
-from transfer_kernels.rows import CopyPlan, LaunchGroups, PlannedJob
+from transfer_kernels.rows import CopyPlan, LaunchGroups
 
 
 class _Launch(NamedTuple):
@@ -73,7 +72,6 @@ class TritonQuantBackend(CopyBackend):
         """
         super().__init__()
         self.max_programs = max_programs
-        self._layouts = Lru(64)
 
     def check(self, plan: CopyPlan) -> None:
         """``ValueError`` when a CUDA plan's host side is not pinned, or a scale buffer is not
@@ -89,25 +87,10 @@ class TritonQuantBackend(CopyBackend):
                 raise ValueError(f"jobs[{i}]: host table {host.name} must be pinned memory for the "
                                  f"triton quant kernel (read through UVA)")
 
-    def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> Launches:
-        """Every group's segments and indices staged in one copy; a launch reads its part."""
-        self.check(plan)
-        return QuantLaunches(self, plan, groups)
-
-    def layout(self, plan: CopyPlan, groups: LaunchGroups) -> QuantLayout:
-        """The plan's launches and segment tables, cached per (groups, tables, row counts):
-        a load of a shape seen before only gathers and uploads its rows."""
-        cap = self.grid_cap(plan.device)
-        key = (groups, str(plan.device), cap,
-               tuple((weakref.ref(j.src), weakref.ref(j.dst), j.num_rows) for j in plan.jobs))
-        try:
-            found = self._layouts.get(key)
-        except TypeError:  # unhashable groups (lists): built each time
-            return build_layout(plan, groups, cap)
-        if found is None:
-            found = build_layout(plan, groups, cap)
-            self._layouts.put(key, found)
-        return found
+    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None) -> Prepared:
+        """The size class's launches and segment tables: a load only gathers and uploads
+        its rows."""
+        return QuantPrepared(self, build_layout(plan, groups, self.grid_cap(plan.device)), plan)
 
     def grid_cap(self, device: torch.device) -> int:
         """Programs one launch may take on ``device`` (see ``max_programs``)."""
@@ -117,7 +100,7 @@ class TritonQuantBackend(CopyBackend):
 
 
 class QuantLayout(NamedTuple):
-    """What a plan's launches need besides its rows: cached per shape (`TritonQuantBackend.layout`)."""
+    """What a size class's launches need besides its rows (`build_layout`)."""
 
     jobs: tuple[int, ...]  # jobs with rows, in ``meta``'s index order
     launches: list[list[_Launch]]  # per group
@@ -125,16 +108,34 @@ class QuantLayout(NamedTuple):
     segs: torch.Tensor  # int64 CPU: the segment tables, after the indices in ``meta``
 
 
-class QuantLaunches(Launches):
-    """The launches of every group of one plan, sharing one ``meta`` buffer."""
+class QuantPrepared(Prepared):
+    """A size class's launches and segment tables; a load uploads them with its rows."""
 
-    def __init__(self, backend: TritonQuantBackend, plan: CopyPlan, groups: LaunchGroups) -> None:
-        self.backend, self.device = backend, plan.device
-        lay = backend.layout(plan, groups)
-        self.groups, self._calls = lay.launches, lay.calls
-        parts = [t for j in lay.jobs for t in _dev_host_rows(plan.jobs[j])]
-        # one upload per plan, on the launching stream (`runtime`: the load's call budget)
-        self.meta = runtime.upload(parts + [lay.segs], self.device)
+    def __init__(self, backend: TritonQuantBackend, lay: QuantLayout, plan: CopyPlan) -> None:
+        self.backend, self.layout, self.device, self.counters = backend, lay, plan.device, (backend,)
+        # per job with rows: is its device side the source (quantize)? fixed by its tables
+        self._quantize = tuple(plan.jobs[j].mode == "quantize" for j in lay.jobs)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.layout.launches)
+
+    def start(self, lanes, src_rows, dst_rows) -> QuantLaunches:
+        lay, parts = self.layout, []
+        for j, quantize in zip(lay.jobs, self._quantize):  # device rows, then host rows
+            parts += (src_rows[j].cpu(), dst_rows[j].cpu()) if quantize else \
+                (dst_rows[j].cpu(), src_rows[j].cpu())
+        # one upload per load, on the launching stream (`runtime`: the load's call budget)
+        parts.append(lay.segs)
+        return QuantLaunches(self, runtime.upload(parts, self.device))
+
+
+class QuantLaunches(Launches):
+    """One load's launches of every group, sharing one ``meta`` buffer."""
+
+    def __init__(self, prepared: QuantPrepared, meta: torch.Tensor) -> None:
+        self.counters, self.meta = prepared.counters, meta
+        self.groups, self._calls = prepared.layout.launches, prepared.layout.calls
         self._bound: BoundQuant | None = None  # bound at the first launch
 
     @property
@@ -144,11 +145,18 @@ class QuantLaunches(Launches):
     def counts(self, group: int) -> bool:
         return bool(self.groups[group])
 
-    def _launch(self, group: int) -> None:
-        """Launch group ``group`` through the plan's pre-bound launcher."""
+    def live(self) -> list:
+        return self.groups
+
+    def direct(self) -> BoundQuant:
+        """The pre-bound launcher (`BoundQuant`)."""
         if self._bound is None:
             self._bound = BoundQuant(self.meta, self._calls)
-        runtime.launch(self._bound, group)
+        return self._bound
+
+    def _launch(self, group: int) -> None:
+        """Launch group ``group`` through the load's pre-bound launcher."""
+        runtime.launch(self._bound or self.direct(), group)
 
 
 class BoundQuant:
@@ -166,12 +174,6 @@ class BoundQuant:
         from transfer_kernels.cuda import quant_kernel
         for seg_at, grid, consts in self.calls[group]:
             quant_kernel.run(self.meta, seg_at, grid, device=self.device, **consts)
-
-
-def _dev_host_rows(job: PlannedJob) -> tuple[torch.Tensor, torch.Tensor]:
-    """A converting job's device rows and host rows (CPU int64)."""
-    pair = (job.src_rows, job.dst_rows) if job.mode == "quantize" else (job.dst_rows, job.src_rows)
-    return pair[0].cpu(), pair[1].cpu()
 
 
 def build_layout(plan: CopyPlan, groups: LaunchGroups, cap: int) -> QuantLayout:

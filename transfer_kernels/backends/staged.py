@@ -26,11 +26,11 @@ previous user of the ring; the plan that started last owns it, and an older plan
 launches after that raises ``RuntimeError`` instead of racing it.
 
 The host work of a load does not grow with its layers or groups beyond one pass over its
-pieces: the layout of a shape — (launch groups, device, per job: both tables, row count,
-layers) — is built once and cached (``StagedLayout``: staging tables, every piece's fixed
-fields, sorted by issuing group); a load of a seen shape fills in its host rows' addresses
-in one vectorized step per ring, the kernel uploads its indices once, and each group's
-launch issues its slice of the pieces in one call.
+pieces: which side of a lane can be staged is decided once per route (`decide_lanes`), and
+a size class's staging is laid out once (`lay_out` -> `dma.StagedPrepared`: staging tables,
+every piece's fixed fields sorted by issuing group, the kernel's layout); a load fills in
+its host rows' addresses in one vectorized step per ring, the kernel uploads its indices
+once, and each group issues its slice of the pieces in one call (`dma.StagedLaunches`).
 
 On a CPU plan the same steps run in program order: memmoves for the DMA, no-ops for the
 events (counted all the same: ``copies``, ``records``, ``waits`` are what the CUDA path
@@ -38,39 +38,27 @@ would issue).
 """
 from __future__ import annotations
 
-import weakref
-from typing import NamedTuple, Sequence
+from typing import Any, Sequence
 
-import numpy as np
 import torch
 
 from transfer_kernels import tuning
-from transfer_kernels.backends.base import CopyBackend, Launches
-from transfer_kernels.backends.cache import Lru, same_tables, table_refs
-from transfer_kernels.backends.ring import DmaQueue, Ring
-from transfer_kernels.backends.staged_launches import StagedLaunches
-from transfer_kernels.backends.staging import (RingLayout, StagedJob, host_side, layer_groups,
-                                               page_piece_bytes, region_end, ring_layout, ring_work,
-                                               stage_job)
-from transfer_kernels.rows import CopyPlan, LaunchGroups, PlannedJob, RowTable
-
-
-class StagedLayout(NamedTuple):
-    """What every load of one shape reuses (``StagedBackend._layout``)."""
-
-    refs: tuple[tuple[weakref.ref, weakref.ref], ...]  # per job (src, dst): verifies a hit
-    swaps: tuple[tuple[int, RowTable, torch.Tensor, bool], ...]  # (job, staging, 0..n-1, h2d)
-    rings: tuple[RingLayout, ...]
-    stages: tuple[StagedJob, ...]  # for inspection (bench/dma_plan.py)
+from transfer_kernels.backends.base import CopyBackend
+from transfer_kernels.backends.dma import DmaQueue, StagedPrepared
+from transfer_kernels.backends.launches import Prepared
+from transfer_kernels.backends.ring import Ring
+from transfer_kernels.backends.staging import (StagedJob, host_side, layer_groups, page_piece_bytes,
+                                               region_end, ring_layout, stage_job)
+from transfer_kernels.rows import CopyPlan, Lane, LaunchGroups, PlannedJob
 
 
 class StagedBackend(CopyBackend):
     """``"dma"``: stages page chunks of ``page_first`` host pools (module docstring).
 
     Attributes:
-        dma: the DMA calls and event ordering (`ring.DmaQueue`), with their counts
+        dma: the DMA calls and event ordering (`dma.DmaQueue`), with their counts
             (``copies``, ``pieces``, ``records``, ``waits`` read them).
-        built: shapes laid out (layout cache misses); for tests.
+        built: size classes laid out (route cache misses); for tests.
     """
 
     name = "dma"
@@ -108,7 +96,6 @@ class StagedBackend(CopyBackend):
         self.dma = DmaQueue(batch)
         self.built = 0
         self._rings: dict[tuple[str, str], Ring] = {}
-        self._layouts = Lru(64)
 
     @property
     def copies(self) -> int:
@@ -140,14 +127,28 @@ class StagedBackend(CopyBackend):
         converting jobs through its quant backend, `CopyBackend.check_split`)."""
         self.kernel.check_split(plan)
 
-    def stages(self, job: PlannedJob, plan: CopyPlan) -> str | None:
-        """The side ``job`` is staged on, or ``None`` when it goes straight to the kernel."""
-        if not job.num_rows or not job.layers:
+    def decide_lanes(self, lanes: CopyPlan) -> tuple[str | None, ...]:
+        """Per lane, the side its whole pages can be staged on (``None``: straight to the
+        kernel), from its tables alone; the kernel's check of the lanes (once per route)."""
+        self.check(lanes)
+        return tuple(self.stage_side(job, lanes.device) for job in lanes.jobs)
+
+    def stage_side(self, lane: Lane | PlannedJob, device: torch.device) -> str | None:
+        """The side ``lane``'s whole pages can be staged on, or ``None``
+        (`staging.host_side`, and a piece of at least ``min_piece_bytes``)."""
+        if not lane.layers:
             return None
-        side = host_side(job, plan)
+        side = host_side(lane, device)
+        if side is None or (self.min_piece_bytes > 1
+                            and page_piece_bytes(lane, side) < self.min_piece_bytes):
+            return None
+        return side
+
+    def stages(self, job: PlannedJob, plan: CopyPlan) -> str | None:
+        """The side ``job`` is staged on in ``plan``, or ``None`` when it goes straight to
+        the kernel (no rows, or host rows on the device: reading them would synchronize)."""
+        side = self.stage_side(job, plan.device) if job.num_rows else None
         if side is None or getattr(job, f"{side}_rows").device.type != "cpu":
-            return None  # host rows on the device: reading them would synchronize
-        if self.min_piece_bytes > 1 and page_piece_bytes(job, side) < self.min_piece_bytes:
             return None
         return side
 
@@ -155,79 +156,23 @@ class StagedBackend(CopyBackend):
         """Per job: the side it is staged on (:meth:`stages`)."""
         return [self.stages(job, plan) for job in plan.jobs]
 
-    def prepare(self, plan: CopyPlan, groups: LaunchGroups,
-                sides: Sequence[str | None] | None = None) -> Launches:
-        """Lay the staged jobs out in the rings and prepare the kernel's launches; nothing
-        is copied until a group launches (module docstring). The plan is checked when its
-        shape is new (the check reads the tables only: a seen shape passed it).
+    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None) -> Prepared:
+        """A size class's staging: every staged job's chunks and regions in the rings, the
+        fixed fields of every piece, and the kernel's preparation over the staging tables
+        (module docstring). Nothing is copied until a group launches.
 
         Args:
-            sides: per job, the side to stage (``None``: straight to the kernel); by
-                default :meth:`sides` (``"auto"`` passes the choice it made).
+            decided: per job, the side to stage (``None``: straight to the kernel), as
+                :meth:`decide_lanes` (or ``"auto"``) decided; by default :meth:`sides`.
         """
-        staged = self._layout(plan, groups, sides)
-        jobs = plan.jobs
-        work = {lay.ring.direction: ring_work(lay, _host_rows(jobs, lay)) for lay in staged.rings}
-        if staged.swaps:
-            jobs = list(jobs)
-            for j, staging, local, h2d in staged.swaps:  # the kernel's side of the ring
-                job = jobs[j]
-                jobs[j] = (PlannedJob(staging, job.dst, local, job.dst_rows, job.layers) if h2d
-                           else PlannedJob(job.src, staging, job.src_rows, local, job.layers))
-            plan = plan.subset(jobs)
-        return StagedLaunches(self, self.dma, self.kernel.prepare(plan, groups), work, len(groups))
-
-    def _ring(self, plan: CopyPlan, direction: str) -> Ring:
-        key = (str(plan.device), direction)
-        ring = self._rings.get(key)
-        if ring is None:
-            ring = self._rings[key] = Ring(plan.device, direction, self.max_staging_bytes)
-        return ring
-
-    def _layout(self, plan: CopyPlan, groups: LaunchGroups,
-                sides: Sequence[str | None] | None) -> StagedLayout:
-        """The plan's :class:`StagedLayout`, cached per (groups, device, sides, per job: both
-        tables, rows, layers, where the rows are). Tables are keyed by id and a hit is
-        verified against weak references: a new table at a reused id is a miss, and no
-        pool is kept alive."""
-        try:
-            hash(groups)
-        except TypeError:  # lists (tests, a caller's own groups): a tuple of them keys the same
-            groups = tuple(map(tuple, groups))
-        jobs = plan.jobs
-        key = (groups, plan.device, sides if sides is None else tuple(sides),
-               tuning.DMA_PIECE_BYTES,
-               tuple([(id(j.src), id(j.dst), j.src_rows.numel(), len(j.layers),
-                       j.src_rows.is_cuda, j.dst_rows.is_cuda) for j in jobs]))
-        found = self._layouts.get(key)
-        if found is not None and same_tables(jobs, found.refs):
-            return found
-        found = self._build_layout(plan, groups, sides)
-        self._layouts.put(key, found)
-        return found
-
-    def _build_layout(self, plan: CopyPlan, groups: LaunchGroups,
-                      sides: Sequence[str | None] | None) -> StagedLayout:
-        """A new shape: check the plan, then lay out every staged job's chunks and regions."""
-        self.check(plan)
         self.built += 1
         jobs = plan.jobs
-        if sides is None:
+        if decided is None:
             sides = self.sides(plan)
-        else:  # host rows on the device cannot be read without a sync: not staged
-            sides = [s if s is not None and getattr(job, f"{s}_rows").device.type == "cpu"
-                     else None for job, s in zip(jobs, sides)]
-        seen = layer_groups(groups, len(jobs))
-        used = {"h2d": 0, "d2h": 0}
-        stages: list[StagedJob] = []
-        for j, side in enumerate(sides):
-            if side is None or not seen[j]:
-                continue  # not staged, or no group names a layer of it
-            direction = "h2d" if side == "src" else "d2h"
-            st = stage_job(j, jobs[j], side, seen[j], self._ring(plan, direction), used[direction])
-            if st is not None:  # else over the ring's bytes: the kernel copies it directly
-                used[direction] = region_end(st)
-                stages.append(st)
+        else:  # no rows, or host rows on the device (reading them would synchronize): not staged
+            sides = [s if s is not None and job.num_rows and getattr(job, f"{s}_rows").device.type == "cpu"
+                     else None for job, s in zip(jobs, decided)]
+        stages = self._stage_jobs(plan, groups, sides)
         rings = []
         for direction, side in (("h2d", "src"), ("d2h", "dst")):
             mine = [(st, getattr(jobs[st.job], side)) for st in stages if st.ring == direction]
@@ -236,11 +181,36 @@ class StagedBackend(CopyBackend):
                                          self.window_growth))
         swaps = tuple((st.job, st.staging, torch.arange(st.staging.num_rows), st.ring == "h2d")
                       for st in stages)
-        return StagedLayout(table_refs(jobs), swaps, tuple(rings), tuple(stages))
+        if swaps:  # the kernel's side of each staged job is its staging table
+            kernel_jobs = list(jobs)
+            for j, staging, local, h2d in swaps:
+                job = jobs[j]
+                kernel_jobs[j] = (PlannedJob(staging, job.dst, local, job.dst_rows, job.layers) if h2d
+                                  else PlannedJob(job.src, staging, job.src_rows, local, job.layers))
+            plan = plan.subset(kernel_jobs)
+        return StagedPrepared(self, self.dma, tuple(rings), swaps, self.kernel.lay_out(plan, groups),
+                              tuple(stages))
 
+    def _stage_jobs(self, plan: CopyPlan, groups: LaunchGroups,
+                    sides: Sequence[str | None]) -> list[StagedJob]:
+        """Each staged job's chunks and its region in its direction's ring; a job beyond
+        what is left of the ring is not staged (the kernel copies it directly)."""
+        seen = layer_groups(groups, len(plan.jobs))
+        used = {"h2d": 0, "d2h": 0}
+        stages: list[StagedJob] = []
+        for j, side in enumerate(sides):
+            if side is None or not seen[j]:
+                continue  # not staged, or no group names a layer of it
+            direction = "h2d" if side == "src" else "d2h"
+            st = stage_job(j, plan.jobs[j], side, seen[j], self._ring(plan, direction), used[direction])
+            if st is not None:
+                used[direction] = region_end(st)
+                stages.append(st)
+        return stages
 
-def _host_rows(jobs: Sequence[PlannedJob], lay: RingLayout) -> np.ndarray:
-    """The host rows of ``lay``'s jobs, concatenated (one torch call), as numpy."""
-    rows = [jobs[j].src_rows for j in lay.jobs] if lay.ring.direction == "h2d" else \
-        [jobs[j].dst_rows for j in lay.jobs]
-    return (torch.cat(rows) if len(rows) > 1 else rows[0]).numpy()
+    def _ring(self, plan: CopyPlan, direction: str) -> Ring:
+        key = (str(plan.device), direction)
+        ring = self._rings.get(key)
+        if ring is None:
+            ring = self._rings[key] = Ring(plan.device, direction, self.max_staging_bytes)
+        return ring

@@ -17,7 +17,7 @@ touched.
 
 A load of a seen shape reuses its layout (``RingLayout``: every piece's staging address,
 bytes and host offset, sorted by issuing group) and only fills in its host rows' addresses
-(``ring_work``: one vectorized pass). Pieces are never merged across consecutive host rows:
+(`dma.StagedPrepared.start`: one vectorized pass). Pieces are never merged across consecutive host rows:
 that would be a run analysis of every batch and a piece count that changes per batch, for
 rows that are >= 32 KiB whenever ``auto`` stages them (and never straddle a pinned
 registration chunk, so no piece needs cutting).
@@ -35,7 +35,7 @@ import torch
 
 from transfer_kernels import tuning
 from transfer_kernels.backends.ring import Ring
-from transfer_kernels.rows import CopyPlan, LaunchGroups, PlannedJob, RowTable
+from transfer_kernels.rows import Lane, LaunchGroups, PlannedJob, RowTable
 
 ALIGN = 256  # every chunk region starts on this boundary (16-byte vectors, cache lines)
 
@@ -56,21 +56,21 @@ class StagedJob(NamedTuple):
     staging: RowTable
 
 
-def host_side(job: PlannedJob, plan: CopyPlan) -> str | None:
+def host_side(job: Lane | PlannedJob, device: torch.device) -> str | None:
     """``"src"`` or ``"dst"``: the side of ``job`` whose whole pages can be staged, or
-    ``None``. On a CUDA plan: a ``page_span`` table in CPU memory facing a CUDA table; on a
-    CPU plan: a ``page_span`` table facing one that is not (both contiguous: nothing to
-    gain)."""
+    ``None``, from its tables alone. On a CUDA copy: a ``page_span`` table in CPU memory
+    facing a CUDA table; on a CPU copy: a ``page_span`` table facing one that is not (both
+    contiguous: nothing to gain)."""
     for side, other in (("src", "dst"), ("dst", "src")):
         table, peer = getattr(job, side), getattr(job, other)
         if table.device.type != "cpu" or table.page_span() is None:
             continue
-        if peer.device.type == "cuda" if plan.device.type == "cuda" else peer.page_span() is None:
+        if peer.device.type == "cuda" if device.type == "cuda" else peer.page_span() is None:
             return side
     return None
 
 
-def page_piece_bytes(job: PlannedJob, side: str) -> int:
+def page_piece_bytes(job: Lane | PlannedJob, side: str) -> int:
     """Bytes of one host row of ``job``'s layers on ``side``: its DMA piece when the job's
     layers fall in one launch group (a multi-group load cuts it into chunks of
     ``tuning.DMA_PIECE_BYTES``). Read from the table alone: never from the rows."""
@@ -214,21 +214,3 @@ def window_ends(ends: tuple[int, ...], growth: int, h2d: bool) -> tuple[int, ...
             out[g] = ends[stop - 1] if h2d or g == stop - 1 else before
         start, size = stop, size * growth
     return tuple(out)
-
-
-class RingWork(NamedTuple):
-    """One ring's DMA of one prepared plan: pieces in issue order and, per group, the end
-    of the pieces issued by then."""
-
-    ring: Ring
-    pieces: np.ndarray  # uint64 [3, P] (dst, src, bytes), sorted by the group issuing them
-    ends: tuple[int, ...]  # per group
-
-
-def ring_work(lay: RingLayout, rows: np.ndarray) -> RingWork:
-    """This load's pieces in ``lay``'s ring (``rows``: the host rows of ``lay.jobs``,
-    concatenated): the layout's fixed fields plus each piece's host row, vectorized. Each
-    of the 3 fields is contiguous (a group's slice goes to the runtime uncopied)."""
-    pieces = lay.fixed.copy()
-    pieces[1 if lay.ring.direction == "h2d" else 0] += rows[lay.row] * lay.span
-    return RingWork(lay.ring, pieces.view(np.uint64), lay.ends)

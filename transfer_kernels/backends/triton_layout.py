@@ -1,16 +1,11 @@
 """Launch layouts of the triton backend: segment and program tables, built with numpy.
 
 A *layout* is everything a set of launches reads besides the row indices: the segment
-table (`transfer_kernels.cuda.copy_kernel`'s module docstring) and, per launch, the program table that
-deals its items into contiguous ranges. It is built for every launch group of a plan at
-once (numpy over all segments, O(jobs) Python) and cached at two levels; tables are keyed
-by weak reference, so no cache keeps a pool alive and a dead table's entry never matches
-a new one:
-
-    shape:  the whole layout, for a batch of the same tables, pairs, row counts and grid
-            cap (a scheduler's steady state): a hit only stages the rows;
-    static: what does not depend on row counts (addresses, strides, alignment, vectors per
-            row, order), for the same tables and pairs: a hit computes the sized fields.
+table (`transfer_kernels.cuda.copy_kernel`'s module docstring) and, per launch, the program
+table that deals its items into contiguous ranges. It is built for every launch group of
+a size class at once (numpy over all segments, O(jobs) Python), in two steps: the static
+part (addresses, strides, alignment, vectors per row, order: tables and pairs only), then
+the sized fields (row counts). The route keeps it for the size class (`route.Route`).
 
 Each launch runs at the largest of 16, 8, 4 or 1 bytes dividing every address, stride
 and row size of its segments (every pool of the shipped models is 16-byte aligned; an odd
@@ -18,15 +13,13 @@ scale buffer slows its launch, it is never split off into another one).
 """
 from __future__ import annotations
 
-import weakref
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from transfer_kernels.backends.cache import Lru
 from transfer_kernels.cuda.abi import SEG_FIELDS, magic
-from transfer_kernels.rows import CopyPlan, RowTable
+from transfer_kernels.rows import CopyPlan, LaunchGroups, RowTable
 from transfer_kernels.rows.table import MAX_VECTOR_BYTES
 
 Pairs = tuple[np.ndarray, np.ndarray, np.ndarray]  # job, table-local layer, group per pair
@@ -53,32 +46,20 @@ class Layout(NamedTuple):
     aligns: tuple[int, ...]
 
 
-SHAPES = Lru(256)
-STATICS = Lru(256)
+def layout(plan: CopyPlan, groups: LaunchGroups, max_programs: int, vpt: int) -> Layout:
+    """The layout of one launch per group of ``groups`` (per launch, its ``(job, layer)``
+    pairs) for ``plan``'s tables and row counts."""
+    return sized_layout(static_layout(plan, pair_arrays(groups), len(groups)),
+                        np.fromiter((j.num_rows for j in plan.jobs), np.int64, len(plan.jobs)),
+                        max_programs, vpt)
 
 
-def layout(plan: CopyPlan, pairs: Callable[[], Pairs], pairs_key: tuple | None,
-           num_groups: int, max_programs: int, vpt: int) -> Layout:
-    """The layout of ``num_groups`` launches whose flat (job, layer, group) arrays ``pairs()``
-    returns; reused when ``pairs_key`` and the jobs' tables were seen before."""
-    jobs = plan.jobs
-    tables = None if pairs_key is None else \
-        (pairs_key, num_groups, vpt, tuple((weakref.ref(j.src), weakref.ref(j.dst)) for j in jobs))
-    rows = tuple(j.num_rows for j in jobs)
-    shape_key = None if tables is None else (tables, rows, max_programs)
-    found = None if shape_key is None else SHAPES.get(shape_key)
-    if found is not None:
-        return found
-    static_key = None if tables is None else (tables, tuple(r > 0 for r in rows))
-    static = None if static_key is None else STATICS.get(static_key)
-    if static is None:
-        static = static_layout(plan, pairs(), num_groups)
-        if static_key is not None:
-            STATICS.put(static_key, static)
-    found = sized_layout(static, np.asarray(rows, dtype=np.int64), max_programs, vpt)
-    if shape_key is not None:
-        SHAPES.put(shape_key, found)
-    return found
+def pair_arrays(groups: LaunchGroups) -> Pairs:
+    """Every (job, layer) pair of ``groups`` flattened: job, layer and group per pair."""
+    flat = [pair for group in groups for pair in group]
+    pairs = np.asarray(flat, dtype=np.int64).reshape(-1, 2)
+    sizes = np.fromiter(map(len, groups), np.int64, len(groups))
+    return pairs[:, 0], pairs[:, 1], np.repeat(np.arange(len(groups), dtype=np.int64), sizes)
 
 
 def static_layout(plan: CopyPlan, pairs: Pairs, num_groups: int) -> Static:

@@ -211,18 +211,27 @@ class BoundLaunches:
         self._bound: dict[int, tuple] = {}  # align -> (run, function, packed metadata, kernel)
 
     def launch(self, group: int) -> None:
-        """Enqueue launch ``group`` (grid > 0) on the bound stream."""
+        """Enqueue launch ``group`` (grid > 0) on the bound stream (one frame: the hooks'
+        check inlined)."""
         grid, args = self.grids[group], self.args[group]
         bound = self._bound.get(args[4]) if self.fast else None
         if bound is None:
             self._first(grid, args)
             return
-        self._call(bound, grid, args)
-
-    def _call(self, bound: tuple, grid: int, args: tuple) -> None:
-        """The fast entry: the compiled variant's low-level ``run`` on the bound stream."""
         run, function, packed, kernel = bound
         hooks = knobs.runtime  # a profiler may set a hook at any time: read per launch
+        enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
+        if enter is not None and getattr(enter, "calls", True) == []:
+            enter = None  # an empty HookChain (triton 3.9; older: None)
+        if leave is not None and getattr(leave, "calls", True) == []:
+            leave = None
+        metadata = None if enter is None else kernel.launch_metadata((grid, 1, 1), self.stream, *args)
+        run(grid, 1, 1, self.stream, function, packed, metadata, enter, leave, *args)
+
+    def _call(self, bound: tuple, grid: int, args: tuple) -> None:
+        """The fast entry of a variant's first launch here (:meth:`launch` inlines it)."""
+        run, function, packed, kernel = bound
+        hooks = knobs.runtime
         enter, leave = _active(hooks.launch_enter_hook), _active(hooks.launch_exit_hook)
         metadata = None if enter is None else kernel.launch_metadata((grid, 1, 1), self.stream, *args)
         run(grid, 1, 1, self.stream, function, packed, metadata, enter, leave, *args)

@@ -37,6 +37,14 @@ LayersLike = int | Sequence[int] | torch.Tensor | None
 LaunchGroups = Sequence[Sequence[tuple[int, int]]]
 
 
+class Lane(NamedTuple):
+    """A job without its rows: what a route moves (`transfer_kernels.backends.route`)."""
+
+    src: RowTable
+    dst: RowTable
+    layers: tuple[int, ...]  # table-local
+
+
 class CopyJob(NamedTuple):
     """One pool's rows to copy; ``layers=None`` defers to the call (then to all layers)."""
 
