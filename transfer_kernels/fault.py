@@ -6,6 +6,7 @@ from typing import Any, Sequence
 from transfer_kernels.api import get_backend
 from transfer_kernels.backends.base import CopyBackend
 from transfer_kernels.backends.launches import Launches, Prepared
+from transfer_kernels.cuda import runtime
 from transfer_kernels.rows import CopyPlan, LaunchGroups
 
 
@@ -80,13 +81,55 @@ class FaultyLaunches(Launches):
 
 
 class NullBackend(CopyBackend):
-    """Validates and counts launches but moves no bytes (bookkeeping benchmarks and tests)."""
+    """Validates and counts launches but moves no bytes (bookkeeping benchmarks and tests):
+    a load of it is the caller's own work plus one event record per group."""
 
     name = "null"
     converts = True  # moves nothing, converting jobs included
 
+    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None) -> Prepared:
+        """The groups that would launch (a job with rows in them); nothing else to build."""
+        return NullPrepared(self, tuple(any(plan.jobs[j].num_rows for j, _ in g) for g in groups))
+
     def _execute(self, plan: CopyPlan) -> None:
         """Nothing to copy: the plan was already validated by ``make_plan``."""
 
-    def _execute_group(self, plan: CopyPlan, group: Sequence[tuple[int, int]]) -> None:
-        """Nothing to copy, and no sub-plan to build for it."""
+
+class NullPrepared(Prepared):
+    """A size class of the null backend: which groups would launch."""
+
+    def __init__(self, backend: NullBackend, live: tuple[bool, ...]) -> None:
+        self.live, self.counters = live, (backend,)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.live)
+
+    def start(self, lanes, src_rows, dst_rows) -> NullLaunches:
+        return NullLaunches(self.live, self.counters)
+
+
+class NullLaunches(Launches):
+    """A load that moves nothing: each live group counted as a launch."""
+
+    def __init__(self, live: tuple[bool, ...], counters: tuple) -> None:
+        self.live, self.counters = live, counters
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.live)
+
+    def counts(self, group: int) -> bool:
+        return self.live[group]
+
+    def run(self, events: Sequence[Any], stream: Any) -> None:
+        """Every live group counted, each group's event recorded (``runtime.record``)."""
+        live = sum(self.live)
+        for backend in self.counters:
+            backend.launches += live
+        record = runtime.record
+        for event in events:
+            record(event, stream)
+
+    def _launch(self, group: int) -> None:
+        """Nothing to launch."""

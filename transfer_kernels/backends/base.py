@@ -92,7 +92,8 @@ class CopyBackend(ABC):
             groups = tuple(map(tuple, groups))
         jobs = plan.jobs
         key = (groups, tuple([(j.num_rows, j.src_rows.is_cuda, j.dst_rows.is_cuda) for j in jobs]))
-        prepared = self.route_of(plan).prepared(key, lambda: plan, lambda: groups)
+        route = self.route_of(plan)
+        prepared = route.prepared.get(key) or route.prepare(key, plan, groups)
         return prepared.start(jobs, [j.src_rows for j in jobs], [j.dst_rows for j in jobs])
 
     def route(self, lanes: Sequence[Lane], device: torch.device, hold: bool = True) -> Route:

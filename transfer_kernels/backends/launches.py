@@ -89,9 +89,11 @@ class Prepared(ABC):
 
     Attributes:
         counters: passed on to every `Launches` it starts.
+        tag: what its route's caller keeps with it (`Route.prepare`).
     """
 
     counters: tuple = ()
+    tag: Any = None
 
     @property
     @abstractmethod

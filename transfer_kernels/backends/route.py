@@ -8,8 +8,9 @@ constructed, or by a backend for the tables of a checked ``copy_rows`` call — 
   + scatter, kernel, copy engine, torch, int8 conversion), its staged host side and page
   span; the backend's checks of the tables run here, never per load;
 * owns ONE cache: per *size class* (the row counts of a load, and whatever else its
-  caller keys by), one `Prepared` built on the class's first load (layouts, staging,
-  launch groups); every later load of the class only binds its rows (`Prepared.start`).
+  caller keys by), one `Prepared` built on the class's first load (`prepare`: layouts,
+  staging, launch groups); every later load of the class finds it (``prepared[key]``)
+  and only binds its rows (`Prepared.start`).
 
 The route keeps its tables through weak references unless ``hold`` (the controller owns
 its tables anyway): a cache of routes never keeps a pool alive.
@@ -17,8 +18,8 @@ its tables anyway): a cache of routes never keeps a pool alive.
 from __future__ import annotations
 
 import weakref
-from collections import OrderedDict
-from typing import Any, Callable, Hashable, Sequence
+from types import MappingProxyType
+from typing import Any, Hashable, Mapping, Sequence
 
 import torch
 
@@ -48,7 +49,9 @@ class Route:
         self._held = lanes if hold else None
         self._refs = tuple((weakref.ref(l.src), weakref.ref(l.dst), l.layers) for l in lanes)
         self.decided = backend.decide_lanes(lanes_plan(lanes, device))
-        self._prepared: OrderedDict[Hashable, Prepared] = OrderedDict()
+        self._by_class: dict[Hashable, Prepared] = {}
+        # the cache, read-only outside: a warm load's look-up is one C call, no frame here
+        self.prepared: Mapping[Hashable, Prepared] = MappingProxyType(self._by_class)
         self.built = 0  # prepared objects built (cache misses)
 
     @property
@@ -72,18 +75,21 @@ class Route:
                 return False
         return True
 
-    def prepared(self, key: Hashable, plan: Callable[[], CopyPlan],
-                 groups: Callable[[], LaunchGroups]) -> Prepared:
-        """The size class ``key``'s prepared object, built on its first load from
-        ``plan()`` (that load's plan: the lanes with its rows) and ``groups()``."""
-        got = self._prepared.get(key)
-        if got is not None:
-            self._prepared.move_to_end(key)
-            return got
-        got = self._prepared[key] = self.backend.lay_out(plan(), groups(), self.decided)
+    def prepare(self, key: Hashable, plan: CopyPlan, groups: LaunchGroups, tag: Any = None) -> Prepared:
+        """Build the size class ``key``'s prepared object from ``plan`` (its first load: the
+        lanes with its rows) and ``groups``, and keep it (``prepared[key]`` from now on;
+        the oldest class goes beyond `CACHE_SIZE`).
+
+        Args:
+            tag: kept on the prepared object for its caller (e.g. its groups' model-layer
+                bounds).
+        """
+        got = self.backend.lay_out(plan, groups, self.decided)
+        got.tag = tag
         self.built += 1
-        if len(self._prepared) > CACHE_SIZE:
-            self._prepared.popitem(last=False)
+        if len(self._by_class) >= CACHE_SIZE:
+            del self._by_class[next(iter(self._by_class))]
+        self._by_class[key] = got
         return got
 
     def plan(self, src_rows: Sequence[torch.Tensor], dst_rows: Sequence[torch.Tensor]) -> CopyPlan:
