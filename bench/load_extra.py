@@ -84,7 +84,7 @@ def pool_jobs(bench: LoadBench, direction: str, pages: int, ops: int) -> list[Po
     for name, host_rows in stack.derive_rows(slots).items():
         dev = bench.cache.device_pools[name]
         dev_rows = torch.from_numpy(rng.choice(dev.num_rows, host_rows.numel(), replace=False))
-        host_t, dev_t = bench.ctrl._routes["h2d"][name]
+        host_t, dev_t = bench.ctrl._planners["h2d"].tables[name]
         spec = stack.pool(name)
         nbytes = host_rows.numel() * spec.row_bytes * spec.num_layers
         jobs.append(PoolJob(name, host_t, dev_t, host_rows, dev_rows, nbytes) if direction == "h2d"

@@ -18,7 +18,7 @@ _LAZY = {
     "Ack": "hicache.controller",
     "HybridCacheController": "hicache.controller",
     "DevicePool": "hicache.device_pool",
-    "LayerDoneCounter": "hicache.layer_sync",
+    "LayerDoneCounter": "hicache.controller",
     "HiRadixCache": "hicache.radix",
 }
 

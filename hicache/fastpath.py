@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 try:
-    from hicache import _fastpath as _c
+    import hicache._fastpath as _c
 except ImportError:  # not built: numpy fallbacks
     _c = None
 

@@ -31,6 +31,9 @@ their state and talk through a few calls (composition; each part a module):
                             -> changes the tree only through       hicache.radix.landing
                                StorageEdits, at poll
 
+The storage tier's public calls (``prefetch``, ``stop_prefetch``, ``wait_prefetch``,
+``drain_storage``, ``close``) are thin methods here that forward to the `StorageSide`.
+
 ``poll`` is where finished work changes the tree: the controller's acks (`Transfers`),
 then the store's jobs (`StorageSide`). Anything that may poll (making room under
 write-back) reads the tree again afterwards. No slot tensor this class hands out is one
@@ -52,8 +55,8 @@ from hicache.radix.index import RadixIndex
 from hicache.radix.insert import Inserter
 from hicache.radix.landing import StorageEdits
 from hicache.radix.node import EMPTY_SLOTS, InsertResult, MatchResult, TreeNode, as_key, copy_slots, lock, unlock
+from hicache.radix.prefetch import Prefetch, PrefetchOutcome, PrefetchResult
 from hicache.radix.storage import StorageSide
-from hicache.radix.storage_api import StorageAPI
 from hicache.radix.tiers import SlotLedger
 from hicache.radix.transfers import Transfers
 
@@ -61,7 +64,7 @@ if TYPE_CHECKING:
     from hicache.radix.store import TierStore
 
 
-class HiRadixCache(StorageAPI):
+class HiRadixCache:
     """Prefix tree over page-aligned token ids with device, host and storage tiers.
 
     Args:
@@ -122,6 +125,11 @@ class HiRadixCache(StorageAPI):
     def root(self) -> TreeNode:
         """The root node (empty key)."""
         return self._index.root
+
+    @property
+    def storage(self) -> TierStore | None:
+        """The storage tier (`TierStore`), or ``None``."""
+        return None if self._storage is None else self._storage.store
 
     # ---- match and insert ---------------------------------------------------------------
     def match_prefix(self, token_ids: Any) -> MatchResult:
@@ -280,6 +288,75 @@ class HiRadixCache(StorageAPI):
     def pending_ops(self) -> int:
         """Controller operations of this tree in flight."""
         return len(self._transfers.pending)
+
+    # ---- storage (forwarded to the StorageSide; nothing without a tier) -----------------
+    def prefetch(self, token_ids: Any) -> Prefetch | None:
+        """Start reading the part of ``token_ids`` past the tree from storage into host slots.
+
+        Locks the node where the tree's coverage of the prompt ends until the prefetch is
+        done. Under the write-through policies it starts only where that node is on the
+        host (backed-up nodes stay a prefix from the root). Mutates the tree; not
+        thread-safe; the I/O runs on the store's threads. The prompt is copied.
+
+        Returns:
+            A `Prefetch` to poll (`poll` advances it; ``done`` then ``result``), or ``None``:
+            no storage tier or host tier, or nothing past the tree (hybrid: and no
+            boundary of the prompt's history in the tree without a snapshot).
+        Raises:
+            TypeError / ValueError: token ids that are not a 1-D integer sequence within int64.
+        """
+        key = as_key(token_ids, self.page_size, strict=False)
+        if self._storage is None or not self.host_enabled:
+            return None
+        return self._storage.prefetches.start(key, self._may_prefetch)
+
+    def _may_prefetch(self, node: TreeNode) -> bool:
+        return node._host is not None or self.policy == "write_back"
+
+    def match_and_prefetch(self, token_ids: Any) -> tuple[MatchResult, int]:
+        """`match_prefix`; with a storage tier, then `prefetch` of the rest, `wait_prefetch`
+        and a second match (a tool's and a test's helper: a server polls between steps).
+
+        Returns:
+            (the match, the end of the first match's host part: tokens loaded past it came
+            from storage). Mutates the tree as `match_prefix` and `prefetch` do.
+        """
+        m = self.match_prefix(token_ids)
+        first_end = m.last_host_node.end
+        p = self.prefetch(token_ids)
+        if p is not None:  # lands as host-only nodes; the match picks them up
+            self.wait_prefetch(p)
+            m = self.match_prefix(token_ids)
+        return m, first_end
+
+    def stop_prefetch(self, p: Prefetch) -> None:
+        """Ask ``p`` to stop: it keeps what is read so far and is ``done`` within one I/O chunk."""
+        if self._storage is not None:
+            self._storage.prefetches.stop(p, PrefetchOutcome.STOPPED)
+
+    def wait_prefetch(self, p: Prefetch, poll_s: float = 0.0005) -> PrefetchResult:
+        """Poll until ``p`` is done, as the policy says (a tool's and a test's helper; a
+        server polls between steps instead). ``best_effort`` takes what is there now."""
+        if p.done:
+            return p.result
+        return self._storage.wait_prefetch(p, self.poll, poll_s)
+
+    def drain_storage(self, timeout_s: float = 60.0) -> None:
+        """Poll until no store job is left (writes included); prefetches stop first.
+
+        Raises:
+            RuntimeError: the store did not finish within ``timeout_s``.
+        """
+        if self._storage is not None:
+            self._storage.drain(self.poll, timeout_s)
+
+    def close(self) -> None:
+        """Finish the storage tier's work and close it (idempotent); the tree keeps its
+        device and host tiers. Call at shutdown, before ``cache.close()``."""
+        if self._storage is not None:
+            self.drain_storage()
+            self._storage.store.close()
+            self._attach_storage(None)
 
     # ---- locks and views ---------------------------------------------------------------
     def inc_lock_ref(self, node: TreeNode) -> None:

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from hicache import HiCacheConfig, build
-from hicache import batch as batch_module
+from hicache.controller import batch as batch_module
 from hicache.models import preset
 from host_pools.memory import HostBudget
-from tests.hicache.rollback import load_groups
+from tests.hicache.controller.rollback import load_groups
 from transfer_kernels import TritonBackend, runtime
 
 BIG = HostBudget(1 << 40, None, 0, 1, 1 << 40)
@@ -64,7 +64,7 @@ def _counters(monkeypatch, cache, pools: tuple[str, ...]) -> Counter:
     for name in pools:
         alloc = cache.device_pools[name].allocator
         monkeypatch.setattr(alloc, "alloc_pages", counted(f"alloc {name}", alloc.alloc_pages))
-    monkeypatch.setattr(batch_module, "_merged_once", counted("merged once", batch_module._merged_once))
+    monkeypatch.setattr(batch_module, "merged_once", counted("merged once", batch_module.merged_once))
     return seen
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from hicache import HiCacheConfig, build
 from hicache.config import MAX_COPY_PROGRAMS, add_hicache_args
-from hicache.controller import _make_backend
+from hicache.controller.launcher import make_backend
 from hicache.models import mha
 from transfer_kernels import AutoBackend, TritonBackend, tuning
 
@@ -43,7 +43,7 @@ def test_default_and_bounds_are_accepted(value):
 @pytest.mark.parametrize("io_backend", ["auto", "triton"])
 @pytest.mark.parametrize("value", [None, 8])
 def test_auto_and_triton_honour_it(io_backend, value):
-    backend = _make_backend(HiCacheConfig(io_backend=io_backend, max_copy_programs=value))
+    backend = make_backend(HiCacheConfig(io_backend=io_backend, max_copy_programs=value))
     triton = backend.inner["triton"] if io_backend == "auto" else backend
     assert isinstance(triton, TritonBackend) and triton.max_programs == value
     if io_backend == "auto":

@@ -162,7 +162,7 @@ def test_default_host_dtype_keeps_device_bytes(gen):
     stack = mha(2, 2, 16, page_size=4)
     cache = _cache(stack, host_dtype="auto")
     assert cache.host_group.pools["kv"].spec == stack.anchor
-    assert cache.controller._host_table("kv").codec is None
+    assert cache.controller._planners["d2h"].tables["kv"][1].codec is None  # (device, host)
     _fill(cache, gen)
     dev = cache.device_pools["kv"]
     slots = dev.alloc(4)

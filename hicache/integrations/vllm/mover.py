@@ -37,12 +37,11 @@ import torch
 from host_pools.memory import HostReservation
 from host_pools.pools import HostPool
 from host_pools.spec import PoolSpec
-from hicache.config import HiCacheConfig
-from hicache.stats import TransferStats
+from hicache.controller.launcher import make_backend
+from hicache.controller.stats import TransferStats
 from hicache.integrations.vllm.config import FLAG_HINT, SpecConfig
 from hicache.integrations.vllm.host_codec import HostPart, Vector, host_part
-from transfer_kernels import AutoBackend, CopyBackend, CopyJob, RowTable, TritonBackend
-from transfer_kernels import copy_rows_batch, get_backend
+from transfer_kernels import CopyBackend, CopyJob, RowTable, copy_rows_batch
 
 log = logging.getLogger(__name__)
 DIRECTIONS = {"store": "d2h", "load": "h2d"}
@@ -65,15 +64,6 @@ class _InFlight:
     start: object  # torch.cuda.Event
     end: object
     keep: list = field(default_factory=list)  # index tensors the launch may still read
-
-
-def make_backend(config: HiCacheConfig) -> CopyBackend:
-    """The copy backend ``config.io_backend`` names, with the Triton grid bound applied."""
-    if config.io_backend == "triton":
-        return TritonBackend(max_programs=config.max_copy_programs)
-    if config.io_backend == "auto":
-        return AutoBackend(triton=TritonBackend(max_programs=config.max_copy_programs))
-    return get_backend(config.io_backend, fresh=True)
 
 
 def chunk_rows(chunks: np.ndarray, blocks_per_chunk: int, skip: int, count: int) -> np.ndarray:

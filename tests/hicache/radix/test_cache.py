@@ -12,7 +12,7 @@ from hicache.models import mha, mla
 from hicache.radix import HiRadixCache
 from hicache.replay.content import ContentModel, prefix_hashes
 from host_pools.memory import HostBudget
-from tests.hicache.rollback import arm_later_group, landed_before
+from tests.hicache.controller.rollback import arm_later_group, landed_before
 from transfer_kernels import FaultyBackend
 
 BIG = HostBudget(1 << 40, None, 0, 1, 1 << 40)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hicache.layer_sync import LayerDoneCounter, OnStream
+from hicache.controller.layer_sync import LayerDoneCounter, OnStream
 from transfer_kernels import runtime
 
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from hicache.batch import Batch
-from tests.hicache.test_controller import (alloc_device, allocator_state, backup, fill_random,
+from hicache.controller.batch import Batch
+from tests.hicache.controller.test_controller import (alloc_device, allocator_state, backup, fill_random,
                                            make, snapshot)
-from tests.hicache.rollback import arm_later_group
+from tests.hicache.controller.rollback import arm_later_group
 from transfer_kernels import FaultyBackend
 
 
@@ -59,7 +59,7 @@ def test_server_allocator_that_raises_leaks_nothing(gen, fail_pool):
     alloc, free = _raising_alloc(cache, fail_pool, given_back)
     ctrl = type(cache.controller)(cache.device_pools, cache.host_group, cache.config,
                                   backend="torch", device_alloc=alloc, device_free=free)
-    ctrl._host_stamp = cache.controller._host_stamp  # the same, already backed-up pages
+    ctrl.mark_host_written(host["kv"], {"swa": host["swa"]})  # the same, already backed-up pages
     before = allocator_state(cache)
     with pytest.raises(Boom):
         ctrl.load(host["kv"], {"swa": host["swa"]})
@@ -161,10 +161,15 @@ def test_poll_does_not_hold_a_finished_load_behind_an_unfinished_backup():
     ctrl = cache.controller
     backup_batch = Batch([], "d2h", event=FakeEvent(False))
     load_batch = Batch([], "h2d", event=FakeEvent(True))
-    ctrl._inflight["d2h"].append(backup_batch)
-    ctrl._inflight["h2d"].append(load_batch)
+    ctrl._queue.launched(backup_batch)
+    ctrl._queue.launched(load_batch)
+    fake = backup_batch.event
     ctrl.poll()
-    assert list(ctrl._inflight["d2h"]) == [backup_batch] and not ctrl._inflight["h2d"]
+    # only the load was acked (an acked batch's event is taken back for reuse)
+    assert load_batch.event is None and backup_batch.event is fake
+    fake.done = True
+    ctrl.poll()
+    assert backup_batch.event is None
 
 
 def test_rolled_back_load_returns_none(gen):

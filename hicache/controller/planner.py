@@ -8,8 +8,11 @@ were validated (or allocated by the controller) at ``write``/``load``.
 
 The destination rows come from the pages the controller's allocator handed out (an op's
 ``stamps``) when a page is one row (``tokens_per_row == page_size``: DeepSeek-V4's pools):
-no slot array is read. The jobs, their order and their rows are exactly those of
-``hicache.batch.plan_jobs`` + ``transfer_kernels.plan.trusted_plan``.
+no slot array is read. The jobs, their order and their rows are exactly those of the
+general form (``tests/hicache/controller/oracles.py``: ``plan_jobs`` + ``trusted_plan``).
+
+The row tables are fixed when the controller is built (`planners`): each data pool's
+device and host table, oriented per direction, and the device the plans execute on.
 """
 from __future__ import annotations
 
@@ -18,12 +21,41 @@ from typing import Iterable, Mapping, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from hicache import batch
-from hicache.batch import Op
+from hicache.controller import batch
+from hicache.controller.batch import DIRECTIONS, Op
+from hicache.device_pool import DevicePool
+from hicache.host_dtype import codec_of
+from host_pools.group import HostPoolGroup
 from host_pools.spec import Stack
 from transfer_kernels import CopyPlan, RowTable
-from transfer_kernels.plan import PlannedJob
+from transfer_kernels.rows import PlannedJob, exec_device
 from transfer_kernels.rows import first_duplicate
+
+
+def planners(device_pools: Mapping[str, DevicePool], host_group: HostPoolGroup) -> dict[str, BatchPlanner]:
+    """Per direction, the planner of a controller's batches over these pools' row tables
+    (one table per pool and tier, shared by both directions).
+
+    Args:
+        device_pools: every pool of ``host_group``'s stack, keyed by name.
+        host_group: the host pools (their pinned chunks and host formats).
+    """
+    stack = host_group.stack
+    tables = {}
+    for p in stack.data_pools():
+        host = host_group.pools[p.name]
+        tables[p.name] = (device_pools[p.name].row_table(),
+                          RowTable.from_views(host.row_views(), name=p.name,
+                                              chunk_starts=host_group.pin_chunks(p.name),
+                                              codec=codec_of(device_pools[p.name].spec, host.spec)))
+    own = [p.name for p in stack.own_indexed]
+    dst_pages = {"d2h": {n: host_group.pools[n].allocator.page_size for n in own},
+                 "h2d": {n: device_pools[n].allocator.page_size for n in own}}
+    first = next(iter(tables.values()), None)
+    device = exec_device(*first) if first else torch.device("cpu")
+    oriented = {"d2h": {n: (dev, host) for n, (dev, host) in tables.items()},
+                "h2d": {n: (host, dev) for n, (dev, host) in tables.items()}}
+    return {d: BatchPlanner(stack, oriented[d], dst_pages[d], device) for d in DIRECTIONS}
 
 
 class _Group(NamedTuple):
@@ -49,12 +81,14 @@ class BatchPlanner:
         tables: data pool -> (source-tier table, destination-tier table).
         dst_pages: own-indexed pool -> page size of its destination tier's allocator.
         device: the device the plans execute on.
+    Attributes (read-only): ``tables``, ``dst_pages`` and ``device`` as given.
     """
 
     def __init__(self, stack: Stack, tables: Mapping[str, tuple[RowTable, RowTable]],
                  dst_pages: Mapping[str, int], device: torch.device) -> None:
-        self.device, self._dst_pages = device, dict(dst_pages)
-        # root -> its data pools grouped by rows-per-token class, in plan_jobs' job order
+        self.tables, self.device = dict(tables), device
+        self.dst_pages = dict(dst_pages)
+        # root -> its data pools grouped by rows-per-token class, in the general form's job order
         self._by_root: dict[str, list[_Group]] = {}
         order: dict[str, dict[int, list[str]]] = {}
         for p in stack.data_pools():
@@ -84,17 +118,17 @@ class BatchPlanner:
             ValueError: a destination page in two ops of the batch (freed and allocated
                 again while queued); nothing is launched.
         """
-        src = batch._merge(ops, "src")
+        src = batch.merge(ops, "src")
         pages = self._dst_page_arrays(ops, src.keys())
         shape = self._shape(tuple(src))
         jobs, rows, dst = [], [], None
         for group in shape.groups:
             root, tpr = group.root, group.tokens_per_row
             src_rows = torch.from_numpy(src[root].numpy()[::tpr] // tpr)
-            if pages is not None and tpr == self._dst_pages[root]:  # a page is one row
+            if pages is not None and tpr == self.dst_pages[root]:  # a page is one row
                 dst_rows = torch.from_numpy(pages[root])
             else:
-                dst = batch._merge(ops, "dst") if dst is None else dst
+                dst = batch.merge(ops, "dst") if dst is None else dst
                 dst_rows = torch.from_numpy(dst[root].numpy()[::tpr] // tpr)
             n = src_rows.numel()
             for src_table, dst_table, layers in group.jobs:
@@ -109,10 +143,10 @@ class BatchPlanner:
         if len(ops) == 1:
             stamps = ops[0].stamps
             return None if stamps is None else {root: got[0] for root, got in stamps.items()}
-        if batch._merged_once(ops) is not None:  # its merged slots: no concatenation
+        if batch.merged_once(ops) is not None:  # its merged slots: no concatenation
             return None
         if any(op.stamps is None for op in ops):
-            _refuse_shared(batch.merge_slots([op.dst for op in ops]), self._dst_pages)
+            _refuse_shared(batch.merge_slots([op.dst for op in ops]), self.dst_pages)
             return None
         parts: dict[str, list[np.ndarray]] = {root: [] for root in roots}
         for op in ops:
@@ -123,7 +157,7 @@ class BatchPlanner:
             s = np.sort(p)
             dup = np.flatnonzero(s[1:] == s[:-1])
             if dup.size:  # named by its first slot, as the slots' check names it
-                _shared(root, int(s[dup[0]]) * self._dst_pages[root])
+                _shared(root, int(s[dup[0]]) * self.dst_pages[root])
         return pages
 
 

@@ -1,4 +1,4 @@
-"""`BatchPlanner` builds exactly the plan of ``plan_jobs`` + ``trusted_plan`` (issue 21).
+"""`BatchPlanner` builds exactly the plan of the oracles ``plan_jobs`` + ``trusted_plan`` (issue 21).
 
 Its rows come from the allocator's pages where a page is one row; whatever path it takes,
 the jobs (order, tables, layers), their rows and the load groups' pools must be those of
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hicache.batch import plan_jobs
-from tests.hicache.test_controller import STACKS, alloc_device, backup, fill_random, make
+from tests.hicache.controller.oracles import plan_jobs
+from tests.hicache.controller.test_controller import STACKS, alloc_device, backup, fill_random, make
 from tests.transfer_kernels.oracles import trusted_plan
 
 
@@ -27,14 +27,15 @@ def _queued_loads(cache, how: str, gen) -> list:
     else:
         for anchor, extra in reqs:
             assert ctrl.load(anchor, extra) is not None
-    ops, ctrl._queues["h2d"] = ctrl._queues["h2d"], []
+    ops = ctrl._queue.take("h2d")
     return ops
 
 
 def _assert_same_plan(ctrl, ops, direction: str) -> None:
-    jobs = plan_jobs(ctrl.stack, ops, ctrl._routes[direction].__getitem__, ctrl._dst_pages[direction])
-    want = trusted_plan(jobs.values(), ctrl._plan_device)
-    plan, pools, rows = ctrl._planners[direction].plan(ops)
+    planner = ctrl._planners[direction]
+    jobs = plan_jobs(ctrl.stack, ops, planner.tables.__getitem__, planner.dst_pages)
+    want = trusted_plan(jobs.values(), planner.device)
+    plan, pools, rows = planner.plan(ops)
     assert pools == tuple(name for name, _ in jobs)
     assert rows == tuple(job.num_rows for job in want.jobs)
     assert plan.device == want.device and len(plan.jobs) == len(want.jobs)
@@ -58,7 +59,7 @@ def test_backup_plan_equals_the_general_path(stack_name, gen):
     ctrl = cache.controller
     for _ in range(2):
         assert ctrl.write(*alloc_device(cache, pages=1)) is not None
-    ops, ctrl._queues["d2h"] = ctrl._queues["d2h"], []
+    ops = ctrl._queue.take("d2h")
     _assert_same_plan(ctrl, ops, "d2h")
 
 

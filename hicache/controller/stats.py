@@ -1,28 +1,24 @@
-"""`TransferStats`: plain counters of operations, tokens and bytes per pool and direction."""
+"""Counters of transfers: `TransferStats` (operations, tokens and bytes per pool and
+direction) and the controller's `BatchStats`, the one owner of its counters, which also
+gives each finished op its ack's volume (`VolumeTable`)."""
 from __future__ import annotations
 
-import functools
 from collections import defaultdict
 from typing import Mapping
 
-import torch
-
+from hicache.controller.batch import Ack, Batch
 from host_pools.spec import Stack
 
 
 class TransferStats:
-    """Counters exposed as a plain dict (``as_dict``); metrics export reads that dict."""
+    """Counters exposed as a plain dict (``as_dict``); metrics export reads that dict
+    (the controller's through `BatchStats`, the vLLM mover's directly)."""
 
     def __init__(self) -> None:
         self.ops = defaultdict(int)  # (direction, "ok"|"failed") -> operations
         self.tokens = defaultdict(int)  # (direction, pool) -> tokens
         self.bytes = defaultdict(int)  # (direction, pool) -> bytes, all layers
         self.rollbacks = defaultdict(int)  # direction -> batches rolled back
-
-    @staticmethod
-    def op_volume(stack: Stack, own_slots: dict[str, torch.Tensor]) -> tuple[dict[str, int], dict[str, int]]:
-        """Tokens per pool and bytes per data pool moved for one operation's root slots."""
-        return volume_table(stack).volume({root: s.numel() for root, s in own_slots.items()})
 
     def record(self, direction: str, ok: bool, tokens: Mapping[str, int], nbytes: Mapping[str, int],
                ops: int = 1) -> None:
@@ -35,9 +31,11 @@ class TransferStats:
                 self.bytes[(direction, name)] += n
 
     def rollback(self, direction: str) -> None:
+        """Count one batch of ``direction`` rolled back."""
         self.rollbacks[direction] += 1
 
     def as_dict(self) -> dict:
+        """Per direction: ``ops``, ``failed_ops``, ``rollbacks``, ``tokens`` and ``bytes`` per pool."""
         out: dict = {}
         for direction in ("d2h", "h2d"):
             out[direction] = {
@@ -54,7 +52,7 @@ class VolumeTable:
     """Per own-indexed root, its pools' row sizes: an op's volume from token counts alone.
 
     Args:
-        stack: the pools; computed once per stack (see :func:`volume_table`).
+        stack: the pools.
     """
 
     def __init__(self, stack: Stack) -> None:
@@ -75,7 +73,42 @@ class VolumeTable:
         return tokens, nbytes
 
 
-@functools.lru_cache(maxsize=16)
-def volume_table(stack: Stack) -> VolumeTable:
-    """The (cached) :class:`VolumeTable` of ``stack``."""
-    return VolumeTable(stack)
+class BatchStats:
+    """Part: the controller's counters, written only here: a finished batch's acks (each
+    op's tokens and bytes) counted at once, and rollbacks.
+
+    Args:
+        stack: the pools (their row sizes give each op's volume).
+    """
+
+    def __init__(self, stack: Stack) -> None:
+        self._counters = TransferStats()
+        self._volume = VolumeTable(stack)
+
+    def acks(self, batch: Batch) -> list[Ack]:
+        """The acks of a finished ``batch``, one per op in order; the batch is counted."""
+        ok, direction, error = batch.error is None, batch.direction, batch.error
+        volume, acks, totals = self._volume.volume, [], {}
+        seen: dict[tuple, tuple[dict, dict]] = {}  # ops of one shape: one volume, each ack its dicts
+        for op in batch.ops:
+            counts = tuple([(name, slots.numel()) for name, slots in op.src.items()])
+            got = seen.get(counts)
+            if got is None:
+                tokens, nbytes = seen[counts] = volume(dict(counts))
+            else:
+                tokens, nbytes = dict(got[0]), dict(got[1])
+            acks.append(Ack(op.op_id, direction, ok, tokens, nbytes, error))
+            for name, n in counts:
+                totals[name] = totals.get(name, 0) + n
+        # the counters take the batch's volume at once, not op by op
+        tokens, nbytes = (acks[0].tokens, acks[0].bytes) if len(acks) == 1 else volume(totals)
+        self._counters.record(direction, ok, tokens, nbytes, ops=len(acks))
+        return acks
+
+    def rolled_back(self, direction: str) -> None:
+        """Count one rolled-back batch of ``direction``."""
+        self._counters.rollback(direction)
+
+    def as_dict(self) -> dict:
+        """The counters (`TransferStats.as_dict`)."""
+        return self._counters.as_dict()

@@ -7,8 +7,8 @@ import pytest
 
 from hicache import HiCacheConfig, build
 from hicache.models import preset
-from tests.hicache.test_controller import BIG, STACKS, _equal, allocator_state, make, snapshot
-from tests.hicache.test_controller_transfers import _load, _stored
+from tests.hicache.controller.test_controller import BIG, STACKS, _equal, allocator_state, make, snapshot
+from tests.hicache.controller.test_controller_transfers import _load, _stored
 from transfer_kernels import FaultyBackend, NullBackend, StagedBackend, TorchBackend, tuning
 from transfer_kernels.backends.dma import DmaQueue
 from transfer_kernels.cuda import runtime

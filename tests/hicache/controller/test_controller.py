@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from hicache import HiCacheConfig, build
-from hicache.batch import Op, plan_jobs
+from hicache.controller.batch import Op
 from hicache.models import deepseek_v4, dsa, mha, mla
 from host_pools.memory import HostBudget
-from tests.hicache.rollback import arm_later_group, landed_before
+from tests.hicache.controller.oracles import plan_jobs
+from tests.hicache.controller.rollback import arm_later_group, landed_before
 from transfer_kernels import FaultyBackend
 
 BIG = HostBudget(1 << 40, None, 0, 1, 1 << 40)
@@ -260,7 +261,7 @@ def test_server_allocator_with_unaligned_slots_is_refused(gen):
     ctrl = type(cache.controller)(cache.device_pools, cache.host_group, cache.config, backend="torch",
                                   device_alloc={"kv": lambda n: torch.arange(1, n + 1)},
                                   device_free={"kv": given_back.append})
-    ctrl._host_stamp = cache.controller._host_stamp  # same host pages, already backed up
+    ctrl.mark_host_written(host["kv"], {n: s for n, s in host.items() if n != "kv"})  # same, backed-up pages
     with pytest.raises(ValueError, match="device_alloc"):
         ctrl.load(host["kv"])
     assert len(given_back) == 1 and ctrl.pending() == 0

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.hicache.rollback import arm_later_group
-from tests.hicache.test_controller import (_equal, alloc_device, allocator_state, backup, fill_random,
+from tests.hicache.controller.rollback import arm_later_group
+from tests.hicache.controller.test_controller import (_equal, alloc_device, allocator_state, backup, fill_random,
                                            make, snapshot)
 from transfer_kernels import FaultyBackend
 
@@ -55,9 +55,9 @@ def test_load_many_is_byte_exact_with_one_allocation_per_pool(gen, monkeypatch):
                             lambda n, _r=real, _p=name: (calls.__setitem__(_p, calls[_p] + 1), _r(n))[1])
     got = ctrl.load_many(reqs)
     assert calls == {"kv": 1, "swa": 1}
-    assert [ctrl.last_op_id - 2, ctrl.last_op_id - 1, ctrl.last_op_id] == \
-        [op.op_id for op in ctrl._queues["h2d"]]
+    last = ctrl.last_op_id
     acks = _load_and_check(cache, got, expected)
+    assert [a.op_id for a in acks] == [last - 2, last - 1, last]  # consecutive ids, in order
     assert [a.tokens["kv"] for a in acks] == [256] * 3
 
 
@@ -122,7 +122,8 @@ def test_a_server_allocator_going_short_mid_way_undoes_the_queued_ops(gen):
         return pools["kv"].alloc(n) if left[0] >= 0 else None
     ctrl = type(cache.controller)(pools, cache.host_group, cache.config, backend="torch",
                                   device_alloc={"kv": kv_alloc}, device_free={"kv": pools["kv"].free})
-    ctrl._host_stamp = cache.controller._host_stamp  # the same, already backed-up pages
+    for anchor, extra in reqs:  # the same, already backed-up pages
+        ctrl.mark_host_written(anchor, extra)
     before, last = allocator_state(cache), ctrl.last_op_id
     assert ctrl.load_many(reqs) is None
     assert allocator_state(cache) == before and ctrl.pending() == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.hicache.test_controller import (_equal, alloc_device, allocator_state, backup,
+from tests.hicache.controller.test_controller import (_equal, alloc_device, allocator_state, backup,
                                            fill_random, make, snapshot)
 
 
@@ -65,7 +65,7 @@ def test_server_allocator_handing_out_a_slot_twice_is_refused(gen):
 
     ctrl = type(cache.controller)(pools, cache.host_group, cache.config, backend="torch",
                                   device_alloc={"kv": twice}, device_free={"kv": free_kv})
-    ctrl._host_stamp = cache.controller._host_stamp  # the same, already backed-up pages
+    ctrl.mark_host_written(host["kv"], {"swa": host["swa"]})  # the same, already backed-up pages
     before = allocator_state(cache)
     with pytest.raises(ValueError, match=r"device_alloc \(pool 'kv'\).*twice"):
         ctrl.load(host["kv"], {"swa": host["swa"]})

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.hicache.test_controller import (_equal, alloc_device, allocator_state, backup,
+from tests.hicache.controller.test_controller import (_equal, alloc_device, allocator_state, backup,
                                            fill_random, make, snapshot)
-from tests.hicache.rollback import arm_later_group
+from tests.hicache.controller.rollback import arm_later_group
 from transfer_kernels import FaultyBackend
 
 pytestmark = pytest.mark.gpu

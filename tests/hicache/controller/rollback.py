@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from hicache.batch import LoadGroups, Op
+from hicache.controller.batch import Op
+from hicache.controller.groups import LoadGroups
 
 
 def load_groups(ctrl: Any, host_kv: torch.Tensor, extra: dict | None = None) -> LoadGroups:

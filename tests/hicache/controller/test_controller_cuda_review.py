@@ -12,10 +12,10 @@ import torch
 
 from hicache import HiCacheConfig, build
 from hicache.models import mha
-from tests.hicache.test_controller import (BIG, _equal, alloc_device, allocator_state, fill_random,
+from tests.hicache.controller.test_controller import (BIG, _equal, alloc_device, allocator_state, fill_random,
                                            make, snapshot)
-from tests.hicache.test_controller_cuda import _stored
-from tests.hicache.rollback import arm_later_group
+from tests.hicache.controller.test_controller_cuda import _stored
+from tests.hicache.controller.rollback import arm_later_group
 from transfer_kernels import CopyBackend, FaultyBackend, get_backend
 
 pytestmark = pytest.mark.gpu

@@ -28,10 +28,13 @@ class LayerDoneCounter:
         num_layers: model layers per batch.
         device: ``cpu`` (no events) or a CUDA device.
         ring: event sets in flight at once (>= 1).
+        stream: the stream records go to (the controller's load stream), resolved once:
+            a record then looks nothing up; ``None``: the current stream.
     Not thread-safe: driven by the scheduler thread.
     """
 
-    def __init__(self, num_layers: int, device: torch.device | str = "cpu", ring: int = 3) -> None:
+    def __init__(self, num_layers: int, device: torch.device | str = "cpu", ring: int = 3,
+                 stream: Any = None) -> None:
         if num_layers < 0:
             raise ValueError(f"num_layers: must be >= 0, got {num_layers}")
         if ring < 1:
@@ -45,9 +48,7 @@ class LayerDoneCounter:
         self._waits = [list(events) for events in self._events] if self._cuda else None
         self._next = 0
         self.consumer = 0
-        # The stream records go to (the controller's load stream), resolved once: a record
-        # then looks nothing up. None: the current stream.
-        self.stream: Any = None
+        self.stream = stream
 
     def begin(self) -> int:
         """Take the next ring slot for a new batch; returns its consumer index."""

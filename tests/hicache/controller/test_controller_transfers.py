@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from hicache.batch import LoadGrouper
+from hicache.controller.groups import LoadGrouper
 from hicache.models import preset
-from tests.hicache.test_controller import (STACKS, _equal, alloc_device, allocator_state, backup,
+from tests.hicache.controller.test_controller import (STACKS, _equal, alloc_device, allocator_state, backup,
                                            fill_random, make, snapshot)
-from tests.hicache.rollback import arm_later_group
+from tests.hicache.controller.rollback import arm_later_group
 from transfer_kernels import FaultyBackend, NullBackend, StagedBackend, TorchBackend, TritonBackend
 
 
