@@ -103,7 +103,8 @@ def measure(trees: dict[str, Path], rounds: int, batches: int, sglang: str | Non
             reps: int) -> dict[str, dict[str, list[float]]]:
     """Per tree, per case, one value per round (trees alternate, the order flips each round)."""
     runs: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
-    with tempfile.TemporaryDirectory(prefix="before_after_") as tmp:
+    harness.RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="before_after_", dir=harness.RESULTS_DIR) as tmp:
         for r in range(rounds):
             order = list(trees) if r % 2 == 0 else list(trees)[::-1]
             for name in order:

@@ -148,3 +148,36 @@ def test_int8_load_keeps_the_budget(loaded_int8, monkeypatch, ops):
     assert groups >= 2 and quant.launches - before == groups  # every launch converts
     _assert_budget(seen, groups)
     assert seen["alloc kv"] == 1
+
+
+@pytest.fixture(scope="module")
+def loaded_int8_staged():
+    """The same int8 load through ``auto`` deciding as on a GPU: int8 pages staged by DMA,
+    the fused kernel dequantizing from the ring (bench/host_only.py's CPU stand-ins)."""
+    from bench import host_only
+    from transfer_kernels import AutoBackend
+    from transfer_kernels.backends import auto, auto_table
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(auto, "converting", host_only._converting_as_on_cuda)
+        stack = preset("deepseek-v3")
+        config = HiCacheConfig(mem_layout="page_first", hicache_ratio=1.0, host_dtype="int8")
+        backend = AutoBackend(triton=TritonBackend(), table=host_only.cuda_rules_on_cpu(auto_table.SEED))
+        cache = build(stack, PAGES * stack.page_size, config, device="cpu", budget=BIG, backend=backend)
+        kv = cache.host_group.pools["kv"].alloc(PAGES * stack.page_size)
+        cache.controller.mark_host_written(kv, {})
+        yield cache, (kv, None)
+        cache.close()
+
+
+def test_int8_staged_load_keeps_the_budget(loaded_int8_staged, monkeypatch):
+    cache = loaded_int8_staged[0]
+    staged = cache.controller.backend.inner["dma"]
+    quant = staged.kernel.quant_backend(torch.device("cpu"))
+    seen = _counters(monkeypatch, cache, ("kv",))
+    before = quant.launches, staged.copies, cache.controller.backend.launches
+    groups = _load(cache, _requests(loaded_int8_staged, 1), many=True)
+    assert groups >= 2
+    assert quant.launches - before[0] == groups  # every group converts from the ring
+    assert staged.copies - before[1] >= 1  # the int8 pages came by DMA
+    assert cache.controller.backend.launches - before[2] == groups  # auto: one per group
+    _assert_budget(seen, groups)
