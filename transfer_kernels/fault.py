@@ -43,10 +43,11 @@ class FaultyBackend(CopyBackend):
         """The inner backend's decisions (and checks)."""
         return self.inner.decide_lanes(lanes)
 
-    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None) -> Prepared:
+    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
+                keep: bool = False) -> Prepared:
         """The inner backend's own preparation (the production launches), one of whose
         launches fails."""
-        return FaultyPrepared(self, self.inner.lay_out(plan, groups, decided))
+        return FaultyPrepared(self, self.inner.lay_out(plan, groups, decided, keep))
 
 
 class FaultyPrepared(Prepared):
@@ -87,7 +88,8 @@ class NullBackend(CopyBackend):
     name = "null"
     converts = True  # moves nothing, converting jobs included
 
-    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None) -> Prepared:
+    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
+                keep: bool = False) -> Prepared:
         """The groups that would launch (a job with rows in them); nothing else to build."""
         return NullPrepared(self, tuple(any(plan.jobs[j].num_rows for j, _ in g) for g in groups))
 

@@ -54,7 +54,7 @@ def _counters(monkeypatch, cache, pools: tuple[str, ...]) -> Counter:
     seen: Counter = Counter()
 
     def counted(key, real):
-        return lambda *args: (seen.update([key]), real(*args))[1]
+        return lambda *args, **kwargs: (seen.update([key]), real(*args, **kwargs))[1]
     monkeypatch.setattr(runtime, "upload", counted("upload", runtime.upload))
     monkeypatch.setattr(runtime, "stream_handle", counted("stream", runtime.stream_handle))
     monkeypatch.setattr(runtime, "launch", lambda launcher, group: seen.update([("launch", group)]))

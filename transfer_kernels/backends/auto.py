@@ -105,7 +105,8 @@ class AutoBackend(CopyBackend):
             return AutoLanes(None)
         return AutoLanes(self._assign(lanes))
 
-    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None) -> Prepared:
+    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
+                keep: bool = False) -> Prepared:
         """Each inner backend's preparation of its jobs' part of the groups; the whole
         plan's when one backend takes every job (the usual load)."""
         assigned = decided.assignment if decided is not None else None
@@ -113,12 +114,12 @@ class AutoBackend(CopyBackend):
             assigned = self._assign(plan)
         if len(assigned) == 1:
             (name, (_, sides)), = assigned.items()
-            prepared = self.inner[name].lay_out(plan, groups, sides if name == "dma" else None)
+            prepared = self.inner[name].lay_out(plan, groups, sides if name == "dma" else None, keep)
             prepared.counters += (self,)
             return prepared
         sub_groups = _split_groups(groups, assigned)
         parts = [(self.inner[n].lay_out(plan.subset(plan.jobs[j] for j in js), sub_groups[n],
-                                        sides if n == "dma" else None), js)
+                                        sides if n == "dma" else None, keep), js)
                  for n, (js, sides) in assigned.items()]
         prepared = PartPrepared(parts, len(groups))
         prepared.counters = (self,)

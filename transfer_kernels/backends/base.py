@@ -135,17 +135,21 @@ class CopyBackend(ABC):
         self.check_split(lanes)
         return None
 
-    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None) -> Prepared:
+    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
+                keep: bool = False) -> Prepared:
         """The prepared object of ``plan``'s size class (its row counts; ``plan`` is its
         first load), for ``groups``; built once per class by the route. The tables were
         checked when the route decided (``decided``: what :meth:`decide_lanes` returned;
-        ``None``: decide from ``plan`` where needed).
+        ``None``: decide from ``plan`` where needed). ``keep``: the route's loads all run on
+        one stream (a controller's: one per direction), so the prepared object may keep
+        its device buffers from load to load (indices written in place: one upload of the
+        rows, the launchers bound once); else each load gets fresh ones.
 
         The default is the generic preparation: each launch hands its group's (job, layer)
         pairs to :meth:`_execute_group`.
         """
         if not self.converts and plan.has_quant:
-            return self._lay_out_split(plan, groups)
+            return self._lay_out_split(plan, groups, keep)
         return GroupPrepared(self, plan, groups)
 
     def check(self, plan: CopyPlan) -> None:
@@ -178,7 +182,7 @@ class CopyBackend(ABC):
         raise ValueError(f"backend {self.name!r} cannot convert int8 host rows (it names no quant "
                          f"backend); use torch, triton, copy_engine, dma or auto")
 
-    def _lay_out_split(self, plan: CopyPlan, groups: LaunchGroups) -> Prepared:
+    def _lay_out_split(self, plan: CopyPlan, groups: LaunchGroups, keep: bool = False) -> Prepared:
         """:meth:`lay_out` of a plan with converting jobs: each kind laid out by its backend
         on its jobs' part of every group; a launch runs both parts."""
         exact, quant = split_jobs(plan)
@@ -188,7 +192,8 @@ class CopyBackend(ABC):
                 continue
             local = {j: i for i, j in enumerate(idx)}
             sub_groups = tuple(tuple((local[j], layer) for j, layer in g if j in local) for g in groups)
-            parts.append((b.lay_out(plan.subset(plan.jobs[j] for j in idx), sub_groups), tuple(idx)))
+            parts.append((b.lay_out(plan.subset(plan.jobs[j] for j in idx), sub_groups, None, keep),
+                          tuple(idx)))
         return PartPrepared(parts, len(groups))
 
     def _execute(self, plan: CopyPlan) -> None:

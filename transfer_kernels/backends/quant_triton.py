@@ -87,10 +87,11 @@ class TritonQuantBackend(CopyBackend):
                 raise ValueError(f"jobs[{i}]: host table {host.name} must be pinned memory for the "
                                  f"triton quant kernel (read through UVA)")
 
-    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None) -> Prepared:
+    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
+                keep: bool = False) -> Prepared:
         """The size class's launches and segment tables: a load only gathers and uploads
         its rows."""
-        return QuantPrepared(self, build_layout(plan, groups, self.grid_cap(plan.device)), plan)
+        return QuantPrepared(self, build_layout(plan, groups, self.grid_cap(plan.device)), plan, keep)
 
     def grid_cap(self, device: torch.device) -> int:
         """Programs one launch may take on ``device`` (see ``max_programs``)."""
@@ -109,12 +110,15 @@ class QuantLayout(NamedTuple):
 
 
 class QuantPrepared(Prepared):
-    """A size class's launches and segment tables; a load uploads them with its rows."""
+    """A size class's launches and segment tables; a load uploads them with its rows (with
+    ``keep``, as the copy kernel's: the first load's buffer and launches kept, a later
+    load writes only its rows)."""
 
-    def __init__(self, backend: TritonQuantBackend, lay: QuantLayout, plan: CopyPlan) -> None:
+    def __init__(self, backend: TritonQuantBackend, lay: QuantLayout, plan: CopyPlan, keep: bool = False) -> None:
         self.backend, self.layout, self.device, self.counters = backend, lay, plan.device, (backend,)
         # per job with rows: is its device side the source (quantize)? fixed by its tables
         self._quantize = tuple(plan.jobs[j].mode == "quantize" for j in lay.jobs)
+        self.keep, self._kept = keep, None
 
     @property
     def num_groups(self) -> int:
@@ -125,9 +129,15 @@ class QuantPrepared(Prepared):
         for j, quantize in zip(lay.jobs, self._quantize):  # device rows, then host rows
             parts += (src_rows[j].cpu(), dst_rows[j].cpu()) if quantize else \
                 (dst_rows[j].cpu(), src_rows[j].cpu())
+        kept = self._kept
+        if kept is not None:  # the rows into the kept meta, before its segments: one copy
+            runtime.upload(parts, self.device, out=kept.meta[:kept.meta.numel() - lay.segs.numel()])
+            return kept
         # one upload per load, on the launching stream (`runtime`: the load's call budget)
-        parts.append(lay.segs)
-        return QuantLaunches(self, runtime.upload(parts, self.device))
+        launches = QuantLaunches(self, runtime.upload([*parts, lay.segs], self.device))
+        if self.keep:
+            self._kept = launches
+        return launches
 
 
 class QuantLaunches(Launches):

@@ -12,8 +12,10 @@ constructed, or by a backend for the tables of a checked ``copy_rows`` call — 
   staging, launch groups); every later load of the class finds it (``prepared[key]``)
   and only binds its rows (`Prepared.start`).
 
-The route keeps its tables through weak references unless ``hold`` (the controller owns
-its tables anyway): a cache of routes never keeps a pool alive.
+The route keeps its tables through weak references unless ``hold``: a cache of routes
+never keeps a pool alive. A held route is a controller's: it owns its tables anyway, and
+its loads all run on one stream (one route per direction), so its prepared objects keep
+their device buffers from load to load (`CopyBackend.lay_out`'s ``keep``).
 """
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ class Route:
         backend: the `CopyBackend` that moves the lanes.
         lanes: per job, (src, dst, layers); ``layers`` table-local.
         device: where the copies execute (``rows.plan.exec_device`` of the lanes).
-        hold: keep the tables alive (else weak references).
+        hold: keep the tables alive (else weak references); every load of the route runs
+            on one stream (its prepared objects keep their device buffers).
 
     Raises:
         ValueError: the backend cannot move these tables (its check, made once here).
@@ -84,7 +87,7 @@ class Route:
             tag: kept on the prepared object for its caller (e.g. its groups' model-layer
                 bounds).
         """
-        got = self.backend.lay_out(plan, groups, self.decided)
+        got = self.backend.lay_out(plan, groups, self.decided, self._held is not None)
         got.tag = tag
         self.built += 1
         if len(self._by_class) >= CACHE_SIZE:

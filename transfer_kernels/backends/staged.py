@@ -156,7 +156,8 @@ class StagedBackend(CopyBackend):
         """Per job: the side it is staged on (:meth:`stages`)."""
         return [self.stages(job, plan) for job in plan.jobs]
 
-    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None) -> Prepared:
+    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
+                keep: bool = False) -> Prepared:
         """A size class's staging: every staged job's chunks and regions in the rings, the
         fixed fields of every piece, and the kernel's preparation over the staging tables
         (module docstring). Nothing is copied until a group launches.
@@ -188,7 +189,7 @@ class StagedBackend(CopyBackend):
                 kernel_jobs[j] = (PlannedJob(staging, job.dst, local, job.dst_rows, job.layers) if h2d
                                   else PlannedJob(job.src, staging, job.src_rows, local, job.layers))
             plan = plan.subset(kernel_jobs)
-        return StagedPrepared(self, self.dma, tuple(rings), swaps, self.kernel.lay_out(plan, groups),
+        return StagedPrepared(self, self.dma, tuple(rings), swaps, self.kernel.lay_out(plan, groups, None, keep),
                               tuple(stages))
 
     def _stage_jobs(self, plan: CopyPlan, groups: LaunchGroups,

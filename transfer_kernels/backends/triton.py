@@ -97,13 +97,14 @@ class TritonBackend(CopyBackend):
         """The latest kernel launch's arguments (for tests), or ``None`` before any."""
         return None if self._last is None else self._last[0].launch_args(self._last[1])
 
-    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None) -> Prepared:
+    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
+                keep: bool = False) -> Prepared:
         """The size class's layout: every group's segments and program tables at once
         (converting jobs: the fused quant kernel, `quant_triton`)."""
         if plan.has_quant:
-            return self._lay_out_split(plan, groups)
+            return self._lay_out_split(plan, groups, keep)
         lay = layout(plan, groups, self.grid_cap(plan.device), self.vpt)
-        return TritonPrepared(self, lay, plan.device)
+        return TritonPrepared(self, lay, plan.device, keep)
 
     def _make_quant_backend(self, device: torch.device) -> CopyBackend:
         """The fused quantize/dequantize kernel, interpreted on a CPU plan like this one."""
@@ -143,27 +144,37 @@ class LaunchSet(NamedTuple):
 
 class TritonPrepared(Prepared):
     """A size class's layout (segments with the views' addresses, program tables); a load
-    uploads it with its rows in one copy on the launching stream."""
+    uploads it with its rows in one copy on the launching stream. With ``keep`` (a route
+    whose loads run on one stream) the first load's ``meta`` buffer and its launches are
+    kept: a later load writes only its rows into it (one copy, stream-ordered after the
+    previous load's launches) and launches through the same bound launcher."""
 
-    def __init__(self, backend: TritonBackend, lay: Layout, device: torch.device) -> None:
-        self.backend, self.layout, self.device = backend, lay, device
+    def __init__(self, backend: TritonBackend, lay: Layout, device: torch.device, keep: bool = False) -> None:
+        self.backend, self.layout, self.device, self.keep = backend, lay, device, keep
         self.counters = (backend,)
+        self._kept: TritonLaunches | None = None  # keep: the launches over the kept meta
 
     @property
     def num_groups(self) -> int:
         return len(self.layout.grids)
 
     def start(self, lanes, src_rows, dst_rows) -> TritonLaunches:
-        lay, backend = self.layout, self.backend
+        lay, backend, kept = self.layout, self.backend, self._kept
         if lay.head is None:
-            meta = torch.empty(0, dtype=torch.int64)
-        else:  # one index upload per load (the head is never written: a cached copy)
-            parts = [lay.head]
-            for j in lay.used:
-                parts += (src_rows[j], dst_rows[j])
-            meta = runtime.upload(parts, self.device)
-        return TritonLaunches(backend, LaunchSet(meta, lay, backend.vpt, backend.num_warps),
-                              self.counters)
+            return TritonLaunches(backend, LaunchSet(torch.empty(0, dtype=torch.int64), lay, backend.vpt,
+                                                     backend.num_warps), self.counters)
+        rows = []
+        for j in lay.used:
+            rows += (src_rows[j], dst_rows[j])
+        if kept is not None:  # the rows into the kept meta, after its head: one copy
+            runtime.upload(rows, self.device, out=kept.launch_set.meta[lay.head.numel():])
+            return kept
+        # one index upload per load (the head is never written: a cached copy)
+        meta = runtime.upload([lay.head, *rows], self.device)
+        launches = TritonLaunches(backend, LaunchSet(meta, lay, backend.vpt, backend.num_warps), self.counters)
+        if self.keep:
+            self._kept = launches
+        return launches
 
 
 class TritonLaunches(Launches):
