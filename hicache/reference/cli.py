@@ -84,13 +84,15 @@ def run_verify_model(args: argparse.Namespace) -> int:
 
     from hicache.reference.verify import run_verify
     from hicache.storage import StorageUnavailableError
+    from hicache.tmpdirs import sigterm_unwinds
 
     fields = VerifyOptions.__dataclass_fields__
     opts = VerifyOptions(**{k: v for k, v in vars(args).items() if k in fields})
     if opts.device == "cpu":
         torch.set_num_threads(1)  # the model's ops are tiny: threads only add contention
     try:
-        report = run_verify(opts)
+        with sigterm_unwinds():  # a SIGTERM still removes the temporary store (exit 143)
+            report = run_verify(opts)
     except StorageUnavailableError as exc:
         raise ValueError(str(exc.__cause__ or exc)) from None  # the store's own message, without the
         # --hicache-storage-optional advice of a server (verify-model has no such flag)

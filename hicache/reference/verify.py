@@ -14,7 +14,6 @@ storage tier defaults to a file store in a temporary directory removed at the en
 from __future__ import annotations
 
 import contextlib
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import NamedTuple
@@ -32,6 +31,7 @@ from hicache.reference.mha import MhaModel
 from hicache.reference.paged import PagedSeq
 from hicache.reference.serve import TIERS, Fault, ModelServer, Served
 from hicache.reference.workload import longest_request, schedule
+from hicache.tmpdirs import OwnedDir
 
 
 
@@ -135,7 +135,7 @@ def run_verify(opts: VerifyOptions, progress=None) -> VerifyReport:
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         if opts.storage_backend == "file" and not opts.storage_dir:
-            opts = replace(opts, storage_dir=stack.enter_context(tempfile.TemporaryDirectory(prefix="hicache-verify-")))
+            opts = replace(opts, storage_dir=str(stack.enter_context(OwnedDir("hicache-verify-")).path))
         cache = build(cfg.stack(), device_tokens(opts, cfg.page_size), verify_config(opts, cfg.identity),
                       opts.device)
         stack.callback(cache.close)

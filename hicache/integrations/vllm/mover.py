@@ -6,7 +6,8 @@ vLLM block). Host side: one ``host_pools.HostPool`` per group (``page_first`` by
 a block of all layers is one contiguous span; a group whose layers differ in page size
 gets one pool per size, with the same rows), each group with its own number of chunks,
 all in one ``HostReservation`` checked against the host budget before any memory is
-touched, pinned on CUDA. A host chunk ``c`` is ``blocks_per_chunk`` consecutive host rows::
+touched, pinned on CUDA in registrations that start between rows (the host tables carry
+their starts: no copy spans two, which ``cudaMemcpyBatchAsync`` refuses). A host chunk ``c`` is ``blocks_per_chunk`` consecutive host rows::
 
     host rows of chunk c:   c*k, c*k+1, ..., c*k+k-1            (k = blocks_per_chunk)
     a job's rows, group g:  rows of its chunks, minus the first block_indices[g] % k
@@ -132,8 +133,7 @@ class BlockMover:
         hosts = [[self._pool_spec(g, i, len(ts), t, tpb, vec) for i, t in enumerate(ts)]
                  for g, (ts, tpb, vec) in enumerate(zip(tables, tokens_per_block, vectors))]
         pools = self._allocate([[h.spec for h in hs] for hs in hosts], config, world_size, budget)
-        self.parts = [[_Part(t, RowTable.from_views(pools[h.spec.name].row_views(), name=f"{h.spec.name}.host",
-                                                    codec=h.codec), pools[h.spec.name])
+        self.parts = [[_Part(t, self._host_table(pools[h.spec.name], h), pools[h.spec.name])
                        for t, h in zip(ts, hs)] for ts, hs in zip(tables, hosts)]
         self.host_pools = [part.pool for group in self.parts for part in group]
         self.backend = backend or make_backend(config.hicache)
@@ -158,10 +158,17 @@ class BlockMover:
         flat = [s for ss in specs for s in ss]
         requests = {s.name: HostPool.bytes_for(s, rows[s.name]) for s in flat}
         budget = config.check_budget(requests, world_size, budget)
+        layout = config.hicache.mem_layout
+        # Pinned registrations start between rows (a copy never spans two of them).
+        strides = {s.name: HostPool.row_stride_for(s, layout) for s in flat}
         self.reservation = HostReservation(pin=self.device.type == "cuda")
-        storage = self.reservation.reserve(requests, budget, FLAG_HINT)
-        return {s.name: HostPool(s, rows[s.name], config.hicache.mem_layout, storage[s.name])
-                for s in flat}
+        storage = self.reservation.reserve(requests, budget, FLAG_HINT, strides)
+        return {s.name: HostPool(s, rows[s.name], layout, storage[s.name]) for s in flat}
+
+    def _host_table(self, pool: HostPool, part: HostPart) -> RowTable:
+        """A host pool's rows, with its registrations' starts (the copy engine cuts runs there)."""
+        return RowTable.from_views(pool.row_views(), name=f"{pool.spec.name}.host", codec=part.codec,
+                                   chunk_starts=self.reservation.chunks.get(pool.spec.name))
 
     @property
     def num_chunks(self) -> int:

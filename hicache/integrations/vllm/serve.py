@@ -1,14 +1,17 @@
 """`hicache serve-vllm MODEL [vLLM args...] [--enable-hierarchical-cache --hicache-* ...]`.
 
-Starts vLLM's OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``)
-in the vLLM environment. hicache's own flags are taken out of the command line and
-translated into ``--kv-transfer-config`` (see ``config.kv_transfer_config``); every other
-argument goes to vLLM untouched, except a ``--hicache-*`` flag hicache does not know (a
-typo), which is refused before vLLM starts. Without ``--enable-hierarchical-cache`` it
-starts plain vLLM. The server listens on 127.0.0.1 unless ``--host`` says otherwise
-(vLLM alone would listen on every interface). ``MODEL`` may be ``smollm2-135m``, the
-model folder ``scripts/setup_vllm.sh`` made. vLLM runs as a child with its own temporary
-folder, removed when it ends (also after SIGTERM): it leaves sockets and init files there.
+Starts vLLM's OpenAI-compatible server (``python -m`` `env.API_SERVER`) in the vLLM
+environment. hicache's own flags are taken out of the command line and translated into
+``--kv-transfer-config`` (see ``config.kv_transfer_config``); every other argument goes
+to vLLM untouched, except a ``--hicache-*`` flag hicache does not know (a typo), which is
+refused before vLLM starts, as is a MODEL vLLM could not load (`model_source.py`: not a
+path, not cached, and offline). Without ``--enable-hierarchical-cache`` it starts plain
+vLLM. The server listens on 127.0.0.1 unless ``--host`` says otherwise (vLLM alone would
+listen on every interface). ``MODEL`` may be ``smollm2-135m``, the model folder
+``scripts/setup_vllm.sh`` made. vLLM runs as a `process.ServerGroup`: its own process
+group, temporary folder and shared memory, nothing of them left when it ends (SIGTERM
+included). Exit status: vLLM's, or 128 + N after a signal N was passed on to it (130 for
+Ctrl-C, 143 for SIGTERM), with one line saying so.
 """
 from __future__ import annotations
 
@@ -16,14 +19,19 @@ import argparse
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Sequence
 
 from hicache.config import HiCacheConfig, add_hicache_args
 from hicache.integrations.vllm import env
 from hicache.integrations.vllm.config import PREFIX_FLAG, SpecConfig, kv_transfer_config
+from hicache.integrations.vllm.model_source import check_model
+from hicache.integrations.vllm.noise import relay
+from hicache.integrations.vllm.process import ServerGroup
 
 DEFAULT_HOST = "127.0.0.1"
+RELAY_JOIN_S = 5.0  # stderr's end comes with the group's: a bound, never reached in practice
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -81,69 +89,65 @@ def serve_command(model: str, config: HiCacheConfig, vllm_args: Sequence[str],
     Raises:
         ValueError: no vLLM Python or a bad ``--vllm-python``, an unknown ``--hicache-*``
             flag, ``--kv-transfer-config`` given together with
-            ``--enable-hierarchical-cache``, an unsupported hicache setting, or a
-            ``--hicache-size`` over this host's budget.
+            ``--enable-hierarchical-cache``, an unsupported hicache setting, a
+            ``--hicache-size`` over this host's budget, or a MODEL that is neither a
+            path nor cached and cannot be downloaded (`model_source.check_model`).
     """
     check_vllm_args(vllm_args)
     py = resolve_python(python)
     host = [] if any(_flag(a) == "--host" for a in vllm_args) else ["--host", DEFAULT_HOST]
-    argv = [str(py), "-m", env.API_SERVER, "--model", env.resolve_model(model), *host, *vllm_args]
-    if not config.enable_hierarchical_cache:
-        return argv
-    if any(a == "--kv-transfer-config" or a.startswith("--kv-transfer-config=") for a in vllm_args):
-        raise ValueError("--kv-transfer-config: hicache sets it from --enable-hierarchical-cache "
-                         "and the --hicache-* flags; pass one or the other")
-    spec_json = kv_transfer_config(config, prefix_tokens)
-    if config.hicache_size_gb > 0:  # checkable now; ratio sizing is checked when vLLM starts
-        SpecConfig(config).check_budget({"vllm_kv": int(config.hicache_size_gb * 1e9)}, 1)
-    return argv + ["--kv-transfer-config", spec_json]
+    hicache = []
+    if config.enable_hierarchical_cache:
+        if any(a == "--kv-transfer-config" or a.startswith("--kv-transfer-config=") for a in vllm_args):
+            raise ValueError("--kv-transfer-config: hicache sets it from --enable-hierarchical-cache "
+                             "and the --hicache-* flags; pass one or the other")
+        hicache = ["--kv-transfer-config", kv_transfer_config(config, prefix_tokens)]
+        if config.hicache_size_gb > 0:  # checkable now; ratio sizing is checked when vLLM starts
+            SpecConfig(config).check_budget({"vllm_kv": int(config.hicache_size_gb * 1e9)}, 1)
+    # last: it may ask the Hugging Face Hub whether it can be reached
+    model = check_model(model, vllm_args)
+    return [str(py), "-m", env.API_SERVER, "--model", model, *host, *vllm_args, *hicache]
 
 
 def run_serve(args: argparse.Namespace, vllm_args: Sequence[str]) -> int:
-    """Run vLLM's server until it ends; its exit status (128 + N after signal N)."""
+    """Run vLLM's server until it ends; its exit status, or 128 + N after signal N."""
     argv = serve_command(args.model, HiCacheConfig.from_args(args), vllm_args, args.vllm_python,
                          args.hicache_prefix_tokens)
-    return run_in_private_tmp(argv)
+    return run_until_stopped(argv)
 
 
-def run_in_private_tmp(argv: Sequence[str]) -> int:
-    """Run ``argv`` (vLLM's server) in its own process group with its own temporary folder
-    (`env.private_tmp`), removed when it ends. SIGINT, SIGTERM and SIGHUP sent to this
-    process are passed on to the group, as a terminal's Ctrl-C would be; whatever of the
-    group is left when the server has ended is killed (nothing writes to the folder after)."""
-    child: list[int] = []  # the group's id once started; a signal before that waits for it
-    pending: list[int] = []
+def run_until_stopped(argv: Sequence[str]) -> int:
+    """Run ``argv`` (vLLM's server) as a `process.ServerGroup`: its own process group,
+    temporary folder and shared memory, none left when it ends. SIGINT, SIGTERM and SIGHUP
+    sent to this process are passed on to the group, as a terminal's Ctrl-C would be; once
+    one was, the status is 128 + N for the first (130 for Ctrl-C, 143 for SIGTERM) and one
+    line says so. vLLM's stderr passes through without its shutdown noise (`noise.py`).
+
+    Returns:
+        The exit status (vLLM's own, or 128 + N when it was killed by signal N).
+    """
+    group, forwarded = ServerGroup(argv), []
 
     def forward(sig: int, _frame) -> None:
-        if child:
-            _signal_group(child[0], sig)
-        else:
-            pending.append(sig)
+        forwarded.append(sig)
+        group.signal(sig)
 
-    with env.private_tmp() as tmp:
-        # Handlers first: a signal that arrives while the child starts is not lost.
-        passed = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-        try:
-            proc = subprocess.Popen(list(argv), env=env.process_env(tmp), start_new_session=True)
-        except BaseException:
-            for sig, handler in passed.items():
-                signal.signal(sig, handler)
-            raise
-        child.append(proc.pid)
-        for sig in pending:
-            _signal_group(proc.pid, sig)
-        try:
-            code = proc.wait()
-        finally:
-            for sig, handler in passed.items():
-                signal.signal(sig, handler)
-            _signal_group(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return code if code >= 0 else 128 - code
-
-
-def _signal_group(pgid: int, sig: int) -> None:
+    # Handlers first: a signal that arrives while the child starts is not lost.
+    passed = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    relayed = None
     try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass  # the group has ended
+        group.start(stderr=subprocess.PIPE)
+        relayed = relay(group.proc.stderr, sys.stderr.buffer)
+        code = group.wait()
+    finally:
+        for sig, handler in passed.items():
+            signal.signal(sig, handler)
+        group.end()
+        if relayed is not None:
+            relayed.join(RELAY_JOIN_S)
+    if forwarded:
+        sig = forwarded[0]
+        name = "Ctrl-C (SIGINT)" if sig == signal.SIGINT else signal.Signals(sig).name
+        print(f"hicache serve-vllm: stopped by {name}, exit {128 + sig}", file=sys.stderr)
+        return 128 + sig
+    return code if code >= 0 else 128 - code

@@ -63,17 +63,17 @@ def test_kv_transfer_config_round_trips_through_the_spec_config():
 
 
 def test_serve_command_translates_hicache_flags_only_when_enabled(tmp_path):
-    py = sys.executable
-    plain = serve_command("m", HiCacheConfig(), ["--port", "1"], python=py)
-    assert plain == [py, "-m", "vllm.entrypoints.openai.api_server", "--model", "m",
+    py, m = sys.executable, str(tmp_path)  # a model folder
+    plain = serve_command(m, HiCacheConfig(), ["--port", "1"], python=py)
+    assert plain == [py, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", m,
                      "--host", "127.0.0.1", "--port", "1"]  # not vLLM's 0.0.0.0
-    on = serve_command("m", HiCacheConfig(enable_hierarchical_cache=True, hicache_ratio=4),
+    on = serve_command(m, HiCacheConfig(enable_hierarchical_cache=True, hicache_ratio=4),
                        ["--port", "1"], python=py, prefix_tokens=512)
     assert on[:9] == plain and on[9] == "--kv-transfer-config"
     extra = json.loads(on[10])["kv_connector_extra_config"]
     assert extra["hicache_ratio"] == 4.0 and extra["hicache_prefix_tokens"] == 512
     assert SpecConfig.from_extra(extra).prefix_tokens == 512
-    exposed = serve_command("m", HiCacheConfig(), ["--host=0.0.0.0"], python=py)
+    exposed = serve_command(m, HiCacheConfig(), ["--host=0.0.0.0"], python=py)
     assert exposed[-1] == "--host=0.0.0.0" and "127.0.0.1" not in exposed
     with pytest.raises(ValueError, match="--kv-transfer-config: hicache sets it"):
         serve_command("m", HiCacheConfig(enable_hierarchical_cache=True),

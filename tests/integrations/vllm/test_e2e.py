@@ -31,6 +31,7 @@ from hicache.integrations.vllm import env
 from hicache.integrations.vllm.client import VllmServer, free_port
 from hicache.integrations.vllm.config import null_kv_transfer_config
 from hicache.integrations.vllm.workload import run_turns
+from tests.integrations.vllm.leftovers import check_stopped_cleanly, held_by_tree
 from tests.set_up import needs
 
 WHY_NOT = env.missing()
@@ -79,10 +80,12 @@ def runs(tmp_path_factory):
             s.start()
         with ThreadPoolExecutor(len(servers)) as pool:  # engine start-up is mostly single-threaded
             list(pool.map(lambda s: s.wait_ready(600), servers.values()))
+        held = {name: held_by_tree(s) for name, s in servers.items()}  # /dev/shm, by inode
         out = {name: replay(s) for name, s in servers.items()}  # one at a time: 2 cores
         out["metrics"] = servers["hicache"].metrics()
         out["control_metrics"] = servers["control"].metrics()
         out["int8_metrics"] = servers["int8"].metrics()
+        out["servers"], out["held"] = servers, held
         yield out
     finally:
         for s in servers.values():
@@ -134,3 +137,7 @@ def head_size(model_dir: Path) -> int:
     c = json.loads((model_dir / "config.json").read_text())
     return c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
 
+
+def test_stopped_servers_leave_nothing_in_dev_shm_and_stop_quietly(runs):
+    # last in the module: it stops the servers (the fixture's stop is then a no-op)
+    check_stopped_cleanly(runs["servers"], runs["held"])

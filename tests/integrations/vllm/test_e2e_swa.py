@@ -21,6 +21,7 @@ from hicache.integrations.vllm import env
 from hicache.integrations.vllm.client import VllmServer, free_port
 from hicache.integrations.vllm.config import null_kv_transfer_config
 from hicache.integrations.vllm.workload import run_turns
+from tests.integrations.vllm.leftovers import check_stopped_cleanly, held_by_tree
 from tests.set_up import needs
 
 MODEL = env.swa_model_dir()
@@ -54,6 +55,7 @@ def runs(tmp_path_factory):
             s.start()
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda s: s.wait_ready(600), servers.values()))
+        held = {name: held_by_tree(s) for name, s in servers.items()}  # /dev/shm, by inode
         out = {}
         for name, server in servers.items():  # one at a time: 2 cores
             ids: list[tuple[int, ...]] = []
@@ -67,6 +69,7 @@ def runs(tmp_path_factory):
             out[name] = ids
         out["metrics"] = hicache.metrics()
         out["raw"] = urllib.request.urlopen(f"{hicache.url}/metrics", timeout=10).read().decode()
+        out["servers"], out["held"] = servers, held
         yield out
     finally:
         for s in servers.values():
@@ -100,3 +103,8 @@ def test_the_sliding_window_group_keeps_only_trailing_windows(runs):
     assert total[swa] < total[full] and per_token[swa] < per_token[full]
     assert 0 < used[swa] < used[full]
     assert used[swa] <= 2 * CONVERSATIONS * TURNS  # window 128 = 1 chunk (+1) per request
+
+
+def test_stopped_servers_leave_nothing_in_dev_shm_and_stop_quietly(runs):
+    # last in the module: it stops the servers (the fixture's stop is then a no-op)
+    check_stopped_cleanly(runs["servers"], runs["held"])

@@ -45,12 +45,12 @@ def test_serve_vllm_gives_vllm_a_private_temporary_folder_removed_on_sigterm(tmp
     system_tmp, ready = tmp_path / "tmp", tmp_path / "ready"
     system_tmp.mkdir()
     run_env = {**os.environ, "TMPDIR": str(system_tmp), "HICACHE_TEST_READY": str(ready)}
-    proc = subprocess.Popen([sys.executable, "-m", "hicache.cli", "serve-vllm", "a-model", "--vllm-python",
+    proc = subprocess.Popen([sys.executable, "-m", "hicache.cli", "serve-vllm", str(tmp_path), "--vllm-python",
                              str(_fake(tmp_path))], env=run_env, cwd=env.REPO_ROOT)
     try:
         tmp, rpc = _started(ready, proc)
-        assert tmp == rpc and tmp.parent == system_tmp and sorted(os.listdir(tmp)) == ["0123-ipc-socket",
-                                                                                      "vllm_dist_0123"]
+        assert tmp == rpc and tmp.parent == system_tmp
+        assert sorted(os.listdir(tmp)) == [".hicache-owner", "0123-ipc-socket", "vllm_dist_0123"]
         proc.send_signal(signal.SIGTERM)  # e.g. `docker stop`: passed on to vLLM, then the folder goes
         assert proc.wait(WAIT_S) == 128 + signal.SIGTERM
     finally:
