@@ -29,6 +29,7 @@ thresholds (this script re-executes itself with them, as the anchor does).
 
     python bench/tree.py --anchor-python /path/to/sglang-venv/bin/python   # writes bench/results/local/tree_cpu.json
     python bench/tree.py --rounds 1                                          # hicache only
+    python bench/tree.py --hicache-eviction-policy all                       # every eviction policy
 
 Targets: with the host tier >= 2x SGLang's tokens/s and poll per step <= 50 us; without
 it >= SGLang's default Rust core (both figures are reported; the README says which meets what).
@@ -58,6 +59,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 
 from bench import harness  # noqa: E402
 from hicache import HiCacheConfig, build  # noqa: E402
+from hicache.config import EVICTION_POLICIES  # noqa: E402
 from hicache.models import mha  # noqa: E402
 from hicache.radix import HiRadixCache  # noqa: E402
 from host_pools.memory import HostBudget  # noqa: E402
@@ -70,10 +72,12 @@ CASES = (("host", 64), ("host", 1), ("none", 64), ("none", 1))  # (host tier, pa
 MEAN_TURN_TOKENS = TURN_TOKENS * (TURNS + 1) / 2  # a turn's sequence, on average
 
 
-def build_tree(page_size: int, host_tier: bool, device_slots: int = DEVICE_SLOTS) -> HiRadixCache:
+def build_tree(page_size: int, host_tier: bool, device_slots: int = DEVICE_SLOTS,
+               eviction_policy: str = "lru") -> HiRadixCache:
     """A 1-layer MHA stack with 8-byte token rows, host tier of ratio 2, write-through."""
     stack = mha(1, 1, 4, dtype=torch.uint8, page_size=page_size, model="tiny-mha")
-    config = HiCacheConfig(hicache_ratio=2.0, write_policy="write_through", io_backend="torch")
+    config = HiCacheConfig(hicache_ratio=2.0, write_policy="write_through", io_backend="torch",
+                           eviction_policy=eviction_policy)
     budget = HostBudget(1 << 40, None, 0, 1, 1 << 40)
     cache = build(stack, device_slots, config, device="cpu", budget=budget, backend=NullBackend())
     return HiRadixCache(cache, host_tier=host_tier, storage=None)
@@ -86,9 +90,9 @@ def conversations(seed: int = 0) -> np.ndarray:
                      for _ in range(CONVERSATIONS)])
 
 
-def one_pass(convs: np.ndarray, page_size: int, host_tier: bool) -> dict:
+def one_pass(convs: np.ndarray, page_size: int, host_tier: bool, eviction_policy: str = "lru") -> dict:
     """The whole workload on a fresh tree; times in microseconds."""
-    tree = build_tree(page_size, host_tier)
+    tree = build_tree(page_size, host_tier, eviction_policy=eviction_policy)
     dev, ctrl = tree.device_pool, tree.ctrl
     ns = time.perf_counter_ns
     match_ns = insert_ns = step_ns = tokens = steps = 0
@@ -180,14 +184,15 @@ KEYS = ("mtokens_per_s", "mtokens_per_s_same_work", "match_us", "insert_us", "po
 
 
 def run_rounds(args: argparse.Namespace, cases: list) -> tuple[dict, dict, str | None]:
-    """``args.rounds`` rounds: every case of ours, then (with an anchor interpreter) SGLang's."""
+    """``args.rounds`` rounds: every case of ours under every eviction policy, then (with an
+    anchor interpreter) SGLang's. Ours are keyed (policy, case), SGLang's by case."""
     convs = conversations()
-    ours: dict = {c: [] for c in cases}
+    ours: dict = {(p, c): [] for p in args.policies for c in cases}
     theirs: dict = {c: [] for c in cases}
     version = None
     for r in range(args.rounds):
-        for case in cases:
-            ours[case].append(one_pass(convs, case[1], case[0] == "host"))
+        for policy, case in ours:
+            ours[policy, case].append(one_pass(convs, case[1], case[0] == "host", policy))
         if args.anchor_python:
             got = anchor_round(args.anchor_python, Path(args.anchor), args.pages)
             version = got.pop("sglang")
@@ -197,9 +202,9 @@ def run_rounds(args: argparse.Namespace, cases: list) -> tuple[dict, dict, str |
     return ours, theirs, version
 
 
-def summary_row(case: tuple, ours: list[dict], theirs: list[dict]) -> dict:
+def summary_row(case: tuple, ours: list[dict], theirs: list[dict], policy: str = "lru") -> dict:
     """Medians of one case's rounds, SGLang's beside them, and the ratios."""
-    row = {"host_tier": case[0] == "host", "page_size": case[1]}
+    row = {"eviction_policy": policy, "host_tier": case[0] == "host", "page_size": case[1]}
     for key in KEYS:
         row[key] = _median(ours, key)
         if theirs:
@@ -219,12 +224,13 @@ def report(rows: list[dict], args: argparse.Namespace, version: str | None) -> N
     """JSON under bench/results and the table (with SGLang's columns and per-round ratios)."""
     config = {"workload": f"{CONVERSATIONS} conv x {TURNS} turns x {TURN_TOKENS} new tokens, interleaved",
               "device_slots": DEVICE_SLOTS, "hicache_ratio": 2.0, "write_policy": "write_through",
+              "eviction_policies": args.policies,
               "backend": "null (moves nothing)", "stack": "mha 1 layer, 1 head, head_dim 4, uint8",
               "counting": "tokens of each turn's sequence once per turn / (match + insert time)",
               "rounds": args.rounds, "alternating": bool(args.anchor_python), "sglang": version,
               "malloc_env": _MALLOC_ENV, "torch_threads": 1}
     harness.write_json(Path(args.out), rows, config, torch.device("cpu"))
-    cols = ["host_tier", "page_size", "mtokens_per_s", "match_us", "insert_us", "poll_step_us",
+    cols = ["eviction_policy", "host_tier", "page_size", "mtokens_per_s", "match_us", "insert_us", "poll_step_us",
             "evict_us", "load_back_us_per_token"]
     if version:
         cols += ["sglang_mtokens_per_s", "sglang_mtokens_per_s_same_work", "sglang_poll_step_us",
@@ -232,7 +238,8 @@ def report(rows: list[dict], args: argparse.Namespace, version: str | None) -> N
     print(harness.format_table(rows, cols))
     for row in rows if version else ():
         lo, mid, hi = row["speedup_per_round_min_median_max"]
-        print(f"host tier {row['host_tier']!s:5} page {row['page_size']:2}: tokens/s ratio per round "
+        print(f"{row['eviction_policy']:8} host tier {row['host_tier']!s:5} page {row['page_size']:2}: "
+              "tokens/s ratio per round "
               f"(ours / SGLang's next to it) min {lo:.2f} median {mid:.2f} max {hi:.2f}")
     print(f"CPU, bookkeeping only, tokens counted once per turn, medians of {args.rounds} round(s)"
           f"{f', alternating with SGLang {version}' if version else ' (no SGLang side: --anchor-python)'}"
@@ -246,14 +253,21 @@ def main(argv: list[str] | None = None) -> int:
                    help="interpreter with SGLang 0.5.23 (default $SGLANG_PYTHON; none: hicache only)")
     p.add_argument("--anchor", default=str(DEFAULT_ANCHOR), help="path of sglang_cpu_anchor.py")
     p.add_argument("--pages", type=int, nargs="+", default=[64, 1], choices=(64, 1))
+    p.add_argument("--hicache-eviction-policy", dest="eviction_policy", default="lru",
+                   help=f"eviction policies to run, comma-separated, or all ({', '.join(EVICTION_POLICIES)}; "
+                        "default lru)")
     p.add_argument("--out", default=str(harness.RESULTS_DIR / "tree_cpu.json"))
     args = p.parse_args(argv)
+    args.policies = list(EVICTION_POLICIES) if args.eviction_policy == "all" else args.eviction_policy.split(",")
+    bad = [x for x in args.policies if x not in EVICTION_POLICIES]
+    if bad:
+        p.error(f"--hicache-eviction-policy: {bad[0]!r} is not one of {', '.join(EVICTION_POLICIES)} (or all)")
     if args.anchor_python and not Path(args.anchor).is_file():
         p.error(f"--anchor: {args.anchor} is not a file")
     torch.set_num_threads(1)
     cases = [c for c in CASES if c[1] in args.pages]
     ours, theirs, version = run_rounds(args, cases)
-    report([summary_row(c, ours[c], theirs[c]) for c in cases], args, version)
+    report([summary_row(c, ours[p, c], theirs[c], p) for p in args.policies for c in cases], args, version)
     return 0
 
 

@@ -80,6 +80,8 @@ def build(stack: Stack, device_tokens: int, config: HiCacheConfig | None = None,
 
     config = config or HiCacheConfig()
     check_backend_usable(config.io_backend if backend is None else backend)
+    if backend is None:  # the flag's dma; an explicit backend= may run dma's CPU stand-in (tests)
+        check_backend_device(config.io_backend, device)
     dev = torch.device(device)
     plan = plan_sizes(stack, device_tokens, config, budget)
     log_host_stack(stack, plan.host)  # which pools are int8 with --hicache-host-dtype int8
@@ -103,11 +105,32 @@ def triton_problem() -> str | None:
     return None
 
 
+def check_backend_device(backend: str, device: Any = None) -> None:
+    """Refuse ``--hicache-io-backend dma`` without a CUDA device: ``device`` is not one, or
+    (``None``: any device of this process) this torch sees none.
+
+    Raises:
+        ValueError: naming ``--hicache-io-backend``, why, and the backends that work.
+    """
+    import torch
+    if backend != "dma":
+        return
+    if device is not None and torch.device(device).type != "cuda":
+        problem = f"the device is {device}"
+    elif not torch.cuda.is_available():
+        problem = f"this torch, {torch.__version__}, sees no CUDA device"
+    else:
+        return
+    raise flag_error("io_backend", f"'dma' needs CUDA ({problem}): it stages pages by DMA between pinned host "
+                                   "memory and a GPU; use auto, triton, copy_engine or torch")
+
+
 def check_backend_usable(backend: Any) -> None:
     """Refuse, before anything is allocated, an io backend named by the config that cannot run.
 
     Only names are checked (an instance is the caller's); ``"auto"`` falls back by itself
-    (copy engine without triton), so only ``"triton"`` can be unusable.
+    (copy engine without triton), so only ``"triton"`` can be unusable (``"dma"`` without
+    CUDA: `check_backend_device`).
 
     Raises:
         ValueError: naming ``--hicache-io-backend``, why, and the backends that work.

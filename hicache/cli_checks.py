@@ -6,6 +6,7 @@
     --device          cpu, cuda or cuda:N (replay; CUDA present and N below the device count)
     --device-tokens   one page .. MAX_DEVICE_TOKENS; replay: the pools fit the device's free memory
     --device-gib      finite, > 0, at least one page and at most MAX_DEVICE_TOKENS tokens' worth
+    --hicache-ratio   (replay) at most MAX_SWEEP ratios: each is a whole run of the workload
 
 All raise ``ValueError``, which the CLI prints as one line (exit status 2).
 """
@@ -21,6 +22,14 @@ from hicache.models import PRESETS, preset
 from hicache.sizing import MAX_DEVICE_TOKENS, CachePlan, device_root_tokens, device_tokens_for_bytes
 
 GIB = 1 << 30
+MAX_SWEEP = 64  # ratios of one replay sweep
+
+
+def check_sweep(ratios: list[float]) -> None:
+    """``--hicache-ratio``'s list of a replay sweep: at most `MAX_SWEEP` runs."""
+    if len(ratios) > MAX_SWEEP:
+        raise ValueError(f"--hicache-ratio: at most {MAX_SWEEP} ratios (each a whole run of the workload), "
+                         f"got {len(ratios)}")
 
 
 def stack_from_flags(model: str, layers: int | None) -> Stack:
@@ -84,7 +93,8 @@ def check_fits_device(plan: CachePlan, device: torch.device) -> None:
         where = f"{device} has {free / GIB:.2f} GiB free"
     else:  # CPU mode: the "device" pools are host memory too, next to the host pools
         free = plan.budget.budget_bytes - plan.host_bytes_total
-        where = (f"in CPU mode they share this machine's budget ({plan.budget.budget_bytes / GIB:.2f} GiB) "
+        where = (f"in CPU mode they share this machine's budget ({plan.budget.budget_bytes / GIB:.2f} GiB, "
+                 f"{plan.budget.headroom_bytes / GIB:.2f} GiB of --hicache-host-headroom kept free) "
                  f"with the host pools ({plan.host_bytes_total / GIB:.2f} GiB)")
     if need > free:
         raise ValueError(f"--device-tokens: the device pools need {need / GIB:.2f} GiB; {where}. "

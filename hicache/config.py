@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from hicache.fields import checked_value, field_kinds
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
-# eviction order of the device and host tiers (leaves only; hicache/radix/evict.py)
-EVICTION_POLICIES = ("lru",)
-IO_BACKENDS = ("auto", "triton", "copy_engine", "torch")
+# eviction order of the device and host tiers (leaves only; hicache/radix/policies/,
+# whose NAMES it equals: not imported, the config stays free of torch)
+EVICTION_POLICIES = ("lru", "lfu", "adaptive", "lfuda", "tiered")
+IO_BACKENDS = ("auto", "triton", "dma", "copy_engine", "torch")  # dma: CUDA only (`build.check_backend_usable`)
 MEM_LAYOUTS = ("page_first", "layer_first")
 STORAGE_BACKENDS = ("none", "file", "mooncake")
 STORAGE_PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
@@ -37,6 +38,8 @@ MAX_COPY_PROGRAMS = 4096
 MAX_HOST_GB = 1e9
 # host tokens per device token; x any device token count (< 2^40) stays below 2^63
 MAX_HICACHE_RATIO = 1e6
+MAX_RANKS = 1 << 16  # --hicache-ranks-per-host, --hicache-tp-size: past any deployment
+MAX_PREFETCH_TIMEOUT_S = 86400.0  # a day; a thread's wait takes no more than ~2^31 s
 
 # field -> flag, so every error names what the user typed
 FLAGS = {
@@ -104,8 +107,10 @@ class HiCacheConfig:
         hicache_size_gb: host bytes in GB (1e9) per rank; 0 = size by ``hicache_ratio``.
         write_policy: ``write_through`` | ``write_through_selective`` | ``write_back``.
         eviction_policy: which leaf the device and host tiers evict first, one of
-            ``EVICTION_POLICIES`` (``lru``: least recently used).
-        io_backend: transfer backend, ``auto`` | ``triton`` | ``copy_engine`` | ``torch``.
+            ``EVICTION_POLICIES`` (`hicache.radix.policies`): ``lru`` least recently used,
+            ``lfu`` fewest hits, ``adaptive`` LRU or LFU weighted by the misses each caused,
+            ``lfuda`` LFU with dynamic aging, ``tiered`` lfuda on the device and lru on the host.
+        io_backend: transfer backend, ``auto`` | ``triton`` | ``dma`` (CUDA) | ``copy_engine`` | ``torch``.
         mem_layout: host layout, ``page_first`` | ``layer_first``.
         host_dtype: host format, ``auto`` (the device dtype, byte-exact) | ``int8`` (opt-in:
             bf16/fp16 history pools as int8 + one fp32 scale per token and head, lossy;
@@ -167,7 +172,9 @@ class HiCacheConfig:
         if self.hicache_size_gb < 0:
             raise _bad("hicache_size_gb", f"must be >= 0 (0 = use --hicache-ratio), got {self.hicache_size_gb}")
         for field, ceiling, unit in (("hicache_ratio", MAX_HICACHE_RATIO, " host tokens per device token"),
-                                     ("hicache_size_gb", MAX_HOST_GB, " GB"), ("host_headroom_gb", MAX_HOST_GB, " GiB")):
+                                     ("hicache_size_gb", MAX_HOST_GB, " GB"), ("host_headroom_gb", MAX_HOST_GB, " GiB"),
+                                     ("ranks_per_host", MAX_RANKS, " ranks"), ("tp_size", MAX_RANKS, " ranks"),
+                                     ("storage_prefetch_timeout_s", MAX_PREFETCH_TIMEOUT_S, " s")):
             if (getattr(self, field) or 0) > ceiling:
                 raise _bad(field, f"must be at most {ceiling:g}{unit} (past any machine), got {getattr(self, field):g}")
         for field, allowed in (("write_policy", WRITE_POLICIES), ("eviction_policy", EVICTION_POLICIES),

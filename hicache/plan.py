@@ -56,10 +56,12 @@ def run_plan(args: argparse.Namespace) -> int:
     Raises:
         ValueError: a bad flag (named), which the CLI prints as one line.
     """
+    from hicache.build import check_backend_device
     from hicache.cli_checks import check_device_tokens, stack_from_flags, tokens_from_gib
     from hicache.sizing import plan_sizes
 
     config = HiCacheConfig.from_args(args)
+    check_backend_device(config.io_backend)  # plan sizes this machine's pools: dma needs its GPU
     stack = stack_from_flags(args.model, args.layers)
     if args.device_gib is not None:
         tokens = tokens_from_gib(args.device_gib, stack, config)

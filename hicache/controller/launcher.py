@@ -34,7 +34,7 @@ from hicache.controller.batch import Batch, Op, merge, merge_slots, merged_once
 from hicache.controller.groups import LoadGrouper
 from hicache.controller.layer_sync import LayerDoneCounter, OnStream
 from hicache.controller.planner import BatchPlanner, PoolSet
-from transfer_kernels import AutoBackend, CopyBackend, TritonBackend, get_backend, runtime
+from transfer_kernels import AutoBackend, CopyBackend, StagedBackend, TritonBackend, get_backend, runtime
 from transfer_kernels.backends.route import Route
 from transfer_kernels.rows import first_duplicate
 
@@ -228,6 +228,8 @@ def make_backend(config: HiCacheConfig) -> CopyBackend:
         return TritonBackend(max_programs=config.max_copy_programs)
     if config.io_backend == "auto":
         return AutoBackend(triton=TritonBackend(max_programs=config.max_copy_programs))
+    if config.io_backend == "dma":  # its scatter / gather kernel
+        return StagedBackend(kernel=TritonBackend(max_programs=config.max_copy_programs))
     return get_backend(config.io_backend, fresh=True)
 
 

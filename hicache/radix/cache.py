@@ -24,7 +24,8 @@ their state and talk through a few calls (composition; each part a module):
     part                    owns                                   module
     RadixIndex              root, walks, splits, LRU clock, epoch  hicache.radix.index
     SlotLedger              tiers, their slots, who holds a page   hicache.radix.tiers
-    Evictor                 LRU eviction per tier, room            hicache.radix.evict
+    Evictor                 eviction per tier, room                hicache.radix.evict
+    EvictionPolicy          which leaf goes first, its history     hicache.radix.policies
     Transfers               controller ops in flight, acks         hicache.radix.transfers
     Inserter                an insert's checks and plan            hicache.radix.insert
     StorageSide (optional)  store, prefetches, queued writes       hicache.radix.storage
@@ -55,6 +56,7 @@ from hicache.radix.index import RadixIndex
 from hicache.radix.insert import Inserter
 from hicache.radix.landing import StorageEdits
 from hicache.radix.node import EMPTY_SLOTS, InsertResult, MatchResult, TreeNode, as_key, copy_slots, lock, unlock
+from hicache.radix.policies import make_policy
 from hicache.radix.prefetch import Prefetch, PrefetchOutcome, PrefetchResult
 from hicache.radix.storage import StorageSide
 from hicache.radix.tiers import SlotLedger
@@ -96,12 +98,16 @@ class HiRadixCache:
         self.counters: Counter = Counter()
         self._index = RadixIndex(self.page_size)
         self._ledger = SlotLedger(cache, self._index, self.state_sizes)
-        self._evictor = Evictor(self._index, self._ledger, self.counters)
+        order = make_policy(cache.config.eviction_policy, {"device": self.device_pool.num_tokens,
+                                                           "host": self.host_pool.num_tokens}, self.page_size,
+                            clock=lambda: self._index.clock)
+        self._evictor = Evictor(self._index, self._ledger, self.counters, order)
         self._transfers = Transfers(self.ctrl, self._index, self._ledger, self.counters, policy=self.policy,
                                     host_enabled=self.host_enabled)
         self._transfers.make_room, self._transfers.poll = self._evictor.make_room, self.poll
+        self._transfers.on_loaded = order.regained
         self._evictor.below["device"] = self._transfers
-        self._insert = Inserter(self._index, self._ledger, self._transfers, cache.device_pools, self.counters)
+        self._insert = Inserter(self._index, self._ledger, self._transfers, cache.device_pools, self.counters, order)
         if storage == "config":  # the storage layer is imported only when a store is configured
             storage = None
             if self.host_enabled and cache.config.storage_backend != "none":
@@ -136,7 +142,7 @@ class HiRadixCache:
         """Longest usable cached prefix of ``token_ids`` (a partial last page is ignored).
 
         Non-hybrid stacks may split a node so the match ends on a node boundary. Touches
-        the matched nodes (LRU). Hybrid rule: `hicache.radix.hybrid`. The walk is kept
+        the matched nodes (their last access: what the eviction policies read). Hybrid rule: `hicache.radix.hybrid`. The walk is kept
         for an `insert` of the same tokens (or more) that follows before the tree's shape
         changes: that insert continues from it instead of walking again.
 
@@ -183,7 +189,8 @@ class HiRadixCache:
 
     # ---- eviction ----------------------------------------------------------------------
     def evict(self, num_tokens: int) -> int:
-        """Free at least ``num_tokens`` device anchor slots if the unlocked tree allows.
+        """Free at least ``num_tokens`` device anchor slots if the unlocked tree allows, leaves
+        in the order of ``config.eviction_policy`` (`hicache.radix.policies`).
 
         Backed-up nodes drop their device copy; others are backed up first under
         ``write_back`` (a synchronous backup, which polls) and deleted otherwise. Locked
@@ -196,7 +203,7 @@ class HiRadixCache:
         return self._evictor.evict(self._ledger.device, num_tokens)
 
     def evict_host(self, num_tokens: int) -> int:
-        """Delete host-only leaves, least recently used first, until ``num_tokens`` are free
+        """Delete host-only leaves in the eviction policy's order until ``num_tokens`` are free
         (written to storage first under its ``write_back``).
 
         Never touches a locked node, one with a transfer in flight, or a node whose
@@ -208,7 +215,7 @@ class HiRadixCache:
         return self._evictor.evict(self._ledger.host, num_tokens)
 
     def evict_states(self, num_slots: int) -> int:
-        """Drop device snapshots, least recently used first, until ``num_slots`` are free.
+        """Drop device snapshots in the eviction policy's order until ``num_slots`` are free.
 
         The nodes keep their history (and any host snapshot). Locked or in-flight nodes
         are skipped. Mutates the tree; not thread-safe.
@@ -221,7 +228,7 @@ class HiRadixCache:
         return self._evict_snapshots(self._ledger.device, num_slots)
 
     def evict_host_states(self, num_slots: int) -> int:
-        """Free host snapshots (LRU, never of a node in use); the history chain stays.
+        """Free host snapshots (the policy's order, never of a node in use); the history chain stays.
 
         Returns:
             Host slots freed in the first state root pool.

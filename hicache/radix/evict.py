@@ -1,4 +1,5 @@
-"""`Evictor`: one LRU eviction for every tier of `HiRadixCache` (`hicache.radix.tiers`).
+"""`Evictor`: one eviction for every tier of `HiRadixCache` (`hicache.radix.tiers`), in
+the order of its policy (`hicache.radix.policies`: ``--hicache-eviction-policy``).
 
 Candidates are kept per tier in sets that may hold stale entries; every transition that
 can make a node a leaf adds it (a node gaining its tier without children there, a child
@@ -7,7 +8,8 @@ losing it), and each eviction filters the set, so no pass walks the whole tree:
     device leaf  history on device, no child with history on device
     host leaf    history on host only, no children at all
 
-    evict(n) / evict_host(n) on a leaf of the tier (LRU first, unlocked, no transfer in flight):
+    evict(n) / evict_host(n) on a leaf of the tier (the policy's first, unlocked, no transfer
+    in flight):
         the tier below holds the history       -> drop this tier's copy (history and snapshot)
         it does not, tier writes back          -> back it up below first, then drop the copy;
                                                   a failed backup deletes the node's subtree
@@ -16,7 +18,8 @@ losing it), and each eviction filters the set, so no pass walks the whole tree:
     host: below = storage (`StorageSide`, writes back under its ``write_back``) or nothing.
 
 What lies below a tier is a `Below`: the evictor asks it three things and nothing else.
-Snapshots are evicted on their own too (``evict_states``): the history chain stays.
+Snapshots are evicted on their own too (``evict_states``), in the same order: the
+history chain stays. The policy hears of every copy dropped and every node deleted.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from typing import Protocol
 
 from hicache.radix.index import RadixIndex
 from hicache.radix.node import TreeNode
+from hicache.radix.policies import LRU, EvictionPolicy, Victims
 from hicache.radix.tiers import SlotLedger, Tier
 
 
@@ -61,23 +65,22 @@ class NothingBelow:
         return None
 
 
-def _entry(node: TreeNode) -> tuple:
-    return (node.last_access, node.id, node)
-
-
 class Evictor:
-    """LRU eviction of history and snapshots on each tier (scheduler thread).
+    """Eviction of history and snapshots on each tier, in ``policy``'s order (scheduler thread).
 
     Args:
         index: the node structure (deletions).
         ledger: the tiers and their slots.
         counters: the tree's counters (``*_evicted_tokens``, ``nodes_deleted``, ``states_evicted``).
+        policy: the eviction order (default LRU).
     Attributes:
         below: what lies below each tier, keyed by tier name (set by the tree).
     """
 
-    def __init__(self, index: RadixIndex, ledger: SlotLedger, counters: Counter) -> None:
+    def __init__(self, index: RadixIndex, ledger: SlotLedger, counters: Counter,
+                 policy: EvictionPolicy | None = None) -> None:
         self.index, self.ledger, self.counters = index, ledger, counters
+        self.policy = LRU() if policy is None else policy
         self.below: dict[str, Below] = {"device": NothingBelow(), "host": NothingBelow()}
 
     def evict(self, tier: Tier, num_tokens: int) -> int:
@@ -86,10 +89,10 @@ class Evictor:
         fall short)."""
         freed = 0
         while freed < num_tokens:
-            heap = self._leaf_heap(tier)
-            if not heap:
+            victims = self._victims(tier)
+            if not victims:
                 break
-            gained, staged = self._evict_round(tier, heap, num_tokens - freed)
+            gained, staged = self._evict_round(tier, victims, num_tokens - freed)
             freed += gained
             if staged:
                 freed += self._write_back(tier, staged)
@@ -98,12 +101,12 @@ class Evictor:
         self.counters[f"{tier.name}_evicted_tokens"] += freed
         return freed
 
-    def _evict_round(self, tier: Tier, heap: list, need: int) -> tuple[int, list[TreeNode]]:
+    def _evict_round(self, tier: Tier, victims: Victims, need: int) -> tuple[int, list[TreeNode]]:
         freed, staged, staged_tokens = 0, [], 0
         below = self.below[tier.name]
         write_back = below.writes_back
-        while heap and freed + staged_tokens < need:
-            node = heapq.heappop(heap)[2]
+        while victims and freed + staged_tokens < need:
+            node = victims.pop()
             if write_back and not below.holds(node):
                 staged.append(node)
                 staged_tokens += node.num_tokens
@@ -111,15 +114,13 @@ class Evictor:
             freed += self._drop(tier, node)
             parent = node.parent
             if tier.is_leaf(parent) and parent.evictable:
-                heapq.heappush(heap, _entry(parent))
+                victims.push(parent)
         return freed, staged
 
-    def _leaf_heap(self, tier: Tier) -> list:
+    def _victims(self, tier: Tier) -> Victims:
         keep = {n for n in tier.leaves if tier.is_leaf(n)}
         tier.leaves = keep
-        heap = [_entry(n) for n in keep if n.evictable]
-        heapq.heapify(heap)
-        return heap
+        return self.policy.victims(tier.name, [n for n in keep if n.evictable])
 
     def _write_back(self, tier: Tier, nodes: list[TreeNode]) -> int:
         """Back ``nodes`` up to the tier below, then drop their copies here (or the nodes)."""
@@ -131,34 +132,39 @@ class Evictor:
         tokens = node.num_tokens
         others = [t for t in self.ledger.tiers if t is not tier and getattr(node, t.attr) is not None]
         if not others:
-            self.delete_subtree(node)
+            self.policy.deleted(tier.name, self.delete_subtree(node))
         else:
+            self.policy.dropped(tier.name, node)
             self.ledger.drop_copy(tier, node, others)
         return tokens
 
-    def delete_subtree(self, node: TreeNode) -> None:
-        """Remove ``node`` and everything below it, giving back every tier they hold."""
-        stack = [node]
+    def delete_subtree(self, node: TreeNode) -> list[TreeNode]:
+        """Remove ``node`` and everything below it, giving back every tier they hold.
+        Returns the nodes removed, ``node`` first."""
+        gone, stack = [], [node]
         while stack:
             cur = stack.pop()
             stack.extend(cur.children.values())
             self.ledger.release(cur)
             cur.dead = True
+            gone.append(cur)
         parent = node.parent
         self.index.detach(node)
         for tier in self.ledger.tiers:
             tier.leaves.add(parent)
         self.counters["nodes_deleted"] += 1
+        return gone
 
     # ---- snapshots on their own, and room -------------------------------------------------
     def evict_snapshots(self, tier: Tier, num_slots: int) -> int:
-        """LRU snapshots of ``tier`` go (never of a node in use) until ``num_slots`` of the
-        first state root are free; the tier below saves them first if it writes back.
-        Returns the slots freed there."""
+        """Snapshots of ``tier`` go in the policy's order (never of a node in use) until
+        ``num_slots`` of the first state root are free; the tier below saves them first if
+        it writes back. Returns the slots freed there."""
         per = next(iter(self.ledger.state_sizes.values()))
-        heap = [(n.last_access, n.id, n) for n in tier.states if n.evictable]
-        heapq.heapify(heap)
-        victims = [heapq.heappop(heap)[2] for _ in range(min(len(heap), -(-num_slots // per)))]
+        entry = self.policy.entry
+        name = tier.name
+        heap = heapq.nsmallest(-(-num_slots // per), (entry(name, n) for n in tier.states if n.evictable))
+        victims = [e[-1] for e in heap]
         below = self.below[tier.name]
         if below.writes_back:
             below.save_snapshots(victims)

@@ -40,6 +40,7 @@ import torch
 from hicache import fastpath
 from hicache.radix.index import Partial, RadixIndex
 from hicache.radix.node import InsertResult, TreeNode, as_key
+from hicache.radix.policies import LRU, EvictionPolicy
 from hicache.radix.slotcheck import SnapshotCheck, allocated_pages, held_mask, slots_array
 from hicache.radix.tiers import SlotLedger
 from hicache.radix.transfers import Transfers
@@ -63,11 +64,13 @@ class Inserter:
         index, ledger, transfers: the node structure, the tiers' slots, the transfers
             (loads in flight; the write policy's backups).
         device_pools: the device pools by name; counters: the tree's counters.
+        policy: the eviction policy (hears of new nodes and revived device copies).
     """
 
     def __init__(self, index: RadixIndex, ledger: SlotLedger, transfers: Transfers,
-                 device_pools: Mapping[str, Any], counters: Counter) -> None:
+                 device_pools: Mapping[str, Any], counters: Counter, policy: EvictionPolicy | None = None) -> None:
         self.index, self.ledger, self.transfers, self.counters = index, ledger, transfers, counters
+        self.policy = LRU() if policy is None else policy
         self.page_size, self.device_pools = index.page_size, device_pools
         self.device_pool = ledger.device_pool
         self.snapshots = SnapshotCheck(device_pools, ledger.state_sizes, ledger.state_held,
@@ -212,6 +215,8 @@ class Inserter:
             leaves.add(node)
             self.counters["revived_tokens"] += end - start
             self.index.changed()
+        if plan.revive:
+            self.policy.regained("device", [path[i] for i, _, _ in plan.revive])
         if plan.drop:
             return path, path[-1].end << 3 == len(kb)
         if plan.stop < slots.size:
@@ -219,6 +224,7 @@ class Inserter:
             node = TreeNode(key=kb[plan.stop << 3:], end=slots.size, parent=parent,
                             _device=self.ledger.take(slots[plan.stop:]))
             self.index.add_child(parent, node)
+            self.policy.created(node)
             leaves.add(node)
             path = [*path, node]
         return path, True

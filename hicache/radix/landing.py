@@ -84,6 +84,7 @@ class StorageEdits:
                         _host=host[covered - start:].clone(), stored=True,
                         hashes=hashes[(covered - start) // self.page_size:])
         self.index.add_child(parent, node)
+        self.evictor.policy.created(node)
         host_tier.leaves.add(node)
         if snap is not None:
             self.ledger.give_snapshot(host_tier, node, snap)

@@ -5,7 +5,9 @@
     write_through             at every insert reaching it           deletes it
     write_through_selective   at the 2nd insert reaching it         deletes it
     write_back                when it is evicted from the device    backs it up, then drops
-                                                                    the device copy
+                              (its snapshot too: also one evicted   the device copy
+                              on its own, with its history if the
+                              host lacks it)
 
 Under both write-through policies a node is backed up only after its parent, so the
 backed-up nodes form a prefix from the root.
@@ -69,6 +71,8 @@ class Transfers:
         make_room: ``make_room(tier, anchor_tokens, with_state)`` (the evictor's).
         poll: the tree's poll (acks and storage), what `wait` repeats.
         on_backed_up: ``(nodes, snapshot_owner)`` after a backup's ack published, or None.
+        on_loaded: ``(tier_name, nodes)`` after a load's ack gave ``nodes`` device copies
+            (the eviction policy's ``regained``).
     """
 
     def __init__(self, ctrl, index: RadixIndex, ledger: SlotLedger, counters: Counter, *,
@@ -80,6 +84,7 @@ class Transfers:
         self.make_room: Callable[..., None] = lambda tier, tokens, with_state: None
         self.poll: Callable[[], object] = lambda: self.apply(self.ctrl.poll())
         self.on_backed_up: Callable[[list[TreeNode], TreeNode | None], None] | None = None
+        self.on_loaded: Callable[[str, list[TreeNode]], None] = lambda tier, nodes: None
 
     # ---- below the device (evict.Below) ---------------------------------------------------
     @property
@@ -87,7 +92,7 @@ class Transfers:
         return self.policy == "write_back" and self.host_enabled
 
     def holds(self, node: TreeNode) -> bool:
-        return node._host is not None
+        return node._host is not None and (node._state_device is None or node._state_host is not None)
 
     def save(self, nodes: list[TreeNode]) -> None:
         """Back ``nodes`` up and wait for the acks (polls)."""
@@ -96,7 +101,9 @@ class Transfers:
             self.wait(ops)
 
     def save_snapshots(self, nodes: list[TreeNode]) -> None:
-        return None  # a device snapshot is dropped: its history stays, an insert brings a new one
+        """Back up the snapshots of ``nodes`` (with their history where the host lacks it:
+        a host snapshot needs its history there) and wait for the acks (polls)."""
+        self.save([n for n in nodes if self.needs_backup(n)])
 
     # ---- backups ------------------------------------------------------------------------
     def needs_backup(self, node: TreeNode) -> bool:
@@ -269,6 +276,7 @@ class Transfers:
         slots = rec.dst.get(self.anchor)
         takers = self.ledger.deal(self.ledger.device, chain, slots) if slots is not None else []
         self.ledger.device.leaves.update(takers)
+        self.on_loaded("device", takers)
         if rec.with_state:
             self.ledger.give_snapshot(self.ledger.device, rec.node, {n: rec.dst[n] for n in self.ledger.state_sizes},
                                       counted=True)

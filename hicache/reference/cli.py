@@ -14,9 +14,9 @@ import argparse
 import json
 import sys
 
-from hicache.config import IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES
-from hicache.reference.options import (HOST_DTYPES, KV_DTYPES, MAX_KL_TOLERANCE, MEAN_KL_TOLERANCE, TOLERANCE,
-                                       TOP1_TOLERANCE, VerifyOptions)
+from hicache.config import EVICTION_POLICIES, IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES
+from hicache.reference.options import (HOST_DTYPES, KV_DTYPES, MAX_KL_TOLERANCE, MEAN_KL_TOLERANCE, SIZE_LIMITS,
+                                       TOLERANCE, TOP1_TOLERANCE, VerifyOptions)
 
 JSON_KEYS = ("requests", "tokens_from", "max_abs_logit_diff", "greedy_identical", "greedy_total", "ok",
              "mean_kl", "max_kl", "top1_agreement", "criterion")
@@ -34,16 +34,17 @@ def add_verify_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      f"{MAX_KL_TOLERANCE:g}); 1: a mismatch, or nothing restored (see --allow-device-only); "
                      "2: a bad flag.")
     p.add_argument("--arch", default=d.arch, help="deepseek-v4 (default) or mha")
-    p.add_argument("--layers", type=int, default=d.layers, help="decoder layers (default 4: SWA, CSA, HCA, CSA)")
-    p.add_argument("--conversations", type=int, default=d.conversations, help="conversations (default %(default)s)")
-    p.add_argument("--turns", type=int, default=d.turns, help="turns per conversation (default %(default)s)")
+    p.add_argument("--layers", type=int, default=d.layers, help=f"decoder layers, {_range('--layers')} (default 4: SWA, CSA, HCA, CSA)")
+    p.add_argument("--conversations", type=int, default=d.conversations, help=f"conversations, {_range('--conversations')} (default %(default)s)")
+    p.add_argument("--turns", type=int, default=d.turns, help=f"turns per conversation, {_range('--turns')} (default %(default)s)")
     p.add_argument("--decode-tokens", dest="decode_tokens", type=int, default=d.decode_tokens,
-                   help="greedy tokens decoded per request (default %(default)s)")
+                   help=f"greedy tokens decoded per request, {_range('--decode-tokens')} (default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="weights and workload seed (default %(default)s)")
     p.add_argument("--hicache-ratio", dest="hicache_ratio", type=float, default=d.hicache_ratio,
                    help="host tokens per device token (default %(default)s)")
     p.add_argument("--device-tokens", dest="device_tokens", type=int, default=d.device_tokens,
-                   help="device anchor tokens (default: one page more than the longest request)")
+                   help=f"device anchor tokens, at most {SIZE_LIMITS['--device-tokens'][2]} (default: one page more than "
+                        "the longest request)")
     p.add_argument("--hicache-storage-backend", dest="storage_backend", default=d.storage_backend,
                    choices=("none", "file"),
                    help="storage tier below the host (default %(default)s)")
@@ -54,6 +55,9 @@ def add_verify_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    choices=IO_BACKENDS, help="transfer backend (default auto; --io-backend is an alias)")
     p.add_argument("--hicache-write-policy", dest="write_policy", default=d.write_policy, choices=WRITE_POLICIES,
                    help="device -> host backups (default %(default)s)")
+    p.add_argument("--hicache-eviction-policy", dest="eviction_policy", default=d.eviction_policy,
+                   choices=EVICTION_POLICIES, help="which leaf the device and host tiers evict first "
+                                                   "(default %(default)s)")
     p.add_argument("--hicache-mem-layout", dest="mem_layout", default=d.mem_layout, choices=MEM_LAYOUTS,
                    help="host pool layout (default %(default)s)")
     p.add_argument("--kv-format", dest="kv_format", default=d.kv_format,
@@ -74,6 +78,12 @@ def add_verify_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def _range(flag: str) -> str:
+    """``"1-64"``: a size flag's range (`SIZE_LIMITS`), for its help."""
+    _, low, high = SIZE_LIMITS[flag]
+    return f"{low}-{high}"
+
+
 def run_verify_model(args: argparse.Namespace) -> int:
     """Run one verification from parsed flags; returns the exit status.
 
@@ -82,6 +92,7 @@ def run_verify_model(args: argparse.Namespace) -> int:
     """
     import torch
 
+    from hicache.reference.progress import RunProgress
     from hicache.reference.verify import run_verify
     from hicache.storage import StorageUnavailableError
     from hicache.tmpdirs import sigterm_unwinds
@@ -92,7 +103,7 @@ def run_verify_model(args: argparse.Namespace) -> int:
         torch.set_num_threads(1)  # the model's ops are tiny: threads only add contention
     try:
         with sigterm_unwinds():  # a SIGTERM still removes the temporary store (exit 143)
-            report = run_verify(opts)
+            report = run_verify(opts, progress=RunProgress(opts))  # a long run says how far it is, on stderr
     except StorageUnavailableError as exc:
         raise ValueError(str(exc.__cause__ or exc)) from None  # the store's own message, without the
         # --hicache-storage-optional advice of a server (verify-model has no such flag)
@@ -126,7 +137,8 @@ def _human(r, opts, unrestored: bool = False) -> str:
     lines = [
         f"hicache verify-model: {r.arch}{'' if opts.kv_format == 'fp32' else ' ' + opts.kv_format}, "
         f"{opts.layers} layers, seed {opts.seed}: {r.requests} requests "
-        f"({opts.conversations} conversations x {opts.turns} turns), {opts.write_policy}, {opts.mem_layout}, "
+        f"({opts.conversations} conversations x {opts.turns} turns), {opts.write_policy}, "
+        f"eviction {opts.eviction_policy}, {opts.mem_layout}, "
         f"{storage}, device {opts.device}, io {opts.io_backend}",
         f"  prompt tokens from device {t['device']}, host {t['host']}, storage {t['storage']}, "
         f"computed {t['computed']}",

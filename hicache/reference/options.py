@@ -17,6 +17,17 @@ MEAN_KL_TOLERANCE = 5e-4
 MAX_KL_TOLERANCE = 1e-2
 TOP1_TOLERANCE = 0.99
 KV_DTYPES = ("auto", "float32", "bfloat16")  # --kv-dtype (auto: bfloat16 with int8 host, else float32)
+# Upper bounds of the size flags (`check_sizes`, before anything is built): past them a run is
+# a typo, not a deeper check. The longest run they allow still takes hours on a CPU; a long
+# run prints its progress and ETA (`hicache.reference.progress`).
+SIZE_LIMITS = {  # flag: (field, lowest, highest)
+    "--layers": ("layers", 1, 64),  # DeepSeek-V4-Pro has 61 layers
+    "--conversations": ("conversations", 1, 1024),
+    "--turns": ("turns", 1, 64),
+    "--decode-tokens": ("decode_tokens", 1, 1024),
+    "--seed": ("seed", 0, 2**63 - 1),  # torch's generator seed is an int64
+    "--device-tokens": ("device_tokens", 0, 1 << 20),  # 0: the default; the toy's whole workload fits in far less
+}
 SWA_FULL_TOKENS_RATIO = 1.0  # device swa tokens per anchor token: room for a snapshot per page
 
 
@@ -37,11 +48,24 @@ class VerifyOptions:
     device: str = "cpu"
     io_backend: str = "auto"
     write_policy: str = "write_through"
+    eviction_policy: str = "lru"  # the tree's device and host eviction order (hicache.config.EVICTION_POLICIES)
     mem_layout: str = "page_first"
     fault: str | None = None  # a data pool whose loads are corrupted (negative control)
     kv_format: str = "fp32"  # deepseek-v4 pool rows: fp32 | fp8_ds_mla
     host_dtype: str = "auto"  # auto | int8: the host tier's format of the kv pool
     kv_dtype: str = "auto"  # the MHA toy's kv pool: auto | float32 | bfloat16 (see pool_kv_dtype)
+
+
+def check_sizes(opts: VerifyOptions) -> None:
+    """Every size flag within `SIZE_LIMITS` (``--device-tokens``' lower bound: `verify.check_options`).
+
+    Raises:
+        ValueError: naming the flag, its range and the value given.
+    """
+    for flag, (field, low, high) in SIZE_LIMITS.items():
+        value = getattr(opts, field)
+        if not low <= value <= high:
+            raise ValueError(f"{flag}: must be in [{low:,}, {high:,}], got {value:,}")
 
 
 def pool_kv_dtype(opts: VerifyOptions) -> str:
@@ -55,6 +79,9 @@ def pool_kv_dtype(opts: VerifyOptions) -> str:
         raise ValueError(f"--hicache-host-dtype: must be one of {', '.join(HOST_DTYPES)}, got {opts.host_dtype!r}")
     if opts.kv_dtype not in KV_DTYPES:
         raise ValueError(f"--kv-dtype: must be one of {', '.join(KV_DTYPES)}, got {opts.kv_dtype!r}")
+    if opts.host_dtype == "int8" and opts.arch != "mha":  # name the flag given, not the derived --kv-dtype
+        raise ValueError(f"--hicache-host-dtype: int8 quantizes bf16/fp16 KV; the {opts.arch} toy's pools are "
+                         "float32 (or --kv-format fp8_ds_mla rows): use --arch mha (a bfloat16 kv pool)")
     if opts.kv_dtype == "auto":
         return "bfloat16" if opts.host_dtype == "int8" else "float32"
     if opts.kv_dtype == "float32" and opts.host_dtype == "int8":
@@ -76,7 +103,7 @@ def verify_config(opts: VerifyOptions, model_id: str) -> HiCacheConfig:
     # The stack's name is ``model_id`` too; the config's storage identity names it as well.
     return HiCacheConfig(
         enable_hierarchical_cache=True, hicache_ratio=opts.hicache_ratio, write_policy=opts.write_policy,
-        io_backend=opts.io_backend, mem_layout=opts.mem_layout, swa_full_tokens_ratio=SWA_FULL_TOKENS_RATIO,
+        eviction_policy=opts.eviction_policy, io_backend=opts.io_backend, mem_layout=opts.mem_layout, swa_full_tokens_ratio=SWA_FULL_TOKENS_RATIO,
         host_headroom_gb=0.0,  # the pools are a few MB: no host headroom to keep
         storage_backend=opts.storage_backend, storage_dir=opts.storage_dir,
         storage_model_id=model_id,

@@ -26,7 +26,8 @@ from hicache.radix import HiRadixCache
 from hicache.reference.agreement import Agreement
 from hicache.reference.config import Dsv4Config, ToyConfig, toy_config
 from hicache.reference.dsv4 import Dsv4Model
-from hicache.reference.options import MAX_KL_TOLERANCE, TOLERANCE, VerifyOptions, pool_kv_dtype, verify_config
+from hicache.reference.options import (MAX_KL_TOLERANCE, TOLERANCE, VerifyOptions, check_sizes, pool_kv_dtype,
+                                       verify_config)
 from hicache.reference.mha import MhaModel
 from hicache.reference.paged import PagedSeq
 from hicache.reference.serve import TIERS, Fault, ModelServer, Served
@@ -112,8 +113,6 @@ def check_options(opts: VerifyOptions, cfg: ToyConfig) -> None:
                          f"{', '.join(pools)}")
     if opts.storage_backend not in ("none", "file"):
         raise ValueError(f"--hicache-storage-backend: must be one of none, file, got {opts.storage_backend!r}")
-    if opts.decode_tokens < 1:
-        raise ValueError(f"--decode-tokens: must be >= 1, got {opts.decode_tokens}")
     need = -(-longest_request(opts.turns, opts.decode_tokens) // cfg.page_size) * cfg.page_size
     if opts.device_tokens and opts.device_tokens < need:
         raise ValueError(f"--device-tokens: the longest request of {opts.turns} turns may take {need} tokens "
@@ -128,6 +127,7 @@ def run_verify(opts: VerifyOptions, progress=None) -> VerifyReport:
     Raises:
         ValueError: a bad option (naming its flag), or a cache too small for one request.
     """
+    check_sizes(opts)
     kv_dtype = pool_kv_dtype(opts)
     cfg = toy_config(opts.arch, opts.layers, opts.seed, opts.kv_format, kv_dtype)
     check_options(opts, cfg)

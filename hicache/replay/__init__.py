@@ -15,7 +15,9 @@ _LAZY = {
     "ContentModel": "content", "ReplayMismatch": "content", "prefix_hashes": "content", "state_seed": "content",
     "JSON_KEYS": "report", "format_table": "report", "json_row": "report",
     "Replayer": "run", "RunStats": "run",
-    "Request": "workload", "chat_workload": "workload", "load_trace": "workload", "parse_line": "workload",
+    "Request": "workload", "load_trace": "workload", "parse_line": "workload",
+    "WORKLOADS": "builtin", "chat_workload": "builtin", "shared_prompts_workload": "builtin",
+    "agents_workload": "builtin", "Bounds": "bounds", "TraceBounds": "bounds",
 }
 
 

@@ -10,7 +10,10 @@ import math
 import os
 from pathlib import Path
 
-from hicache.config import HOST_DTYPES, IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES, add_storage_args
+from hicache.config import (EVICTION_POLICIES, HOST_DTYPES, IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES, HiCacheConfig,
+                            add_storage_args)
+
+WORKLOAD_NAMES = ("chat", "shared-prompts", "agents")  # = hicache.replay.builtin.WORKLOADS (kept free of numpy here)
 
 
 DEFAULT_CAPACITY_GB = 16.0  # the README's storage replay (2 ratios of DeepSeek-V4 Flash) writes ~10 GB
@@ -34,8 +37,23 @@ def ratios(text: str) -> list[float]:
     return values
 
 
+def policies(text: str) -> list[str]:
+    """``--hicache-eviction-policy``: ``"lru,lfu"`` -> ["lru", "lfu"], each one of `EVICTION_POLICIES`."""
+    names = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    bad = [n for n in names if n not in EVICTION_POLICIES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown policy {', '.join(map(repr, bad)) or repr(text)}; "
+                                         f"give one or more of {', '.join(EVICTION_POLICIES)}, comma-separated")
+    return names
+
+
 def add_replay_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", default=None, help="Mooncake JSONL trace (default: built-in chat workload)")
+    p.add_argument("--trace", default=None, help="Mooncake JSONL trace (.jsonl, .jsonl.xz or .jsonl.gz; a line over "
+                                                 "1 MiB or a file over 256 MiB is refused; default: --workload)")
+    p.add_argument("--workload", default=None, choices=WORKLOAD_NAMES,
+                   help="a built-in workload instead of --trace (default chat): chat (multi-turn conversations), "
+                        "shared-prompts (many users on a few long system prompts, short private tails), agents "
+                        "(agents re-reading a growing context)")
     p.add_argument("--model", default="deepseek-v3", help="preset name (default %(default)s)")
     p.add_argument("--layers", type=int, default=None,
                    help="use only the first N layers (default 4 for deepseek-v4-* presets, which covers "
@@ -44,6 +62,10 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
                    help="device anchor tokens (default 32768; 1048576 with --trace)")
     p.add_argument("--hicache-ratio", type=ratios, default=[1.0, 2.0, 4.0],
                    help="host/device ratio, or a list to sweep (default 1,2,4)")
+    default_policy = HiCacheConfig().eviction_policy
+    p.add_argument("--hicache-eviction-policy", dest="eviction_policies", type=policies, default=[default_policy],
+                   help=f"which leaf the device and host tiers evict first, or a list to sweep side by side: "
+                        f"{', '.join(EVICTION_POLICIES)} (default {default_policy})")
     p.add_argument("--hicache-write-policy", dest="write_policy", default="write_through", help=", ".join(WRITE_POLICIES))
     p.add_argument("--hicache-io-backend", dest="io_backend", default="auto", help=", ".join(IO_BACKENDS))
     p.add_argument("--hicache-mem-layout", dest="mem_layout", default="page_first", help=", ".join(MEM_LAYOUTS))
@@ -51,17 +73,25 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
                    help=f"host format, one of {', '.join(HOST_DTYPES)} (int8: bf16/fp16 history pools as int8 + "
                         "fp32 scales, ~0.53x the host bytes per token; the content replayed is then exact in int8)")
     p.add_argument("--swa-full-tokens-ratio", type=float, default=0.1, help="DeepSeek-V4 device SWA share")
+    p.add_argument("--hicache-host-headroom", dest="host_headroom_gb", type=float, default=None,
+                   help="GiB of host memory left free, as a server's flag (default min(10 GiB, 10%% of RAM)); "
+                        "lower it to replay on a small machine")
     p.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--seed", type=int, default=0, help="seed of the built-in workload")
+    p.add_argument("--allow-device-only", action="store_true",
+                   help="accept a replay in which nothing came back from host or storage (default: exit 1, "
+                        "as no restore was checked; the verdict says NOT CHECKED)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: on a shared 2-core machine more threads stall)")
     p.add_argument("--plot", default=None, metavar="FILE",
-                   help="also write a PNG of hit rate vs ratio to FILE (needs matplotlib; default: no plot); "
-                        "its folder must exist; checked writable before the first run")
+                   help="also plot hit rate vs ratio, with the bounds, to FILE (.png, .pdf, .svg...: any format "
+                        "matplotlib writes; needs matplotlib; default: no plot); its folder must exist; the format, "
+                        "matplotlib and the path are checked before the first run")
     p.add_argument("--json", action="store_true", help="print only the JSON results")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.epilog = ("exit status: 0 done, 1 a byte mismatch or a run whose every transfer failed, "
+    p.epilog = ("exit status: 0 done, 1 a byte mismatch, a run whose every transfer failed, a run that could not "
+                "get its memory, or nothing restored from host or storage (unless --allow-device-only), "
                 "2 a bad flag or input, 130 Ctrl-C")
     add_replay_storage_args(p)
 

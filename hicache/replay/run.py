@@ -65,6 +65,8 @@ class RunStats:
     transfer_error: str = ""  # the first failed ack's error
     host_dtype: str = "auto"  # --hicache-host-dtype of the run
     host_capacity_bytes: int = 0  # bytes of the host pools (int8 ones counted as int8 + scales)
+    eviction_policy: str = "lru"  # --hicache-eviction-policy of the run
+    capacity_tokens: int = 0  # device + host tokens of the anchor pool (the bounds' capacity)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -87,8 +89,12 @@ class Replayer:
         self.content = ContentModel(cache)
         self.page = self.stack.page_size
         self.anchor = self.stack.anchor.name
+        host_anchor = cache.host_group.pools[self.anchor].allocator
         self.stats = RunStats(hicache_ratio, host_dtype=cache.config.host_dtype,
-                              host_capacity_bytes=cache.host_group.nbytes)
+                              host_capacity_bytes=cache.host_group.nbytes,
+                              eviction_policy=cache.config.eviction_policy,
+                              capacity_tokens=cache.device_pools[self.anchor].num_tokens
+                              + (host_anchor.num_slots if hicache_ratio > 0 and host_anchor is not None else 0))
         self.verify_hits = verify_hits
         self._instrument()
 

@@ -1,9 +1,9 @@
 """The storage tier of `hicache replay`: flags, the default store, a probe, one store per run.
 
 Every run with a host tier (ratio > 0) gets the storage tier the flags name. Each ratio
-has its own namespace (``extra`` = the ratio), so every row of the table starts from
-what the same row of the previous replay left in the store, never from another row of
-the same sweep:
+and eviction policy has its own namespace (``extra`` = both), so every row of the table
+starts from what the same row of the previous replay left in the store, never from
+another row of the same sweep (two policies at one ratio never share pages):
 
     replay 1   ratio 1: cold store -> writes its pages      ratio 2: cold -> writes its own
     replay 2   ratio 1: warm (replay 1's ratio-1 pages)     ratio 2: warm (replay 1's ratio-2 pages)
@@ -87,7 +87,7 @@ def probe_storage(args: argparse.Namespace, cache_stack: Any, config: HiCacheCon
           f"(--hicache-storage-capacity), model id {args.storage_model_id!r} (--hicache-storage-model-id)",
           file=sys.stderr)
     return (f"{args.storage_backend} at {where}, {args.storage_write_policy}, prefetch "
-            f"{args.storage_prefetch_policy}; one namespace per ratio; capacity {cap}; "
+            f"{args.storage_prefetch_policy}; one namespace per ratio and policy; capacity {cap}; "
             f"model id {args.storage_model_id}")
 
 
@@ -122,7 +122,7 @@ def storage_config(config: HiCacheConfig, args: argparse.Namespace, ratio: float
 
 
 def open_run_store(cache: Any, ratio: float) -> TierStore | None:
-    """The storage tier of one run (``None`` without one), in the ratio's own namespace.
+    """The storage tier of one run (``None`` without one), in its ratio and policy's own namespace.
 
     Raises:
         ValueError: the store became unreachable since the probe (naming the flag).
@@ -130,6 +130,6 @@ def open_run_store(cache: Any, ratio: float) -> TierStore | None:
     if ratio == 0 or cache.config.storage_backend == "none":
         return None
     try:
-        return open_store(cache, extra=f"hicache replay, ratio {ratio:g}")
+        return open_store(cache, extra=f"hicache replay, ratio {ratio:g}, {cache.config.eviction_policy}")
     except StorageUnavailableError as exc:
         raise ValueError(str(exc)) from None

@@ -1,4 +1,4 @@
-"""Workloads of `hicache replay`: Mooncake traces, a built-in chat workload, and their tokens.
+"""Requests of `hicache replay`: Mooncake traces read with a bound, and their token ids.
 
 A request is what a Mooncake trace line holds: ``hash_ids`` name 512-token blocks of the
 prompt (equal ids = equal content, and in Mooncake an id also fixes everything before
@@ -10,21 +10,29 @@ it), ``input_length`` prompt tokens, ``output_length`` generated tokens.
     tokens   |<------ block 7 ------>|<------ block 9 ------>|<-- block 4 ..-->|
              0                      512                     1024   input_length
     pages    |  p0  |  p1  |  p2  |  p3  |  p4  |  p5  |  p6  |  (drop the partial page)
+
+A trace is read with a bound (`hicache.bounded`): a line over `MAX_LINE_BYTES`, or a file
+passing `MAX_TRACE_BYTES` (decompressed), is refused naming the line and the limit, so
+``--trace /dev/zero`` or a FIFO that never ends costs one line of memory, not the machine.
+The built-in workloads live in `hicache.replay.builtin`.
 """
 from __future__ import annotations
 
 import gzip
 import json
 import lzma
-import random
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
+from hicache.bounded import capped_lines
+
 BLOCK_TOKENS = 512
 VOCAB = 1 << 17
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+MAX_LINE_BYTES = 1 << 20  # one request: ~100k hash_ids, a 50 M-token prompt (the shipped trace's longest: 2.7 KB)
+MAX_TRACE_BYTES = 256 << 20  # a whole trace, decompressed: ~900k requests (the shipped one: 1.1 MB)
 
 
 class Request(NamedTuple):
@@ -124,13 +132,14 @@ def load_trace(path: str | Path, max_requests: int | None = None) -> list[Reques
         The requests in file order.
     Raises:
         ValueError: a file that cannot be read or decompressed, a line that is not UTF-8 or
-            is bad (its number in the message), or a file with no requests.
+            is bad (its number in the message), a line over `MAX_LINE_BYTES` or a file over
+            `MAX_TRACE_BYTES` (refused without reading further), or a file with no requests.
     """
     path = str(path)
     out: list[Request] = []
     try:
         with _open_trace(path) as f:
-            for lineno, raw in enumerate(f, 1):
+            for lineno, raw in capped_lines(f, f"--trace {path}", MAX_LINE_BYTES, MAX_TRACE_BYTES):
                 if max_requests is not None and len(out) >= max_requests:
                     break
                 line = _decode(raw, lineno, path)
@@ -143,38 +152,3 @@ def load_trace(path: str | Path, max_requests: int | None = None) -> list[Reques
     if not out:
         raise ValueError(f"--trace {path}: no requests in the file")
     return out
-
-
-def chat_workload(seed: int = 0, conversations: int = 64, max_turns: int = 8,
-                  system_prompts: int = 4) -> list[Request]:
-    """A seeded multi-turn chat workload (no file needed).
-
-    Each conversation starts from one of ``system_prompts`` shared 2-block prompts; every
-    turn appends the previous answer (``output_length`` tokens, modelled as part of the
-    next prompt) and a new user message, so turn t+1's prompt extends turn t's. Turns of
-    different conversations interleave at random.
-    """
-    rng = random.Random(seed)
-    next_id = 2 * system_prompts
-    queues = []
-    for _ in range(conversations):
-        sp = rng.randrange(system_prompts)
-        ids, length, reqs = [2 * sp, 2 * sp + 1], 2 * BLOCK_TOKENS, []
-        for _turn in range(rng.randint(2, max_turns)):
-            length += rng.randint(150, 900)  # the new user message
-            while len(ids) * BLOCK_TOKENS < length:
-                ids.append(next_id)
-                next_id += 1
-            out = rng.randint(80, 400)
-            reqs.append((length, out, tuple(ids)))
-            length += out  # the answer becomes part of the next prompt
-        queues.append(reqs)
-    order = [c for c, q in enumerate(queues) for _ in q]
-    rng.shuffle(order)
-    cursor = [0] * conversations
-    out_reqs = []
-    for ts, c in enumerate(order):
-        n_in, n_out, ids = queues[c][cursor[c]]
-        cursor[c] += 1
-        out_reqs.append(Request(ts, n_in, n_out, ids))
-    return out_reqs

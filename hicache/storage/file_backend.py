@@ -18,7 +18,8 @@ import stat
 import torch
 
 from hicache.storage.base import StorageBackend, StorageUnavailableError, log
-from hicache.storage.file_index import Reservation, close_index, open_index
+from hicache.storage.file_index import close_index, open_index
+from hicache.storage.file_ledger import Reservation
 from hicache.storage.file_layout import (MARKER_MAX_BYTES, NAMESPACE_FILE, OBJECT_SUFFIX, NotAFile, advance,
                                          clear_entry, describe_mode, entry_mode, is_regular, open_regular, open_root,
                                          private_dir, publish, read_marker, write_all)

@@ -29,25 +29,12 @@ import stat
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from hicache.storage.base import capacity_flag
-from hicache.storage.file_layout import clear_entry, is_our_namespace_dir, is_regular, new_temp, unlink_quiet
-from hicache.storage.file_ledger import Ledger, hold, scan_namespace
-
-
-
-@dataclass(slots=True)
-class Reservation:
-    """An admitted write: the object's final path, its temporary (held open) and its size."""
-
-    path: str
-    tmp: str
-    fd: int
-    size: int
-    committed: bool = False
+from hicache.storage.file_layout import clear_entry, is_our_namespace_dir, is_regular, unlink_quiet
+from hicache.storage.file_ledger import Ledger, Reservation, abandon, close_reservation, reserve, scan_namespace
 
 
 class FileIndex:
@@ -65,6 +52,7 @@ class FileIndex:
         self._known = 0  # bytes of the objects in _lru
         self._inflight = 0  # bytes of this process's admitted writes not yet committed or released
         self._turnover = 0  # bytes this process evicted since its last scan
+        self._over_cap = False  # the last scan found the directory over the capacity (a neighbour's larger one)
         self._lock = threading.Lock()
         self._dirs: set[str] = set()  # namespace directories scanned
         self._open: dict[str, list[int]] = {}  # open namespace -> [bytes of one object, backends]
@@ -88,8 +76,24 @@ class FileIndex:
         return len(self._lru)
 
     def _total(self) -> int:
+        """The shared total (lock held), rebuilt from the disk first when it cannot be true."""
         total = self._ledger.read()
-        return self._rescan() if total is None else total
+        return self._rescan() if total is None or not self._believable(total) else total
+
+    def _believable(self, total: int) -> bool:
+        """Whether ``total`` (well formed, within the disk) agrees with what this process
+        knows: it counts this process's writes in flight; every admission keeps it at or under
+        the capacity (unless the last scan found it over: a neighbour's larger capacity); it
+        is not below the objects this process knows while two more objects fit (only others'
+        evictions, which start at a full directory, make what this process knows stale)."""
+        cap = self.capacity_bytes
+        if total < self._inflight or not cap:
+            return total >= self._inflight
+        if total > cap:
+            return self._over_cap
+        self._over_cap = False
+        room = 2 * max((b for b, _ in self._open.values()), default=0)
+        return total >= self._known + self._inflight or total + room > cap
 
     def _rescan(self) -> int:
         """Rebuild the LRU and the shared total from the disk (lock held); the total."""
@@ -103,8 +107,10 @@ class FileIndex:
         self._dirs.update(dirs)
         self._lru = OrderedDict((path, size) for _, path, size in sorted(found))
         self._known, self._turnover = sum(self._lru.values()), 0
-        self._ledger.write(self._known + reserved)
-        return self._known + reserved
+        total = self._known + reserved
+        self._over_cap = bool(self.capacity_bytes) and total > self.capacity_bytes
+        self._ledger.write(total)
+        return total
 
     def adopt(self, ns_dir: str) -> None:
         """Count a namespace directory the last scan skipped (created, or its marker rebuilt
@@ -148,11 +154,16 @@ class FileIndex:
             res = None
             try:
                 if not cap or total + size <= cap:
-                    res = _reserve(path, size)
-                    total += size
-                    self._inflight += size
-            finally:
-                self._ledger.write(total)
+                    res = reserve(path, size)
+            finally:  # the evictions are recorded whatever happened; a reservation never outlives an error
+                try:
+                    self._ledger.write(total + (size if res is not None else 0))
+                except BaseException:
+                    if res is not None:
+                        abandon(res)
+                    raise
+            if res is not None:
+                self._inflight += size
             return res, evicted
 
     def _evict(self, total: int, size: int) -> tuple[int, int]:
@@ -183,20 +194,28 @@ class FileIndex:
             self._known += res.size - self._lru.pop(res.path, 0)
             self._lru[res.path] = res.size
             self._ledger.write(total - replaced)
-        _close(res)
+        close_reservation(res)
 
     def release(self, res: Reservation) -> None:
         """Give back a reservation whose write failed (its temporary removed, its bytes
         uncounted); only closes its file once it was committed."""
         if res.committed:
-            return _close(res)
-        with self._locked():
-            total = self._total()
-            if unlink_quiet(res.tmp):
-                total -= res.size
-            self._inflight -= res.size
-            self._ledger.write(total)
-        _close(res)
+            return close_reservation(res)
+        counted = True  # its bytes still count in _inflight
+        try:
+            with self._locked():
+                total = self._total()
+                if unlink_quiet(res.tmp):
+                    total -= res.size
+                self._inflight -= res.size
+                counted = False
+                self._ledger.write(total)
+        finally:
+            if counted:  # the ledger failed: the file and its bytes go anyway (the total stays high: safe)
+                with self._lock:
+                    self._inflight -= res.size
+                unlink_quiet(res.tmp)
+            close_reservation(res)
 
     def discard(self, path: str) -> None:
         """Drop ``path`` and unlink it (a refused object), atomically for concurrent readers."""
@@ -227,25 +246,6 @@ class FileIndex:
 
     def close(self) -> None:
         self._ledger.close()
-
-
-def _reserve(path: str, size: int) -> Reservation:
-    """The temporary of a write to ``path``: created, held and at its final size."""
-    tmp, fd = new_temp(os.path.dirname(path), os.path.basename(path))
-    try:
-        hold(fd)
-        os.ftruncate(fd, size)  # counted at its final size by any scan while it is written
-    except BaseException:
-        os.close(fd)
-        unlink_quiet(tmp)
-        raise
-    return Reservation(path, tmp, fd, size)
-
-
-def _close(res: Reservation) -> None:
-    if res.fd >= 0:
-        os.close(res.fd)  # drops the writer's hold
-        res.fd = -1
 
 
 def _regular_size(path: str) -> int:

@@ -26,6 +26,7 @@ import re
 import stat
 from pathlib import Path
 
+from hicache.bounded import over_limit
 from hicache.storage.base import StorageUnavailableError
 from hicache.storage.keys import describe_digest
 
@@ -282,6 +283,8 @@ def read_marker(ns_dir: str) -> dict | str | None:
         raw = os.read(fd, MARKER_MAX_BYTES + 1)
     finally:
         os.close(fd)
+    if len(raw) > MARKER_MAX_BYTES:
+        return str(over_limit(path, raw, MARKER_MAX_BYTES, "a namespace marker"))
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -13,7 +13,13 @@ Crash safety: a writer holds a ``flock`` on its temporary until it is renamed. T
 drops it when the writer dies, so a scan tells a live write (counted) from a dead one
 (removed). A scan rebuilds the total from the disk (`FileIndex`): at every open, and
 whenever a process needs room and holds none of the bytes it would have to evict. A
-file the total does not match (new, or torn by a crash mid-write) is rebuilt the same way.
+file the total does not match (new, or torn by a crash mid-write) is rebuilt the same way,
+and so is a total that cannot be true: negative, above the file system's size (`Ledger.read`),
+or one the index's own facts rule out (`FileIndex._believable`).
+
+The file itself is re-checked under the lock: if its path no longer names the inode this
+process holds (unlinked, or replaced by another process's new file), the process locks the
+one at the path, or creates it, and the total is rebuilt: never two totals for one directory.
 
 Where the file system has no ``flock`` (some network or FUSE mounts), the total is kept
 per process instead, with one warning: the capacity then holds per process.
@@ -26,14 +32,16 @@ import os
 import stat
 import struct
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from hicache.storage.base import StorageUnavailableError, log
-from hicache.storage.file_layout import NAMESPACE_FILE, OBJECT_RE, OBJECT_TMP_RE, SUBDIR_RE, TMP_RE, unlink_quiet
+from hicache.storage.file_layout import NAMESPACE_FILE, OBJECT_RE, OBJECT_TMP_RE, SUBDIR_RE, TMP_RE, new_temp, unlink_quiet
 
 LEDGER_FILE = ".hicache-usage"
 _MAGIC = b"hicache\x01"
 _RECORD = struct.Struct("<8sq")
+_INT64_MAX = 2**63 - 1
 STALE_TMP_S = 600.0  # a temporary this old whose writer cannot be asked (no locks here) belongs to a dead one
 _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -57,10 +65,17 @@ class Ledger:
         self.shared = True
         self._local: int | None = None  # the total where the file system cannot lock
         self._pid, self._fd = -1, -1
+        self._moved = False  # the file at the path changed since the last read: rebuild
         self._reopen()
+        try:
+            vfs = os.fstatvfs(self._fd)
+            self.disk_bytes = vfs.f_blocks * vfs.f_frsize or _INT64_MAX
+        except OSError:
+            self.disk_bytes = _INT64_MAX
 
     def _reopen(self) -> None:
-        """(Re)open the file: at start, and in a forked child (a shared open file shares its lock)."""
+        """(Re)open the file: at start, in a forked child (a shared open file shares its
+        lock), and when the path names another file (`_follow`)."""
         try:
             fd = os.open(self.path, _OPEN_FLAGS, 0o600)
         except OSError as e:
@@ -85,25 +100,54 @@ class Ledger:
                 self.shared = False
                 log.warning("file storage: %s cannot be locked (%s); the capacity holds per process, not for "
                             "the directory", self.path, e.strerror)
+                return self
+            try:
+                self._follow()
+            except BaseException:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+                raise
         return self
+
+    def _follow(self) -> None:
+        """Under the lock: hold the file the path names now (unlinked or replaced under a
+        running process: the lock of a deleted inode excludes no one)."""
+        while True:
+            try:
+                at_path = os.lstat(self.path)
+            except FileNotFoundError:
+                at_path = None
+            held = os.fstat(self._fd)
+            if at_path is not None and (at_path.st_dev, at_path.st_ino) == (held.st_dev, held.st_ino):
+                return
+            old = self._fd
+            self._reopen()  # creates it when missing; refuses a link or another user's file
+            os.close(old)  # drops the old lock; the new one is taken before anything is read
+            self._moved = True
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
 
     def __exit__(self, *exc: object) -> None:
         if self.shared:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def read(self) -> int | None:
-        """The total (under ``with``); ``None`` when the file is new or damaged: rebuild it."""
+        """The total (under ``with``); ``None`` when it must be rebuilt: the file is new,
+        damaged or another than at the last read, or the total cannot be true (negative,
+        or above the file system's size)."""
         if not self.shared:
             return self._local
+        if self._moved:
+            self._moved = False
+            return None
         raw = os.pread(self._fd, _RECORD.size + 1, 0)
         if len(raw) != _RECORD.size:
             return None
         magic, total = _RECORD.unpack(raw)
-        return total if magic == _MAGIC and total >= 0 else None
+        return total if magic == _MAGIC and 0 <= total <= self.disk_bytes else None
 
     def write(self, total: int) -> None:
-        """Set the total (under ``with``); never below 0 (a file the total never counted was removed)."""
-        total = max(0, total)
+        """Set the total (under ``with``); never below 0 (a file the total never counted was
+        removed), never past int64 (read back as one to rebuild)."""
+        total = min(max(0, total), _INT64_MAX)
         if not self.shared:
             self._local = total
             return
@@ -122,6 +166,42 @@ def hold(fd: int) -> None:
     except OSError as e:
         if e.errno not in _NO_LOCKS:
             raise
+
+
+@dataclass(slots=True)
+class Reservation:
+    """An admitted write: the object's final path, its temporary (held open) and its size."""
+
+    path: str
+    tmp: str
+    fd: int
+    size: int
+    committed: bool = False
+
+
+def reserve(path: str, size: int) -> Reservation:
+    """The temporary of a write to ``path``: created, held and at its final size."""
+    tmp, fd = new_temp(os.path.dirname(path), os.path.basename(path))
+    try:
+        hold(fd)
+        os.ftruncate(fd, size)  # counted at its final size by any scan while it is written
+    except BaseException:
+        os.close(fd)
+        unlink_quiet(tmp)
+        raise
+    return Reservation(path, tmp, fd, size)
+
+
+def abandon(res: Reservation) -> None:
+    """Undo `reserve` (its temporary removed, its descriptor closed)."""
+    unlink_quiet(res.tmp)
+    close_reservation(res)
+
+
+def close_reservation(res: Reservation) -> None:
+    if res.fd >= 0:
+        os.close(res.fd)  # drops the writer's hold
+        res.fd = -1
 
 
 def writer_died(path: str) -> bool | None:

@@ -104,3 +104,14 @@ def test_storage_bench_scratch_goes_under_the_results_folder_and_is_removed(tmp_
     (mine / "notes.txt").write_text("keep")
     assert storage.main([*small, "--dir", str(mine), "--out", str(tmp_path / "b.json")]) == 0
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+def test_replay_bounds_bench_repeats_the_trace_with_nothing_shared():
+    from bench.replay import repeated_trace
+    from hicache.replay.bounds import TraceBounds
+    one, two = repeated_trace(1)[:300], repeated_trace(2)
+    half = len(two) // 2
+    assert [r.input_length for r in two[half:half + 300]] == [r.input_length for r in one]
+    assert not {h for r in two[:half] for h in r.hash_ids} & {h for r in two[half:] for h in r.hash_ids}
+    # the second copy finds nothing of the first: twice the trace, the same infinite-cache rate
+    assert TraceBounds(two, 256).infinite == pytest.approx(TraceBounds(two[:half], 256).infinite)

@@ -49,6 +49,7 @@ PATHS = ("stage", "dense", "strided")
 DIRS = ("h2d", "d2h", "same")
 CHOICES = {"cuda": ("dma", "triton", "copy_engine"), "cpu": ("torch", "copy_engine", "dma", "triton")}
 FALLBACK = {"cuda": "triton", "cpu": "torch"}
+MAX_TABLE_BYTES = 1 << 20  # a table file: a calibrated one is a few KB
 _SIZES = ("piece", "span", "job")
 _BOUNDS = tuple(f"{end}_{what}_bytes" for what in _SIZES for end in ("min", "max"))
 
@@ -158,7 +159,7 @@ def load(path: str | Path) -> AutoTable:
             starts with the path and names the field (``rules[2].use``).
     """
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = json.loads(_read_capped(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: not a readable JSON auto table ({exc})") from None
     try:
@@ -167,11 +168,24 @@ def load(path: str | Path) -> AutoTable:
         raise ValueError(f"{path}: {exc}") from None
 
 
+def _read_capped(path: str | Path) -> bytes:
+    """The file's bytes, at most `MAX_TABLE_BYTES`: never more than that + 1 read (a FIFO or
+    ``/dev/zero`` named by mistake is refused, not read until memory runs out). Own code,
+    not ``hicache.bounded``: transfer_kernels imports nothing of hicache."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_TABLE_BYTES + 1)
+    if len(data) > MAX_TABLE_BYTES:
+        line = data[:MAX_TABLE_BYTES].count(b"\n") + 1
+        raise ValueError(f"{path}: line {line:,}: more than {MAX_TABLE_BYTES:,} bytes, the limit of an auto table "
+                         "file; refused without reading further")
+    return data
+
+
 def from_json(doc: Any) -> AutoTable:
     """A table from its parsed JSON document (``ValueError`` naming the bad field)."""
     if not isinstance(doc, dict):
         raise ValueError(f"must be a JSON object, got {type(doc).__name__}")
-    if doc.get("format") != FORMAT or doc.get("version") != VERSION:
+    if doc.get("format") != FORMAT or type(doc.get("version")) is not int or doc["version"] != VERSION:
         raise ValueError(f"format/version: must be {FORMAT!r} / {VERSION}, got "
                          f"{doc.get('format')!r} / {doc.get('version')!r}")
     rules = doc.get("rules")
@@ -190,6 +204,9 @@ def _rule(obj: Any, where: str) -> Rule:
     if unknown:
         raise ValueError(f"{where}.{sorted(unknown)[0]}: unknown key; allowed: device, use, "
                          f"path, dir, {', '.join(_BOUNDS)}")
+    for key in ("device", "use", "path", "dir"):  # before any lookup: a list or object is unhashable
+        if obj.get(key) is not None and not isinstance(obj[key], str):
+            raise ValueError(f"{where}.{key}: must be a string, got {type(obj[key]).__name__} {obj[key]!r}")
     device = obj.get("device")
     if device not in CHOICES:
         raise ValueError(f"{where}.device: must be one of {', '.join(CHOICES)}, got {device!r}")

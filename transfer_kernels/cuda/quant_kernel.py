@@ -13,13 +13,17 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
+from transfer_kernels.quant.reference import dequantize_int8_ref
+
 # no FMA contraction: f * inv is rounded once before the rounding add (as torch rounds it)
 COMPILE_OPTIONS = {"enable_fp_fusion": False, "num_warps": 4}
 ROUND = tl.constexpr(12582912.0)  # 1.5 * 2**23: (y + ROUND) - ROUND rounds |y| < 2**22 half to even
+CUDA_NAN_BF16 = 0x7FFF  # cvt.rn.bf16.f32's canonical NaN: torch's CUDA cast (sm_80+, and its fallback)
 
 
 def _quant_rows(meta_ptr, seg_at, TINY: tl.constexpr, QUANTIZE: tl.constexpr, BF16: tl.constexpr,
-                VEC: tl.constexpr, BLOCK_D: tl.constexpr, BV: tl.constexpr, INTERP: tl.constexpr):
+                VEC: tl.constexpr, BLOCK_D: tl.constexpr, BV: tl.constexpr, INTERP: tl.constexpr,
+                NAN_BF16: tl.constexpr):
     """Blocks of ``BV`` vectors of segment ``program_id(0)`` (10 = ``abi.QUANT_SEG_FIELDS``)."""
     seg = meta_ptr + seg_at + tl.program_id(0) * 10
     if BF16:
@@ -76,6 +80,8 @@ def _quant_rows(meta_ptr, seg_at, TINY: tl.constexpr, QUANTIZE: tl.constexpr, BF
             if BF16:  # round to nearest even on the bits (the interpreter's cast truncates)
                 bits = y.to(tl.uint32, bitcast=True)
                 bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+                # a NaN (a damaged scale, or 0 * inf) would carry into the sign bit: torch's NaN
+                bits = tl.where(y != y, tl.full(bits.shape, NAN_BF16, tl.uint32), bits)
                 tl.store(dp, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=m)
             else:
                 tl.store(dp, y.to(tl.float16), mask=m)
@@ -84,7 +90,7 @@ def _quant_rows(meta_ptr, seg_at, TINY: tl.constexpr, QUANTIZE: tl.constexpr, BF
 
 _compiled = JITFunction(_quant_rows, do_not_specialize=["seg_at"])
 SIGNATURE = {"meta_ptr": "*i64", "seg_at": "i64", **{c: "constexpr" for c in (
-    "TINY", "QUANTIZE", "BF16", "VEC", "BLOCK_D", "BV", "INTERP")}}
+    "TINY", "QUANTIZE", "BF16", "VEC", "BLOCK_D", "BV", "INTERP", "NAN_BF16")}}
 _interpreted = InterpretedFunction(_quant_rows)
 
 
@@ -99,7 +105,7 @@ def compile_ptx(quantize: bool, bf16: bool, vec: int = 128, arch: int = 90) -> s
     block_d = 1 << max(0, (vec - 1).bit_length())
     src = ASTSource(fn=_compiled, signature=SIGNATURE, constexprs=dict(
         TINY=TINY, QUANTIZE=quantize, BF16=bf16, VEC=vec, BLOCK_D=block_d, BV=max(1, 4096 // block_d),
-        INTERP=False))
+        INTERP=False, NAN_BF16=CUDA_NAN_BF16))
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=COMPILE_OPTIONS).asm["ptx"]
 
 
@@ -109,9 +115,17 @@ def run(meta: torch.Tensor, seg_at: int, grid: tuple[int, int], *, device: torch
     device; ``device``: the CUDA device to make current first (``None``: it is)."""
     consts = dict(TINY=tiny, QUANTIZE=quantize, BF16=bf16, VEC=vec, BLOCK_D=block_d, BV=bv)
     if meta.device.type == "cpu":
-        _interpreted[grid](meta, seg_at, INTERP=True, **consts)
+        _interpreted[grid](meta, seg_at, INTERP=True, NAN_BF16=cpu_nan_bf16(), **consts)
     elif device is None:
-        _compiled[grid](meta, seg_at, INTERP=False, **COMPILE_OPTIONS, **consts)
+        _compiled[grid](meta, seg_at, INTERP=False, NAN_BF16=CUDA_NAN_BF16, **COMPILE_OPTIONS, **consts)
     else:
         with torch.cuda.device(device):
-            _compiled[grid](meta, seg_at, INTERP=False, **COMPILE_OPTIONS, **consts)
+            _compiled[grid](meta, seg_at, INTERP=False, NAN_BF16=CUDA_NAN_BF16, **COMPILE_OPTIONS, **consts)
+
+
+def cpu_nan_bf16() -> int:
+    """The bits `quant_ref` gives a NaN in bf16 on the CPU, asked of it: torch's CPU cast
+    has one pattern for every NaN, but which one depends on its path (ATen's vectorized
+    cast of a contiguous tensor: 0xFFFF; the scalar one: 0x7FC0)."""
+    y = dequantize_int8_ref(torch.zeros(1, 8, dtype=torch.int8), torch.full((1,), float("nan")), torch.bfloat16)
+    return y.view(torch.int16)[0, 0].item() & 0xFFFF

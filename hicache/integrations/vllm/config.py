@@ -41,7 +41,7 @@ VLLM_KEYS = ("spec_name", "spec_module_path", "block_size", "blocks_per_chunk",
              "sync_load_budget_bytes")
 # hicache keys, each a HiCacheConfig field of the same name.
 HICACHE_KEYS = ("hicache_ratio", "hicache_size_gb", "io_backend", "mem_layout",
-                "ranks_per_host", "host_headroom_gb", "max_copy_programs", "host_dtype")
+                "ranks_per_host", "host_headroom_gb", "max_copy_programs", "host_dtype", "eviction_policy")
 # the plugin's own key: the typical cached prefix, which sizes windowed groups (groups.py)
 PREFIX_KEY, PREFIX_FLAG, DEFAULT_PREFIX_TOKENS = ("hicache_prefix_tokens", "--hicache-prefix-tokens",
                                                   2048)
@@ -164,6 +164,8 @@ def extra_config(config: HiCacheConfig, prefix_tokens: int | None = None) -> dic
         del extra["ranks_per_host"]
     if config.host_dtype == "auto":  # the default: the extra config stays what it was before the key
         del extra["host_dtype"]
+    if config.eviction_policy == "lru":  # the default (the host index's order: order.py)
+        del extra["eviction_policy"]
     if prefix_tokens is not None:
         extra[PREFIX_KEY] = check_prefix_tokens(prefix_tokens)
     return extra

@@ -9,12 +9,13 @@ the key bytes). Each group has its own chunk-id space, a ``host_pools.PageAlloca
         ^                     |  complete_store(failed)         |       | complete_load
         +---------------------+  (id freed)                     |       | (last one)
         ^                                        prepare_load   v       |
-        +---- evicted (LRU, by prepare_store) ---- READY,idle    LOADING(n)
+        +---- evicted (policy's order, by prepare_store) -- READY,idle  LOADING(n)
 
-Only READY keys with no pending load sit in the per-group LRU and can be evicted; a
-STORING or LOADING key never is. ``demote`` moves keys to the evicting end of their
-LRU (a sliding-window chunk no returning prefix needs any more). Groups may differ in
-capacity (a sliding-window group keeps fewer chunks than a full-attention one).
+Only READY keys with no pending load sit in the per-group eviction order and can be
+evicted; a STORING or LOADING key never is. The order is ``--hicache-eviction-policy``'s
+(`hicache.integrations.vllm.order`: LRU by default). ``demote`` moves keys to the evicting
+end of their order (a sliding-window chunk no returning prefix needs any more). Groups may
+differ in capacity (a sliding-window group keeps fewer chunks than a full-attention one).
 
 ``reset`` frees idle READY chunks at once, but a chunk whose store or load is still in
 flight goes to quarantine, out of reach of ``prepare_store``, until ``release_reset``:
@@ -28,10 +29,10 @@ from the scheduler thread only. No vLLM import: the manager adapter translates t
 from __future__ import annotations
 
 import enum
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Collection, Hashable, NamedTuple, Sequence
 
+from hicache.integrations.vllm.order import orders
 from host_pools.allocator import PageAllocator
 
 
@@ -64,19 +65,21 @@ class StorePlan(NamedTuple):
 
 
 class HostBlockIndex:
-    """LRU index of host chunks per KV cache group.
+    """Index of host chunks per KV cache group, evicting in a policy's order.
 
     Args:
         num_chunks: chunk ids per group (the host capacity), >= 1: one count for every
             group, or one per group.
         num_groups: KV cache groups, >= 1.
         group_of: maps a key to its group index in ``[0, num_groups)``.
+        eviction_policy: ``--hicache-eviction-policy`` (`hicache.integrations.vllm.order`).
     Raises:
-        ValueError: a count below 1, or ``num_chunks`` of another length than ``num_groups``.
+        ValueError: a count below 1, ``num_chunks`` of another length than ``num_groups``,
+            or an unknown policy.
     """
 
     def __init__(self, num_chunks: int | Sequence[int], num_groups: int,
-                 group_of: Callable[[Hashable], int]) -> None:
+                 group_of: Callable[[Hashable], int], eviction_policy: str = "lru") -> None:
         if num_groups < 1:
             raise ValueError(f"num_groups: must be >= 1, got {num_groups}")
         counts = [num_chunks] * num_groups if isinstance(num_chunks, int) else list(num_chunks)
@@ -85,7 +88,7 @@ class HostBlockIndex:
                              f"got {num_chunks}")
         self.chunks_per_group, self.num_groups, self._group_of = counts, num_groups, group_of
         self._alloc = [PageAllocator(n) for n in counts]
-        self._lru: list[OrderedDict[Hashable, None]] = [OrderedDict() for _ in range(num_groups)]
+        self._order = orders(eviction_policy, counts)
         self._entries: dict[Hashable, _Entry] = {}
         self._quarantine: list[list[int]] = [[] for _ in range(num_groups)]
         self.epoch = 0  # resets so far; a completion of an older one is ignored
@@ -126,7 +129,7 @@ class HostBlockIndex:
                                  "; only HIT keys can be loaded")
         for key, entry in zip(keys, entries):
             if entry.loads == 0:
-                self._lru[entry.group].pop(key, None)
+                self._order[entry.group].discard(key)
             entry.loads += 1
         self.counters["loaded"] += len(entries)
         return [e.chunk for e in entries]
@@ -149,14 +152,15 @@ class HostBlockIndex:
         for key, entry in zip(keys, entries):
             entry.loads -= 1
             if entry.loads == 0:
-                self._lru[entry.group][key] = None
+                self._order[entry.group].add(key)
 
     def touch(self, keys: Collection[Hashable]) -> None:
-        """Mark keys most recently used (unknown keys are ignored: they may be device-only)."""
+        """A request carries ``keys``: most recently used, one touch more (unknown keys are
+        ignored: they may be device-only)."""
         for key in keys:
             entry = self._entries.get(key)
-            if entry is not None and key in self._lru[entry.group]:
-                self._lru[entry.group].move_to_end(key)
+            if entry is not None:
+                self._order[entry.group].touch(key)
 
     def prepare_store(self, keys: Collection[Hashable]) -> StorePlan | None:
         """Give chunk ids to the absent ``keys``, evicting idle LRU keys when short.
@@ -173,19 +177,21 @@ class HostBlockIndex:
         victims: list[list[Hashable]] = []
         for g, need in enumerate(per_group):
             short = need - self._alloc[g].available()
-            pick = _oldest(self._lru[g], short, protected)
+            pick = self._order[g].victims(short, protected) if short > 0 else []
             if len(pick) < short:
                 self.counters["store_refused"] += 1
                 return None
             victims.append(pick)
         evicted = [k for pick in victims for k in pick]
         for key in evicted:
+            self._order[self._entries[key].group].evicted(key)
             self._drop(key)
         chunks = []
         for key in new:
             g = self.group(key)
             chunk = int(self._alloc[g].alloc(1)[0])
             self._entries[key] = _Entry(g, chunk, epoch=self.epoch)
+            self._order[g].stored(key)
             chunks.append(chunk)
         self.counters["evicted"] += len(evicted)
         return StorePlan(new, chunks, evicted, self.epoch)
@@ -204,9 +210,7 @@ class HostBlockIndex:
                 continue
             if success:
                 entry.ready = True
-                self._lru[entry.group][key] = None
-                if entry.demoted:
-                    self._lru[entry.group].move_to_end(key, last=False)
+                self._order[entry.group].add(key, demoted=entry.demoted)
                 done.append(key)
             else:
                 self._drop(key)
@@ -225,7 +229,7 @@ class HostBlockIndex:
 
     def _drop(self, key: Hashable) -> None:
         entry = self._entries.pop(key)
-        self._lru[entry.group].pop(key, None)
+        self._order[entry.group].forget(key)
         self._alloc[entry.group].free(_ids([entry.chunk]))
 
     def demote(self, keys: Collection[Hashable]) -> int:
@@ -238,8 +242,7 @@ class HostBlockIndex:
             if entry is None:
                 continue
             entry.demoted = True
-            if key in self._lru[entry.group]:
-                self._lru[entry.group].move_to_end(key, last=False)
+            self._order[entry.group].demote(key)
             count += 1
         self.counters["demoted"] += count
         return count
@@ -253,7 +256,7 @@ class HostBlockIndex:
                 self._drop(key)
                 continue
             del self._entries[key]
-            self._lru[entry.group].pop(key, None)
+            self._order[entry.group].forget(key)
             self._quarantine[entry.group].append(entry.chunk)
 
     def quarantined(self, group: int) -> int:
@@ -276,7 +279,7 @@ class HostBlockIndex:
         return self.chunks_per_group[group] - self._alloc[group].available()
 
     def check_integrity(self) -> None:
-        """``RuntimeError`` on any broken invariant (free + used = total, LRU = idle READY keys)."""
+        """``RuntimeError`` on any broken invariant (free + used = total, order = idle READY keys)."""
         for g in range(self.num_groups):
             self._alloc[g].check_integrity()
             held = [e.chunk for e in self._entries.values() if e.group == g] + self._quarantine[g]
@@ -284,19 +287,9 @@ class HostBlockIndex:
                 raise RuntimeError(f"group {g}: keys and quarantine hold {len(held)} chunks "
                                    f"({len(set(held))} distinct), allocator says {self.used(g)} used")
             idle = {k for k, e in self._entries.items() if e.group == g and e.ready and e.loads == 0}
-            if idle != set(self._lru[g]):
-                raise RuntimeError(f"group {g}: LRU has {len(self._lru[g])} keys, {len(idle)} idle READY keys")
-
-
-def _oldest(lru: OrderedDict, count: int, protected: set) -> list:
-    """Up to ``count`` least recently used keys of ``lru`` not in ``protected``."""
-    out: list = []
-    for key in lru:
-        if len(out) >= count:
-            break
-        if key not in protected:
-            out.append(key)
-    return out
+            order = self._order[g].keys()
+            if idle != order:
+                raise RuntimeError(f"group {g}: the eviction order has {len(order)} keys, {len(idle)} idle READY keys")
 
 
 def _ids(chunks: list[int]):

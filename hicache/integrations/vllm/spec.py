@@ -196,7 +196,8 @@ class HiCacheOffloadingSpec(OffloadingSpec):
 
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
-            index = HostBlockIndex(self.layout.chunks, len(self.config.groups), self._group_of)
+            index = HostBlockIndex(self.layout.chunks, len(self.config.groups), self._group_of,
+                                   self.settings.hicache.eviction_policy)
             info = config_info(self.layout, self.settings.hicache.io_backend)
             self._manager = HiCacheOffloadingManager(
                 index, self.layout, self.kv_events_config.enable_kv_cache_events, info)

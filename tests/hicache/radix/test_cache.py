@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hicache import HiCacheConfig, build
+from hicache.config import EVICTION_POLICIES
 from hicache.models import mha, mla
 from hicache.radix import HiRadixCache
 from hicache.replay.content import ContentModel, prefix_hashes
@@ -24,9 +25,9 @@ STACKS = {
 
 
 def make(stack, policy: str = "write_through", device_pages: int = 8, ratio: float = 2.0,
-         layout: str = "page_first", backend="torch"):
+         layout: str = "page_first", backend="torch", eviction: str = "lru"):
     config = HiCacheConfig(hicache_ratio=ratio, write_policy=policy, mem_layout=layout, io_backend="torch",
-                           swa_full_tokens_ratio=0.5)
+                           swa_full_tokens_ratio=0.5, eviction_policy=eviction)
     cache = build(stack, device_pages * stack.page_size, config, device="cpu", budget=BIG, backend=backend)
     return cache, HiRadixCache(cache)
 
@@ -131,8 +132,9 @@ def test_split_shares_pages_and_frees_duplicate_slots():
     tree.check_integrity()
 
 
-def test_host_eviction_never_takes_a_locked_node():
-    cache, tree = make(mha(1, 1, 8, page_size=4), ratio=1.0)
+@pytest.mark.parametrize("eviction", EVICTION_POLICIES)
+def test_host_eviction_never_takes_a_locked_node(eviction):
+    cache, tree = make(mha(1, 1, 8, page_size=4), ratio=1.0, eviction=eviction)
     ps, kv = 4, cache.device_pools["kv"]
     host = cache.host_group.pools["kv"]
     a, b, c = seq(0, 4, ps), seq(100, 4, ps), seq(200, 4, ps)
@@ -311,10 +313,11 @@ def reinsert_reversed(tree, tokens: np.ndarray) -> None:
         tree.insert(tokens[:m.device_hit_length], pages)
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(policy=st.sampled_from(POLICIES), ops=st.lists(OPS, min_size=1, max_size=14))
-def test_random_operations_keep_every_invariant(policy, ops):
-    cache, tree = make(mha(1, 1, 2, page_size=PAGE), policy, device_pages=6, ratio=2.0)
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=st.sampled_from(POLICIES), eviction=st.sampled_from(EVICTION_POLICIES),
+       ops=st.lists(OPS, min_size=1, max_size=14))
+def test_random_operations_keep_every_invariant(policy, eviction, ops):
+    cache, tree = make(mha(1, 1, 2, page_size=PAGE), policy, device_pages=6, ratio=2.0, eviction=eviction)
     content = ContentModel(cache)
     for op, arg in ops:
         if op == "serve":

@@ -7,6 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hicache.config import EVICTION_POLICIES
 from hicache.models import deepseek_v4, mha
 from hicache.radix.check import tree_nodes
 from hicache.replay.content import ContentModel, prefix_hashes, state_seed
@@ -218,10 +219,11 @@ OPS = st.one_of(
 )
 
 
-@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(policy=st.sampled_from(POLICIES), ops=st.lists(OPS, min_size=1, max_size=12))
-def test_random_hybrid_operations_keep_every_invariant(policy, ops):
-    cache, tree = make(deepseek_v4([4, 0]), policy, device_pages=4, ratio=2.0)
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=st.sampled_from(POLICIES), eviction=st.sampled_from(EVICTION_POLICIES),
+       ops=st.lists(OPS, min_size=1, max_size=12))
+def test_random_hybrid_operations_keep_every_invariant(policy, eviction, ops):
+    cache, tree = make(deepseek_v4([4, 0]), policy, device_pages=4, ratio=2.0, eviction=eviction)
     content = ContentModel(cache)
     for op, arg in ops:
         if op == "serve":

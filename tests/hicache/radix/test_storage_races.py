@@ -177,6 +177,6 @@ def test_dsv4_without_a_history_pool_on_the_storage_tier(tmp_path, ratios):
 @pytest.mark.parametrize("layers", ["1", "2"])
 def test_replay_dsv4_flash_with_one_or_two_layers_on_the_storage_tier(tmp_path, capsys, layers):
     argv = ["replay", "--model", "deepseek-v4-flash", "--layers", layers, "--max-requests", "12",
-            "--no-progress", "--hicache-storage-backend", "file", "--hicache-storage-dir", str(tmp_path)]
+            "--no-progress", "--allow-device-only", "--hicache-storage-backend", "file", "--hicache-storage-dir", str(tmp_path)]
     assert main(argv) == 0
     assert "Traceback" not in capsys.readouterr().err

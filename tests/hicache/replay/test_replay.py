@@ -14,7 +14,8 @@ from hicache.models import preset
 from hicache.replay import JSON_KEYS
 from hicache.replay.content import ReplayMismatch
 from hicache.replay.run import Replayer
-from hicache.replay.workload import chat_workload, load_trace, parse_line
+from hicache.replay.builtin import chat_workload
+from hicache.replay.workload import load_trace, parse_line
 from host_pools.memory import HostBudget
 
 TRACE = Path(__file__).resolve().parents[3] / "data" / "mooncake_synthetic_trace.jsonl.xz"  # shipped

@@ -20,7 +20,8 @@ from hicache.models import preset
 from hicache.replay.run import RunStats
 from host_pools.memory import HostBudget
 
-TINY = ["--no-progress", "--max-requests", "3", "--device-tokens", "4096", "--layers", "1", "--hicache-ratio", "2"]
+TINY = ["--no-progress", "--max-requests", "3", "--device-tokens", "4096", "--layers", "1", "--hicache-ratio", "2",
+        "--allow-device-only"]  # 3 requests fit the device: nothing restored (NOT CHECKED, accepted)
 BIG = HostBudget(1 << 40, None, 0, 1, 1 << 40)
 build_mod = importlib.import_module("hicache.build")  # `hicache.build` itself is the function
 
@@ -145,7 +146,7 @@ def test_plot_into_a_missing_folder_is_refused_not_created(tmp_path, monkeypatch
 
 # ---------------------------------------------------------------- odd numbers, never a traceback
 
-REPLAY_FLOATS = ["--hicache-ratio", "--swa-full-tokens-ratio"]
+REPLAY_FLOATS = ["--hicache-ratio", "--swa-full-tokens-ratio", "--hicache-host-headroom"]
 ODD = st.one_of(st.sampled_from(["nan", "inf", "-0", "0", "5e-324", "1e-300", "1e300", "1.8e308", "1e6", "1e7",
                                  "1,1e300", "-1"]), st.floats(allow_nan=False).map(repr))
 
@@ -188,9 +189,9 @@ def test_swa_share_below_one_row_names_the_flag(capsys):
 def test_the_table_ends_with_the_workload_the_rows_legend_and_a_verdict(capsys):
     assert main(["replay", "--no-progress", "--max-requests", "40", "--device-tokens", "8192", "--layers", "1",
                  "--hicache-ratio", "4"]) == 0
-    *_, workload, rows, verdict = capsys.readouterr().out.strip().splitlines()
+    *_, workload, rows, bounds, verdict = capsys.readouterr().out.strip().splitlines()
     assert workload.startswith("workload: 40 requests of the built-in multi-turn chat") and "prompt tokens" in workload
-    assert "0 = device only" in rows
+    assert "0 = device only" in rows and "Belady = no eviction policy can beat it" in bounds
     assert verdict.startswith("verdict: OK: 2 runs,") and "0 mismatches" in verdict and "restored" in verdict
 
 
@@ -202,4 +203,4 @@ def test_a_replay_that_restored_nothing_says_so_in_its_verdict(capsys):
 
 def test_json_output_stays_one_object(capsys):
     assert main(["replay", *TINY, "--json"]) == 0
-    assert set(json.loads(capsys.readouterr().out)) == {"runs"}
+    assert set(json.loads(capsys.readouterr().out)) == {"runs", "verdict", "verdict_line"}

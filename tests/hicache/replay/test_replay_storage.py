@@ -52,7 +52,7 @@ def test_second_replay_starts_warm_from_the_first_ones_pages(tmp_path, capsys):
 
 
 def test_table_has_the_storage_columns(tmp_path, capsys):
-    assert main(["replay", *SMALL, "--max-requests", "10", "--hicache-storage-backend", "file",
+    assert main(["replay", *SMALL, "--max-requests", "10", "--allow-device-only", "--hicache-storage-backend", "file",
                  "--hicache-storage-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert " storage " in out.splitlines()[1]
@@ -62,7 +62,7 @@ def test_table_has_the_storage_columns(tmp_path, capsys):
 
 def test_file_store_in_the_default_folder(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert main(["replay", *SMALL, "--max-requests", "5", "--hicache-storage-backend", "file"]) == 0
+    assert main(["replay", *SMALL, "--max-requests", "5", "--allow-device-only", "--hicache-storage-backend", "file"]) == 0
     assert f"file at {tmp_path / 'hicache' / 'storage'}" in capsys.readouterr().out
     assert any((tmp_path / "hicache" / "storage").iterdir())
 
@@ -86,7 +86,7 @@ def test_unusable_store_is_one_line_or_with_the_flag_a_replay_without_it(tmp_pat
     store = ["--hicache-storage-backend", "file", "--hicache-storage-dir", str(blocker / "store")]
     line = assert_one_line_error(capsys, main(["replay", *SMALL, *store]), "--hicache-storage-dir")
     assert "--hicache-storage-optional" in line
-    assert main(["replay", "--json", *SMALL, "--max-requests", "5", *store, "--hicache-storage-optional"]) == 0
+    assert main(["replay", "--json", *SMALL, "--max-requests", "5", "--allow-device-only", *store, "--hicache-storage-optional"]) == 0
     out = capsys.readouterr()
     runs = json.loads(out.out)["runs"]
     assert runs[1]["bytes_storage_written"] == 0 and "running without the storage tier" in out.err
@@ -110,7 +110,7 @@ def test_the_default_store_is_capped_and_says_so(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     free = {"bytes": 10 ** 12}
     monkeypatch.setattr(replay_storage.shutil, "disk_usage", lambda path: Usage(0, 0, free["bytes"]))
-    argv = ["replay", *SMALL, "--max-requests", "5", "--hicache-storage-backend", "file"]
+    argv = ["replay", *SMALL, "--max-requests", "5", "--allow-device-only", "--hicache-storage-backend", "file"]
     # 1. plenty of free disk: the default cap, printed before the first run and in the table
     assert main(argv) == 0
     out = capsys.readouterr()
@@ -129,9 +129,9 @@ def test_the_default_store_is_capped_and_says_so(tmp_path, capsys, monkeypatch):
 
 def test_the_replay_names_its_model_identity(tmp_path, capsys):
     store = ["--hicache-storage-backend", "file", "--hicache-storage-dir", str(tmp_path)]
-    assert main(["replay", *SMALL, "--max-requests", "5", *store]) == 0
+    assert main(["replay", *SMALL, "--max-requests", "5", "--allow-device-only", *store]) == 0
     assert "model id 'hicache-replay/deepseek-v3/2-layers' (--hicache-storage-model-id)" in capsys.readouterr().err
-    assert main(["replay", *SMALL, "--max-requests", "5", *store, "--hicache-storage-model-id", "org/m@1"]) == 0
+    assert main(["replay", *SMALL, "--max-requests", "5", "--allow-device-only", *store, "--hicache-storage-model-id", "org/m@1"]) == 0
     assert "model id 'org/m@1'" in capsys.readouterr().err
 
 

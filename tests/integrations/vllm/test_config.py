@@ -23,6 +23,7 @@ from hicache.integrations.vllm.serve import serve_command
     ({"hicache_ratio": "2"}, r"hicache_ratio: must be of type float"),
     ({"ranks_per_host": True}, r"ranks_per_host: must be of type int"),
     ({"canonical_layout": True}, r"canonical_layout: not supported"),
+    ({"eviction_policy": "fifo"}, r"eviction_policy \(--hicache-eviction-policy\): must be one of"),
 ])
 def test_bad_extra_config_names_the_key(extra, match):
     with pytest.raises(ValueError, match=match):
@@ -60,6 +61,10 @@ def test_kv_transfer_config_round_trips_through_the_spec_config():
     assert SpecConfig.from_extra(two["kv_connector_extra_config"]).ranks(world_size=8) == 2
     with pytest.raises(ValueError, match="write_policy .*write_through"):
         kv_transfer_config(HiCacheConfig(write_policy="write_back"))
+    assert "eviction_policy" not in extra  # the default (lru) leaves the extra config as it was
+    lfu = json.loads(kv_transfer_config(HiCacheConfig(eviction_policy="lfuda")))["kv_connector_extra_config"]
+    assert lfu["eviction_policy"] == "lfuda"
+    assert SpecConfig.from_extra(lfu).hicache.eviction_policy == "lfuda"
 
 
 def test_serve_command_translates_hicache_flags_only_when_enabled(tmp_path):

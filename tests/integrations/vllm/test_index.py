@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hicache.config import EVICTION_POLICIES
 from hicache.integrations.vllm.index import HostBlockIndex, Lookup
 
 
@@ -158,9 +159,9 @@ ops = st.lists(st.tuples(st.sampled_from(["store", "done", "fail", "load", "unlo
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops)
-def test_random_sequences_keep_invariants(seq):
-    idx = HostBlockIndex(num_chunks=[4, 3], num_groups=2, group_of=group_of)
+@given(st.sampled_from(EVICTION_POLICIES), ops)
+def test_random_sequences_keep_invariants(policy, seq):
+    idx = HostBlockIndex(num_chunks=[4, 3], num_groups=2, group_of=group_of, eviction_policy=policy)
     loading: dict = {}
     for op, keys in seq:
         if op == "store":
@@ -197,3 +198,60 @@ def test_random_sequences_keep_invariants(seq):
         idx.check_integrity()
         for g, cap in enumerate((4, 3)):
             assert 0 <= idx.used(g) <= cap
+
+
+# ---- eviction policies (hicache.integrations.vllm.order) -----------------------------
+def filled(policy: str, touches: dict[int, int]) -> HostBlockIndex:
+    """A 5-chunk group holding keys 1..5 stored in order, then ``touches[n]`` touches of key n
+    (key by key, in key order), then key 1 touched once more (the most recent)."""
+    idx = HostBlockIndex(num_chunks=5, num_groups=1, group_of=group_of, eviction_policy=policy)
+    keys = [k(0, n) for n in range(1, 6)]
+    idx.prepare_store(keys)
+    idx.complete_store(keys)
+    for n, times in touches.items():
+        for _ in range(times):
+            idx.touch([k(0, n)])
+    idx.touch([k(0, 1)])
+    return idx
+
+
+def eviction_order(idx: HostBlockIndex, count: int = 5) -> list[int]:
+    """Store ``count`` new keys one at a time; the keys they evicted, in order."""
+    out = []
+    for n in range(100, 100 + count):
+        plan = idx.prepare_store([k(0, n)])
+        idx.complete_store(plan.keys)
+        out += [key[1] for key in plan.evicted]
+    idx.check_integrity()
+    return out
+
+
+COUNTS = {2: 3, 3: 2}  # requests (its store + touches): 2 has 4, 3 has 3, 1 has 2 (touched last), 4 and 5 1
+
+
+@pytest.mark.parametrize(("policy", "expected"), [
+    ("lru", [4, 5, 2, 3, 1]),  # least recently stored or touched first
+    ("tiered", [4, 5, 2, 3, 1]),  # the host tier of tiered is LRU
+    ("lfu", [4, 5, 100, 101, 102]),  # 1 request first, each fresh key too; 1, 3, 2 stay
+    ("lfuda", [4, 5, 1, 100, 101]),  # the age reaches 1 request: fresh keys score 2, tie with 1 (older)
+])
+def test_each_policy_evicts_in_its_order(policy, expected):
+    assert eviction_order(filled(policy, COUNTS)) == expected
+
+
+@pytest.mark.parametrize(("draw", "expected"), [(0.0, [4, 5, 2, 3, 1]), (0.999, [4, 5, 100, 101, 102])])
+def test_adaptive_evicts_in_its_drawn_experts_order(draw, expected):
+    idx = filled("adaptive", COUNTS)
+    idx._order[0].rng = type("Fixed", (), {"random": lambda self: draw})()
+    assert eviction_order(idx) == expected
+
+
+def test_touch_counts_outlive_an_eviction_and_blame_its_expert():
+    idx = filled("adaptive", {2: 4})
+    order = idx._order[0]
+    order.rng = type("Fixed", (), {"random": lambda self: 0.0})()  # LRU evicts
+    assert eviction_order(idx, 3) == [3, 4, 5]
+    # key 3 (evicted by LRU) is stored again: LRU is blamed, its one request kept (+1 now)
+    idx.prepare_store([k(0, 3)])
+    assert order.weights[0] < 0.5 < order.weights[1]
+    assert order.touches[k(0, 3)] == 2
