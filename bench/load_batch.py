@@ -61,6 +61,7 @@ from transfer_kernels import (AutoBackend, CopyEngineBackend, NullBackend, Stage
 
 MODELS = ("deepseek-v4-pro", "deepseek-v4-flash", "llama-3.1-8b", "deepseek-v3")
 BACKENDS = ("auto", "triton", "dma", "copy_engine", "torch", "null")
+EXTRAS = ("steady", "per_pool", "compute", "bidir")
 LAYOUTS = ("page_first", "layer_first")
 COLUMNS = ("model", "layout", "dir", "pages", "ops", "backend", "MB", "host_us", "e2e_us",
            "layer0_us", "gpu_us", "GBps", "frac", "gpu_frac", "steady_frac", "cmp_ratio",
@@ -96,6 +97,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="host format: auto (the device's) or int8 (loads dequantize, backups quantize; "
                         "bytes are the host format's: compare tokens/s with an auto run)")
     p.add_argument("--no-extra", action="store_true", help="skip steady state, per pool and compute")
+    p.add_argument("--extras", default=",".join(EXTRAS),
+                   help=f"the extra measurements per row, a comma list of {', '.join(EXTRAS)}")
     p.add_argument("--out", type=Path, default=None, help="JSON path")
     args = p.parse_args(argv)
     args.device = torch.device("cuda" if cuda else "cpu")
@@ -104,8 +107,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.pages = _ints(args.pages or ("1,16" if args.quick else "1,16,64"), "--pages", p)
     args.ops = _ints(args.ops, "--ops", p)
     _lists(args, p, cuda)
+    args.extras = [] if args.no_extra else [x for x in args.extras.split(",") if x]
+    if bad := [x for x in args.extras if x not in EXTRAS]:
+        p.error(f"--extras: unknown {bad[0]!r}; allowed: {', '.join(EXTRAS)}")
     if args.null or args.host_only:
-        args.no_extra = True
+        args.no_extra, args.extras = True, []
         if args.null:
             args.directions = ["h2d"]
     args.batches = args.batches or (3 if args.quick else 20)
@@ -216,12 +222,16 @@ def run_case(bench: LoadBench, backends: dict, args: argparse.Namespace, base: d
     for (name, trusted), batches in samples.items():
         row = _summary(dict(base, backend=name, mode="trusted" if trusted else "edge"), batches,
                        limit, oneshot)
-        if not args.no_extra:
+        if args.extras:
             bench.ctrl.backend = backends[name]
-            row.update(steady(bench, direction, pages, ops, limit))
-            row["per_pool"] = per_pool(bench, backends[name], direction, pages, ops)
-            row.update(under_compute(bench, gemms, direction, pages, ops))
-            row.update(bidirectional(bench, pages, ops))
+            if "steady" in args.extras:
+                row.update(steady(bench, direction, pages, ops, limit))
+            if "per_pool" in args.extras:
+                row["per_pool"] = per_pool(bench, backends[name], direction, pages, ops)
+            if "compute" in args.extras:
+                row.update(under_compute(bench, gemms, direction, pages, ops))
+            if "bidir" in args.extras:
+                row.update(bidirectional(bench, pages, ops))
         rows.append(row)
     return rows
 
@@ -252,7 +262,7 @@ def run(argv: Sequence[str] | None = None) -> list[dict]:
     print(f"load_batch on {label}: models={args.models} pages={args.pages} ops={args.ops} "
           f"backends={args.backends} layouts={args.layouts} batches={args.batches}"
           f"{' host-only (device calls left out)' if args.host_only else ''}", flush=True)
-    gemms = Gemms(args.device) if args.device.type == "cuda" and not args.no_extra else None
+    gemms = Gemms(args.device) if args.device.type == "cuda" and "compute" in args.extras else None
     rows = []
     with host_only() if args.host_only else contextlib.nullcontext():
         for model, layers in args.models:

@@ -90,6 +90,13 @@ class PageAllocator:
             top = self._top
             if num_pages > top:
                 return None
+            if num_pages == 1:  # one page (a state pool's, a short load's): Python ints
+                page = int(self._stack[top - 1])
+                self._top = top - 1
+                self._owned[page] = True
+                gen = int(self._generation[page]) + 1
+                self._generation[page] = gen
+                return np.array((page,), np.int64), np.array((gen,), self._generation.dtype)
             pages = self._stack[top - num_pages:top][::-1]  # the top of the stack first
             if 1 < num_pages <= _FEW_PAGES:  # a few: sorting beats checking the order first
                 pages = np.sort(pages)
