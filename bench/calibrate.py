@@ -23,7 +23,7 @@ import math
 import torch
 
 from bench import harness
-from bench.load_batch import make_backends, open_bench
+from bench.load_cases import make_backends, open_bench
 from bench.load_extra import Gemms, PoolJob, pool_jobs
 from transfer_kernels import copy_rows, make_plan
 from transfer_kernels.backends import auto_table

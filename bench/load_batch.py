@@ -52,12 +52,10 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import harness  # noqa: E402
-from bench.load_cases import LoadBench, host_dtype_error  # noqa: E402
+from bench.load_cases import LoadBench, host_dtype_error, make_backends, open_bench  # noqa: E402
 from bench.host_only import host_only  # noqa: E402
 from bench.load_extra import (Gemms, bidirectional, limit_gbps, oneshot_us, per_pool,  # noqa: E402
                               steady, under_compute)
-from transfer_kernels import (AutoBackend, CopyEngineBackend, NullBackend, StagedBackend,  # noqa: E402
-                              TorchBackend, TritonBackend)
 
 MODELS = ("deepseek-v4-pro", "deepseek-v4-flash", "llama-3.1-8b", "deepseek-v3")
 BACKENDS = ("auto", "triton", "dma", "copy_engine", "torch", "null")
@@ -158,21 +156,6 @@ def _model(spec: str, p: argparse.ArgumentParser) -> tuple[str, int | None]:
 
 def _suffix(args: argparse.Namespace) -> str:
     return "_null" if args.null else "_host_only" if args.host_only else ""
-
-
-def make_backends(names: list[str], device: torch.device, max_programs: int | None,
-                  host: bool = False) -> dict:
-    """Fresh backends by name; every triton kernel bounded by ``max_programs``; ``host``:
-    as ``--host-only`` builds them (``bench/host_only.py``)."""
-    if host:
-        from bench import host_only
-        return host_only.make_backends(names, device.type == "cuda")
-    kernel = TritonBackend(max_programs) if device.type == "cuda" else TorchBackend()
-    factories = {"null": NullBackend, "triton": lambda: TritonBackend(max_programs),
-                 "copy_engine": CopyEngineBackend, "torch": TorchBackend,
-                 "dma": lambda: StagedBackend(kernel),
-                 "auto": lambda: AutoBackend(triton=TritonBackend(max_programs))}
-    return {n: factories[n]() for n in names}
 
 
 def _summary(case: dict, batches: list, limit_gbps: float | None, oneshot: float | None) -> dict:
@@ -291,23 +274,6 @@ def _model_rows(args: argparse.Namespace, model: str, layers: int | None, layout
             rows += got
     bench.close()
     return rows
-
-
-def open_bench(args: argparse.Namespace, model: str, layers: int | None, layout: str,
-               backend) -> LoadBench:
-    """The model's cache, sized for the largest case of ``args``."""
-    cap_pages = int(args.host_gib * (1 << 30) // max(1, _page_bytes(model, layers)))
-    bench = LoadBench(model, layers, layout, min(4096, max(4 * max(args.pages), cap_pages)),
-                      max(args.pages), max(args.ops), args.device, backend,
-                      host_dtype=args.host_dtype)
-    if args.group_bytes is not None:
-        bench.ctrl.load_groups.min_bytes = args.group_bytes
-    return bench
-
-
-def _page_bytes(model: str, layers: int | None) -> int:
-    from hicache.models import preset
-    return preset(model, layers).row_bytes_per_anchor_page()
 
 
 if __name__ == "__main__":
