@@ -70,8 +70,9 @@ class Launcher:
         routes = self._routes_of.get(backend)
         if routes is None:
             routes = self._routes_of[backend] = {
-                (d, roots): _route(backend, pool_set, planner.device)
-                for d, planner in self._planners.items() for roots, pool_set in planner.pool_sets.items()}
+                (d, pool_set.roots): _route(backend, pool_set, planner.device)
+                for d, planner in self._planners.items() for pool_set in planner.pool_sets.values()
+                if pool_set.lanes}
         self._routes = routes
 
     def start(self, batch: Batch) -> None:
@@ -90,6 +91,11 @@ class Launcher:
             planner = self._planners[direction]
             src = ops[0].src if len(ops) == 1 else merge(ops, "src")
             pool_set = planner.pool_sets[frozenset(src)]
+            if not pool_set.lanes:  # only pools without data (an anchor of sliding-window layers)
+                if direction == "h2d":
+                    self._layer_done.record_all(batch.consumer)
+                self._record(batch)
+                return
             src_rows, dst_rows, counts = batch_rows(pool_set, ops, src, planner.dst_pages)
             route = self._routes[direction, pool_set.roots]
             if isinstance(route, str):  # the backend refused these tables when it decided

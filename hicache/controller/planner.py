@@ -80,7 +80,9 @@ class BatchPlanner:
         dst_pages: own-indexed pool -> page size of its destination tier's allocator.
         device: the device the copies execute on.
     Attributes (read-only): ``tables``, ``dst_pages`` and ``device`` as given; ``pool_sets``:
-        every pool set (all non-empty sets of root pools) by its roots.
+        every pool set by the own-indexed pools a batch's ops name (all non-empty sets);
+        an own-indexed pool without data pools (a DeepSeek-V4 anchor whose layers are all
+        sliding-window) adds nothing to its set, and a set of only such pools has no lanes.
     """
 
     def __init__(self, stack: Stack, tables: Mapping[str, tuple[RowTable, RowTable]],
@@ -93,9 +95,14 @@ class BatchPlanner:
             order.setdefault(stack.root_of(p.name).name, {}).setdefault(p.tokens_per_row, []).append(p.name)
         layers = {p.name: tuple(range(p.num_layers)) for p in stack.data_pools()}
         self.pool_sets: dict[frozenset[str], PoolSet] = {}
-        for size in range(1, len(order) + 1):
-            for roots in combinations(order, size):
-                self.pool_sets[frozenset(roots)] = _pool_set(roots, order, self.tables, layers)
+        by_roots: dict[frozenset[str], PoolSet] = {}  # one pool set per set of roots with data
+        own = sorted(stack.own_names)
+        for size in range(1, len(own) + 1):
+            for names in combinations(own, size):
+                roots = tuple(r for r in order if r in names)
+                if frozenset(roots) not in by_roots:
+                    by_roots[frozenset(roots)] = _pool_set(roots, order, self.tables, layers)
+                self.pool_sets[frozenset(names)] = by_roots[frozenset(roots)]
 
 
 def _pool_set(roots: tuple[str, ...], order: Mapping[str, Mapping[int, list[str]]],

@@ -11,7 +11,7 @@ import torch
 
 from bench.host_only import cuda_rules_on_cpu
 from hicache import HiCacheConfig, build
-from hicache.models import mha
+from hicache.models import deepseek_v4, mha
 from tests.hicache.controller.rollback import arm_later_group
 from tests.hicache.controller.test_controller import BIG, _equal, alloc_device, make, snapshot
 from tests.hicache.controller.test_controller_transfers import _load, _stored
@@ -46,7 +46,7 @@ def _prepared(ctrl) -> list:
 def test_every_route_is_decided_when_the_controller_is_built():
     cache = make("dsv4", backend=_staged())
     routes = cache.controller._launcher._routes
-    pool_sets = {(d, roots) for d, planner in cache.controller._planners.items() for roots in planner.pool_sets}
+    pool_sets = {(d, ps.roots) for d, planner in cache.controller._planners.items() for ps in planner.pool_sets.values()}
     assert set(routes) == pool_sets and len(pool_sets) == 6  # {kv}, {swa}, {kv, swa} per direction
     assert all(not r.prepared for r in routes.values())  # nothing laid out before a batch
 
@@ -174,3 +174,26 @@ def test_a_backend_that_refuses_the_tables_fails_each_batch_not_the_build(gen, m
     (ack,) = cache.controller.poll()
     assert not ack.success and "tables refused" in ack.error
     cache.controller.check_integrity()
+
+
+@pytest.mark.parametrize("backend", ["torch", *BACKENDS])
+def test_an_anchor_without_data_pools_moves_its_sidecar_and_nothing_else(backend, gen):
+    # DeepSeek-V4 layers that are all sliding-window: the anchor "kv" holds no data, so an
+    # op naming {kv, swa} moves swa's rows and one naming {kv} alone moves nothing. Was: a
+    # KeyError at launch (the pool sets were keyed by roots with data), every transfer failed
+    stack = deepseek_v4([0])
+    assert all(stack.root_of(p.name).name == "swa" for p in stack.data_pools())
+    picked = TorchBackend() if backend == "torch" else BACKENDS[backend]()
+    config = HiCacheConfig(mem_layout="page_first", io_backend="torch", hicache_ratio=2.0, swa_full_tokens_ratio=0.5)
+    cache = build(stack, 8 * stack.page_size, config, device="cpu", budget=BIG, backend=picked)
+    ctrl = cache.controller
+    host, expected = _stored(cache, gen, pages=2)
+    other = {"swa": cache.device_pools["swa"].alloc(128)}  # a row no load may touch
+    untouched = snapshot(cache, other)
+    dev = _load(cache, host)
+    assert _equal(snapshot(cache, dev), expected)
+    alone = ctrl.load(host["kv"])  # the anchor alone: pages taken, nothing to copy, acked
+    assert alone is not None and ctrl.start_loading() is not None
+    assert [a.success for a in ctrl.poll()] == [True]
+    assert _equal(snapshot(cache, other), untouched)
+    cache.close()
