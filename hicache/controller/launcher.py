@@ -102,7 +102,7 @@ class Launcher:
                 raise ValueError(route)
             if direction == "d2h":  # one launch of every layer
                 prepared = route.prepared.get(counts) or route.prepare(
-                    counts, route.plan(src_rows, dst_rows), (_every_pair(pool_set),))
+                    counts, route.plan(src_rows, dst_rows), (pool_set.pairs,))
                 prepared.start(pool_set.lanes, src_rows, dst_rows).launch(0)
             else:  # one launch per group of consecutive model layers, then its layers' event
                 key = (counts, self._groups.min_bytes)
@@ -156,11 +156,6 @@ def _route(backend: CopyBackend, pool_set: PoolSet, device: torch.device) -> Rou
         return backend.route(pool_set.lanes, device)
     except ValueError as exc:
         return str(exc)
-
-
-def _every_pair(pool_set: PoolSet) -> tuple[tuple[int, int], ...]:
-    """Every (job, layer) of a pool set: a backup's one launch group."""
-    return tuple((j, layer) for j, lane in enumerate(pool_set.lanes) for layer in lane.layers)
 
 
 def batch_rows(pool_set: PoolSet, ops: Sequence[Op], src: Mapping[str, torch.Tensor],

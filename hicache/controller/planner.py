@@ -69,6 +69,7 @@ class PoolSet(NamedTuple):
     lanes: tuple[Lane, ...]
     pools: tuple[str, ...]
     classes: tuple[RowClass, ...]  # how the jobs' rows follow from their roots' slots
+    pairs: tuple[tuple[int, int], ...]  # every (job, layer): a backup's one launch group
 
 
 class BatchPlanner:
@@ -119,4 +120,5 @@ def _pool_set(roots: tuple[str, ...], order: Mapping[str, Mapping[int, list[str]
             for name in names:
                 lanes.append(Lane(*tables[name], layers[name]))
                 pools.append(name)
-    return PoolSet(frozenset(roots), tuple(lanes), tuple(pools), tuple(classes))
+    pairs = tuple((j, layer) for j, lane in enumerate(lanes) for layer in lane.layers)
+    return PoolSet(frozenset(roots), tuple(lanes), tuple(pools), tuple(classes), pairs)
