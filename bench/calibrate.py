@@ -9,10 +9,10 @@ GEMMs run on another stream. The winner of a job minimises its worse relative ti
 (``max(idle / best idle, under compute / best under compute)``), so that it is never far
 from the best fixed backend in either regime.
 
-Each measured shape (``transfer_kernels.auto.shape``: device, direction, path, piece and
-span bytes, size class) becomes one exact rule (shapes met several times take the backend
+Each measured job (``transfer_kernels.backends.auto.traits``: device, direction, path, piece and
+span bytes, size class) becomes one exact rule (traits met several times take the backend
 whose worst relative time over them is least); the seed table's rules follow, for the
-shapes not measured. The table goes to ``--table-out`` (default
+traits not measured. The table goes to ``--table-out`` (default
 ``bench/results/local/auto_table_<device>.json``); load it with ``HICACHE_AUTO_TABLE``.
 """
 from __future__ import annotations
@@ -23,11 +23,12 @@ import math
 import torch
 
 from bench import harness
-from bench.load_batch import make_backends, open_bench
+from bench.load_cases import make_backends, open_bench
 from bench.load_extra import Gemms, PoolJob, pool_jobs
-from transfer_kernels import auto_table, copy_rows, make_plan
-from transfer_kernels.auto import shape
-from transfer_kernels.auto_table import AutoTable, Rule
+from transfer_kernels import copy_rows, make_plan
+from transfer_kernels.backends import auto_table
+from transfer_kernels.backends.auto import traits
+from transfer_kernels.backends.auto_table import AutoTable, Rule
 
 CANDIDATES = {"cuda": ("triton", "dma", "copy_engine"), "cpu": ("torch", "copy_engine")}
 REPS = 10
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> list[dict]:
 def measure(job: PoolJob, backends: dict, device: torch.device, gemms: Gemms | None) -> dict:
     """One job on every candidate that can run it: p50 us idle (and under compute)."""
     plan = make_plan([(job.src, job.dst, job.src_rows, job.dst_rows)])
-    s = shape(plan.jobs[0], plan)
+    s = traits(plan.jobs[0], plan)
     names = [n for n in backends if n != "dma" or s.path == "stage"]
 
     def call(name: str):
@@ -94,13 +95,13 @@ def _worst(name: str, regimes: list[dict]) -> float:
 
 
 def table_of(rows: list[dict], source: str) -> AutoTable:
-    """One exact rule per measured shape, then the seed's rules."""
-    by_shape: dict[tuple, list[dict]] = {}
+    """One exact rule per measured job traits, then the seed's rules."""
+    by_traits: dict[tuple, list[dict]] = {}
     for r in rows:
         key = (r["device"], r["dir"], r["path"], r["piece_bytes"], r["span_bytes"], r["job_bytes"])
-        by_shape.setdefault(key, []).append(r)
+        by_traits.setdefault(key, []).append(r)
     rules = []
-    for (device, direction, path, piece, span, job_bytes), group in by_shape.items():
+    for (device, direction, path, piece, span, job_bytes), group in by_traits.items():
         names = set.intersection(*(set(r["idle_us"]) for r in group))
         regimes = [reg for r in group for reg in (r["idle_us"], r["busy_us"])]
         use = min(sorted(names), key=lambda n: _worst(n, regimes))

@@ -63,7 +63,7 @@ from bench import harness  # noqa: E402
 from host_pools.memory import HostBudget  # noqa: E402
 from transfer_kernels import TritonBackend  # noqa: E402
 from transfer_kernels.fault import NullBackend  # noqa: E402
-from transfer_kernels.triton_backend import kernel_module  # noqa: E402
+from transfer_kernels.backends.triton import kernel_module  # noqa: E402
 
 CASES = [(1, 1), (16, 1), (16, 16), (256, 1), (256, 16)]  # (pages per batch, merged ops)
 SGLANG_CASES = ((1, 1), (16, 16), (16, 1))  # the cases bench/sglang_controller.py times

@@ -34,21 +34,27 @@ BIG = HostBudget(1 << 40, None, 0, 1, 1 << 40)
 
 
 class _Recording(StagedBackend):
-    """Keeps the last load's plan, groups and launches; logs each launch's calls."""
+    """Keeps the last size class laid out: its plan, groups and prepared object."""
 
-    def prepare(self, plan, groups, sides=None):
-        self.last = (plan, groups, super().prepare(plan, groups, sides))
-        self.log, prepared, me = [], self.last[2], self
+    def lay_out(self, plan, groups, decided=None, keep=False):
+        prepared = super().lay_out(plan, groups, decided, keep)
+        self.last = (plan, groups, prepared)
+        return prepared
 
-        class Logged:
-            num_groups = prepared.num_groups
 
-            def launch(self, group: int) -> None:
-                before = (me.copies, me.records, me.waits, me.kernel.launches, me.pieces)
-                prepared.launch(group)
-                after = (me.copies, me.records, me.waits, me.kernel.launches, me.pieces)
-                me.log.append([b - a for a, b in zip(before, after)])
-        return Logged()
+def replay_per_group(staged: _Recording) -> list[list[int]]:
+    """Another load of the last size class, group by group: per group the (DMA calls,
+    event records, stream waits, kernel launches, pieces) it issued."""
+    plan, groups, prepared = staged.last
+    jobs = plan.jobs
+    launches = prepared.start(jobs, [j.src_rows for j in jobs], [j.dst_rows for j in jobs])
+    log = []
+    for g in range(launches.num_groups):
+        before = (staged.copies, staged.records, staged.waits, staged.kernel.launches, staged.pieces)
+        launches.launch(g)
+        after = (staged.copies, staged.records, staged.waits, staged.kernel.launches, staged.pieces)
+        log.append([b - a for a, b in zip(before, after)])
+    return log
 
 
 def _load(model: str, pages: int) -> _Recording:
@@ -74,7 +80,7 @@ def _load(model: str, pages: int) -> _Recording:
 def pieces_table(staged: _Recording) -> list[dict]:
     """Per pool: rows, row bytes, the per-group piece sizes and the backend's chunks."""
     plan, groups, prepared = staged.last
-    layouts = {st.job: st for st in staged._shape(plan, groups, None).stages}
+    layouts = {st.job: st for st in prepared.stages}
     out = []
     for j, job in enumerate(plan.jobs):
         rb = sum(job.src.row_bytes)
@@ -106,10 +112,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         staged = _load(args.model, args.pages)
     except ValueError as exc:
         p.error(str(exc))
-    plan, groups, _ = staged.last
-    sides = staged.sides(plan)
-    prepare_us = min(timeit.repeat(lambda: staged._prepare(plan, groups, sides), number=20,
+    plan, groups, prepared = staged.last
+    jobs = plan.jobs
+    rows = [j.src_rows for j in jobs], [j.dst_rows for j in jobs]
+    prepare_us = min(timeit.repeat(lambda: prepared.start(jobs, *rows), number=20,
                                    repeat=5)) / 20 * 1e6
+    log = replay_per_group(staged)
     table = pieces_table(staged)
     cols = list(table[0])
     print(f"{args.model}, {args.pages} pages, {len(groups)} launch groups, "
@@ -118,12 +126,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for row in table:
         print("| " + " | ".join(str(row[c]) for c in cols) + " |")
     print("\nper group: DMA calls, event records, stream waits, kernel launches, pieces")
-    for g, calls in enumerate(staged.log):
+    for g, calls in enumerate(log):
         print(f"  {g:3d}: {calls}")
-    print(f"\ndma preparation of a load of this shape (CPU, layout cached): {prepare_us:.0f} us")
+    print(f"\ndma preparation of a load of this size class (CPU, prepared): {prepare_us:.0f} us")
     if args.out is not None:
         args.out.write_text(json.dumps({"model": args.model, "pages": args.pages,
-                                        "pools": table, "per_group": staged.log,
+                                        "pools": table, "per_group": log,
                                         "prepare_us": prepare_us}, indent=1))
     return 0
 

@@ -8,7 +8,7 @@ Per prefix: the model (transformers, CPU, ``--dtype``) prefills it; its KV is he
 (a server's device pool), backed up through hicache's controller into the host tier and
 loaded back (`bench.kv_tier`), once with ``--hicache-host-dtype auto`` (bf16 host rows,
 byte-exact) and once with ``int8`` (int8 rows + an fp32 scale per token and head); the
-restored bytes are checked against the format's definition (`transfer_kernels.quant_ref`).
+restored bytes are checked against the format's definition (`transfer_kernels.quant.reference`).
 Then the next ``--score`` tokens are fed teacher-forced on each restored KV and compared:
 mean and max KL(bf16 tier || int8 tier) per position, top-1 agreement, ΔNLL of the real
 next tokens. For scale, the same against the prefix's unrounded KV (the cost of holding KV

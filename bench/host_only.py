@@ -19,7 +19,7 @@ With ``--hicache-host-dtype int8`` the converting jobs take the CUDA path's rout
 (``auto``: staged or the fused quant kernel; ``copy_engine``: the fused kernel; torch's
 reference conversion is device work, left out like torch's copies).
 
-Kernel launches are left out at ``transfer_kernels.runtime.launch`` (the pre-bound
+Kernel launches are left out at ``transfer_kernels.cuda.runtime.launch`` (the pre-bound
 launcher is still built); the other device calls are patched at their backend's boundary
 for the duration of the ``with``.
 What is measured is Python/numpy host work; the CUDA runtime's own cost per call (H100:
@@ -35,10 +35,12 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from transfer_kernels import (AutoBackend, CopyEngineBackend, NullBackend, StagedBackend, TorchBackend,
-                              TritonBackend, auto, auto_table, runtime, staged, tuning)
-from transfer_kernels.plan import PlannedJob
-from transfer_kernels.quant_kernel import TritonQuantBackend
-from transfer_kernels.quant_torch import TorchQuantBackend
+                              TritonBackend, runtime, tuning)
+from transfer_kernels.backends import auto, auto_table
+from transfer_kernels.backends.dma import DmaQueue
+from transfer_kernels.backends.quant_torch import TorchQuantBackend
+from transfer_kernels.backends.quant_triton import TritonQuantBackend
+from transfer_kernels.rows import PlannedJob
 
 _converting = auto.converting
 
@@ -84,12 +86,15 @@ def make_backends(names: list[str], cuda: bool = False) -> dict:
     return {n: factories[n]() for n in names}
 
 
-def _null_dma(pieces: np.ndarray, stream: int, device, batch: bool | None) -> int:
-    """``staging.dma`` with its pieces already built by the preparation: no call made."""
-    return 1
+def _null_issue(self: DmaQueue, ring, pieces: np.ndarray, caller: int) -> None:
+    """``DmaQueue.issue`` with its pieces already built by the load: counted, no call made."""
+    self.copies += 1
+    self.pieces += pieces.shape[1]
+    self.records += 1
+    self.waits += 1
 
 
-def _converting_as_on_cuda(name: str, s: auto_table.Shape) -> auto.Decision:
+def _converting_as_on_cuda(name: str, s: auto_table.JobTraits) -> auto.Decision:
     """``auto.converting`` as on a GPU (CPU tables stand in for the CUDA path's)."""
     return _converting(name, s._replace(device="cuda"))
 
@@ -107,7 +112,7 @@ def _patches() -> list[tuple[object, str, object]]:
                (TorchQuantBackend, "_execute", _nothing), (TorchQuantBackend, "_execute_group", _nothing),
                (auto, "converting", _converting_as_on_cuda),
                (CopyEngineBackend, "_make_quant_backend", _fused_quant)]
-    patches.append((staged, "dma", _null_dma))  # the staged backend's DMA call
+    patches.append((DmaQueue, "issue", _null_issue))  # the staged backend's DMA call
     return patches
 
 

@@ -6,7 +6,7 @@ controller (D2H, quantized there when ``host_dtype`` is ``int8``), the device co
 overwritten with noise and its slots freed, then loaded back into fresh device slots (H2D,
 dequantized there) and read out. The same path a server's hit takes, on CPU.
 
-`reference_round_trip` is the format's definition (`transfer_kernels.quant_ref`) applied
+`reference_round_trip` is the format's definition (`transfer_kernels.quant.reference`) applied
 directly: the tier must give the same bytes.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 import hicache
 from hicache.config import HiCacheConfig
 from hicache.models.dense import mha
-from transfer_kernels.quant_ref import dequantize_int8_ref, quantize_int8_ref
+from transfer_kernels.quant.reference import dequantize_int8_ref, quantize_int8_ref
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v), each [T, H, D]
 

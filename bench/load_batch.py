@@ -52,15 +52,14 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import harness  # noqa: E402
-from bench.load_cases import LoadBench, host_dtype_error  # noqa: E402
+from bench.load_cases import LoadBench, host_dtype_error, make_backends, open_bench  # noqa: E402
 from bench.host_only import host_only  # noqa: E402
 from bench.load_extra import (Gemms, bidirectional, limit_gbps, oneshot_us, per_pool,  # noqa: E402
                               steady, under_compute)
-from transfer_kernels import (AutoBackend, CopyEngineBackend, NullBackend, StagedBackend,  # noqa: E402
-                              TorchBackend, TritonBackend)
 
 MODELS = ("deepseek-v4-pro", "deepseek-v4-flash", "llama-3.1-8b", "deepseek-v3")
 BACKENDS = ("auto", "triton", "dma", "copy_engine", "torch", "null")
+EXTRAS = ("steady", "per_pool", "compute", "bidir")
 LAYOUTS = ("page_first", "layer_first")
 COLUMNS = ("model", "layout", "dir", "pages", "ops", "backend", "MB", "host_us", "e2e_us",
            "layer0_us", "gpu_us", "GBps", "frac", "gpu_frac", "steady_frac", "cmp_ratio",
@@ -96,6 +95,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="host format: auto (the device's) or int8 (loads dequantize, backups quantize; "
                         "bytes are the host format's: compare tokens/s with an auto run)")
     p.add_argument("--no-extra", action="store_true", help="skip steady state, per pool and compute")
+    p.add_argument("--extras", default=",".join(EXTRAS),
+                   help=f"the extra measurements per row, a comma list of {', '.join(EXTRAS)}")
     p.add_argument("--out", type=Path, default=None, help="JSON path")
     args = p.parse_args(argv)
     args.device = torch.device("cuda" if cuda else "cpu")
@@ -104,8 +105,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.pages = _ints(args.pages or ("1,16" if args.quick else "1,16,64"), "--pages", p)
     args.ops = _ints(args.ops, "--ops", p)
     _lists(args, p, cuda)
+    args.extras = [] if args.no_extra else [x for x in args.extras.split(",") if x]
+    if bad := [x for x in args.extras if x not in EXTRAS]:
+        p.error(f"--extras: unknown {bad[0]!r}; allowed: {', '.join(EXTRAS)}")
     if args.null or args.host_only:
-        args.no_extra = True
+        args.no_extra, args.extras = True, []
         if args.null:
             args.directions = ["h2d"]
     args.batches = args.batches or (3 if args.quick else 20)
@@ -152,21 +156,6 @@ def _model(spec: str, p: argparse.ArgumentParser) -> tuple[str, int | None]:
 
 def _suffix(args: argparse.Namespace) -> str:
     return "_null" if args.null else "_host_only" if args.host_only else ""
-
-
-def make_backends(names: list[str], device: torch.device, max_programs: int | None,
-                  host: bool = False) -> dict:
-    """Fresh backends by name; every triton kernel bounded by ``max_programs``; ``host``:
-    as ``--host-only`` builds them (``bench/host_only.py``)."""
-    if host:
-        from bench import host_only
-        return host_only.make_backends(names, device.type == "cuda")
-    kernel = TritonBackend(max_programs) if device.type == "cuda" else TorchBackend()
-    factories = {"null": NullBackend, "triton": lambda: TritonBackend(max_programs),
-                 "copy_engine": CopyEngineBackend, "torch": TorchBackend,
-                 "dma": lambda: StagedBackend(kernel),
-                 "auto": lambda: AutoBackend(triton=TritonBackend(max_programs))}
-    return {n: factories[n]() for n in names}
 
 
 def _summary(case: dict, batches: list, limit_gbps: float | None, oneshot: float | None) -> dict:
@@ -216,12 +205,16 @@ def run_case(bench: LoadBench, backends: dict, args: argparse.Namespace, base: d
     for (name, trusted), batches in samples.items():
         row = _summary(dict(base, backend=name, mode="trusted" if trusted else "edge"), batches,
                        limit, oneshot)
-        if not args.no_extra:
+        if args.extras:
             bench.ctrl.backend = backends[name]
-            row.update(steady(bench, direction, pages, ops, limit))
-            row["per_pool"] = per_pool(bench, backends[name], direction, pages, ops)
-            row.update(under_compute(bench, gemms, direction, pages, ops))
-            row.update(bidirectional(bench, pages, ops))
+            if "steady" in args.extras:
+                row.update(steady(bench, direction, pages, ops, limit))
+            if "per_pool" in args.extras:
+                row["per_pool"] = per_pool(bench, backends[name], direction, pages, ops)
+            if "compute" in args.extras:
+                row.update(under_compute(bench, gemms, direction, pages, ops))
+            if "bidir" in args.extras:
+                row.update(bidirectional(bench, pages, ops))
         rows.append(row)
     return rows
 
@@ -252,7 +245,7 @@ def run(argv: Sequence[str] | None = None) -> list[dict]:
     print(f"load_batch on {label}: models={args.models} pages={args.pages} ops={args.ops} "
           f"backends={args.backends} layouts={args.layouts} batches={args.batches}"
           f"{' host-only (device calls left out)' if args.host_only else ''}", flush=True)
-    gemms = Gemms(args.device) if args.device.type == "cuda" and not args.no_extra else None
+    gemms = Gemms(args.device) if args.device.type == "cuda" and "compute" in args.extras else None
     rows = []
     with host_only() if args.host_only else contextlib.nullcontext():
         for model, layers in args.models:
@@ -281,23 +274,6 @@ def _model_rows(args: argparse.Namespace, model: str, layers: int | None, layout
             rows += got
     bench.close()
     return rows
-
-
-def open_bench(args: argparse.Namespace, model: str, layers: int | None, layout: str,
-               backend) -> LoadBench:
-    """The model's cache, sized for the largest case of ``args``."""
-    cap_pages = int(args.host_gib * (1 << 30) // max(1, _page_bytes(model, layers)))
-    bench = LoadBench(model, layers, layout, min(4096, max(4 * max(args.pages), cap_pages)),
-                      max(args.pages), max(args.ops), args.device, backend,
-                      host_dtype=args.host_dtype)
-    if args.group_bytes is not None:
-        bench.ctrl.load_groups.min_bytes = args.group_bytes
-    return bench
-
-
-def _page_bytes(model: str, layers: int | None) -> int:
-    from hicache.models import preset
-    return preset(model, layers).row_bytes_per_anchor_page()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ On CPU everything runs synchronously inside start_*(): e2e_us == host_us, no GPU
 """
 from __future__ import annotations
 
+import argparse
 import time
 from typing import Any, NamedTuple
 
@@ -27,6 +28,7 @@ import torch
 from hicache import HiCacheConfig, build
 from hicache.models import preset
 from host_pools.memory import HostBudget
+from transfer_kernels import AutoBackend, CopyEngineBackend, NullBackend, StagedBackend, TorchBackend, TritonBackend
 
 BIG = HostBudget(1 << 40, None, 0, 1, 1 << 40)
 FILL_BYTES = 32 << 20  # random block tiled over the host pools
@@ -297,3 +299,35 @@ class LoadBench:
 
     def close(self) -> None:
         self.cache.close()
+
+
+def make_backends(names: list[str], device: torch.device, max_programs: int | None,
+                  host: bool = False) -> dict:
+    """Fresh backends by name; every triton kernel bounded by ``max_programs``; ``host``:
+    as ``--host-only`` builds them (``bench/host_only.py``)."""
+    if host:
+        from bench import host_only
+        return host_only.make_backends(names, device.type == "cuda")
+    kernel = TritonBackend(max_programs) if device.type == "cuda" else TorchBackend()
+    factories = {"null": NullBackend, "triton": lambda: TritonBackend(max_programs),
+                 "copy_engine": CopyEngineBackend, "torch": TorchBackend,
+                 "dma": lambda: StagedBackend(kernel),
+                 "auto": lambda: AutoBackend(triton=TritonBackend(max_programs))}
+    return {n: factories[n]() for n in names}
+
+
+def open_bench(args: argparse.Namespace, model: str, layers: int | None, layout: str,
+               backend) -> LoadBench:
+    """The model's cache, sized for the largest case of ``args``."""
+    cap_pages = int(args.host_gib * (1 << 30) // max(1, _page_bytes(model, layers)))
+    bench = LoadBench(model, layers, layout, min(4096, max(4 * max(args.pages), cap_pages)),
+                      max(args.pages), max(args.ops), args.device, backend,
+                      host_dtype=args.host_dtype)
+    if args.group_bytes is not None:
+        bench.ctrl.load_groups.min_bytes = args.group_bytes
+    return bench
+
+
+def _page_bytes(model: str, layers: int | None) -> int:
+    from hicache.models import preset
+    return preset(model, layers).row_bytes_per_anchor_page()

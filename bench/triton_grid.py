@@ -4,7 +4,7 @@ Question answered: which ``TRITON_MAX_PROGRAMS`` / ``TRITON_TILE_BYTES`` / warps
 H2D and D2H GB/s (as a fraction of the contiguous pinned-copy limit) for small, medium and
 large rows, and what each variant costs on the SM (registers, shared memory, spills)?
 Runs ``bench.h2d`` (GPU-gated timing) once per setting and writes one JSON with every row,
-plus the compiled kernels' resources (``transfer_kernels.triton_inspect``; on the GPU also
+plus the compiled kernels' resources (``transfer_kernels.cuda.inspect``; on the GPU also
 the loaded kernels' ``n_regs`` / ``n_spills``).
 
     python bench/triton_grid.py [--programs 16,32,64,132] [--tiles 8192,32768]
@@ -24,8 +24,9 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import h2d, harness  # noqa: E402
-from transfer_kernels import TritonBackend, triton_inspect  # noqa: E402
-from transfer_kernels.triton_backend import kernel_module  # noqa: E402
+from transfer_kernels import TritonBackend  # noqa: E402
+from transfer_kernels.cuda import inspect as triton_inspect  # noqa: E402
+from transfer_kernels.backends.triton import kernel_module  # noqa: E402
 
 
 def _resources(tiles: list[int], warps: list[int]) -> list[dict]:

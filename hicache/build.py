@@ -94,9 +94,9 @@ def build(stack: Stack, device_tokens: int, config: HiCacheConfig | None = None,
 
 def triton_problem() -> str | None:
     """Why the ``"triton"`` backend cannot run in this process, or ``None`` when it can."""
-    from transfer_kernels.auto import triton_available
-    from transfer_kernels.triton_backend import kernel_module
-    if not triton_available():
+    from transfer_kernels.backends.triton import kernel_module
+    from transfer_kernels.cuda.abi import triton_importable
+    if not triton_importable():
         return "the triton package is not installed"
     try:
         kernel_module()  # imports triton and builds the kernel's interpreted twin

@@ -89,7 +89,7 @@ def build_parser(command: str | None = None, *, every: bool = False) -> argparse
 
 
 BENCHES = ("load_batch", "dma_plan", "h2d", "allocator", "controller", "tree", "replay", "storage", "triton_grid",
-           "vllm_multiturn", "host_dtype_accuracy", "host_dtype_replay")  # every runnable script of bench/ (a test keeps this list whole)
+           "vllm_multiturn", "host_dtype_accuracy", "host_dtype_replay", "gpu_quick", "before_after")  # every runnable script of bench/ (a test keeps this list whole)
 BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
 
 

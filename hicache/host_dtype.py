@@ -13,7 +13,7 @@ import logging
 from host_pools.host_format import host_spec, host_stack, int8_refusal, is_int8
 from host_pools.spec import PoolSpec, Stack
 from hicache.config import HiCacheConfig, flag_error
-from transfer_kernels.codec import Int8Codec
+from transfer_kernels.quant.codec import Int8Codec
 
 log = logging.getLogger("hicache")
 

@@ -102,6 +102,13 @@ class PageAllocator:
                 gens = np.empty(num_pages, np.int64)
                 gens.fill(1)  # np.ones is a Python-level call: twice the cost
                 return np.arange(first, first + num_pages, dtype=np.int64), gens
+            if num_pages == 1:  # one page (a state pool's, a short load's): Python ints
+                page = int(self._stack[top - 1])
+                self._top = top - 1
+                self._owned[page] = True
+                gen = int(self._generation[page]) + 1
+                self._generation[page] = gen
+                return np.array((page,), np.int64), np.array((gen,), self._generation.dtype)
             pages = self._stack[top - num_pages:top][::-1]  # the top of the stack first
             if 1 < num_pages <= _FEW_PAGES:  # a few: Python lists beat numpy's per-call cost
                 few = pages.tolist()

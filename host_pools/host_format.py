@@ -21,7 +21,7 @@ import torch
 from host_pools.spec import BufferSpec, PoolKind, PoolSpec, Stack
 
 HOST_DTYPES = ("auto", "int8")  # "auto": the device dtype, byte-exact (the default)
-QUANTIZABLE = (torch.bfloat16, torch.float16)  # = transfer_kernels.quant_ref.QUANTIZABLE
+QUANTIZABLE = (torch.bfloat16, torch.float16)  # = transfer_kernels.quant.reference.QUANTIZABLE
 EXACT_ROLES = ("indexer", "rope", "state")  # buffer role fragments that always stay exact
 
 

@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # One device session's checks (GPU machine: no network, python3 has torch and triton).
-# Usage: scripts/gpu_check.sh OUT_DIR [STEP...]
+# Usage: scripts/gpu_check.sh quick [OUT_DIR [BUDGET_S]]    (the load question, one call)
+#        scripts/gpu_check.sh OUT_DIR [STEP...]
+# quick: bench/gpu_quick.py within BUDGET_S seconds (default 360; at most 600): the GPU tests
+# of the transfer path, DeepSeek-V4-Pro 16/64-page loads on auto, triton and dma (idle, beside
+# GEMMs, both ways), --host-only and verify-model --device cuda; ONE JSON, OUT_DIR/gpu_quick.json
+# (default OUT_DIR: bench/results/local/gpu_quick), read back by `bench/gpu_quick.py --read`.
 # Steps (default: all but grid and suite, in this order; each fits one 10-minute device command):
 #   tests       the GPU tests (pytest -m gpu)
 #   kernel      the compiled copy kernel's resources (shared memory, registers, spills)
@@ -19,7 +24,17 @@
 # Results go to OUT_DIR (copy the JSON to bench/results/ to commit them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:?OUT_DIR}; shift
+PY=${PYTHON:-python3}
+usage() { echo "usage: scripts/gpu_check.sh quick [OUT_DIR [BUDGET_S]] | scripts/gpu_check.sh OUT_DIR [STEP...]" >&2; exit 2; }
+[ $# -ge 1 ] || usage
+if [ "$1" = quick ]; then
+  [ $# -le 3 ] || usage
+  OUT=${2:-bench/results/local/gpu_quick}; BUDGET=${3:-360}
+  case $BUDGET in ''|*[!0-9]*) echo "gpu_check.sh quick: BUDGET_S must be a whole number of seconds, got '$BUDGET'" >&2; exit 2 ;; esac
+  [ "$BUDGET" -ge 10 ] && [ "$BUDGET" -le 600 ] || { echo "gpu_check.sh quick: BUDGET_S must be in [10, 600], got $BUDGET" >&2; exit 2; }
+  exec env PYTHONPATH="$PWD" "$PY" bench/gpu_quick.py --out "$OUT" --budget-s "$BUDGET" ${GPU_QUICK_SMOKE:+--smoke}
+fi
+OUT=$1; shift
 STEPS=${*:-tests kernel load_pro load_flash load_dense null host_only calibrate verify controller h2d}
 [ "${FULL_SUITE:-0}" = 1 ] && STEPS="$STEPS suite"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -34,7 +49,7 @@ step() {  # step NAME TIMEOUT_S COMMAND...: run, keep the log, print rc and the 
 for s in $STEPS; do
   case $s in
     tests) step gpu_tests 420 python3 -m pytest tests -m gpu -q -p no:cacheprovider ;;
-    kernel) step kernel 120 python3 -m transfer_kernels.triton_inspect --tiles 8192,32768 ;;
+    kernel) step kernel 120 python3 -m transfer_kernels.cuda.inspect --tiles 8192,32768 ;;
     load_pro) step load_pro 580 python3 bench/load_batch.py --models deepseek-v4-pro \
                --out "$OUT/load_batch_pro.json" ;;
     load_flash) step load_flash 580 python3 bench/load_batch.py --models deepseek-v4-flash \

@@ -3,15 +3,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from transfer_kernels.auto import AutoBackend
-from transfer_kernels.base import CopyBackend
-from transfer_kernels.copy_engine import CopyEngineBackend
-from transfer_kernels.plan import CopyJob, LayersLike, make_plan
-from transfer_kernels.rows import RowsLike
-from transfer_kernels.staged import StagedBackend
-from transfer_kernels.table import RowTable
-from transfer_kernels.torch_ref import TorchBackend
-from transfer_kernels.triton_backend import TritonBackend
+from transfer_kernels.backends.auto import AutoBackend
+from transfer_kernels.backends.base import CopyBackend
+from transfer_kernels.backends.copy_engine import CopyEngineBackend
+from transfer_kernels.backends.staged import StagedBackend
+from transfer_kernels.backends.torch_ref import TorchBackend
+from transfer_kernels.backends.triton import TritonBackend
+from transfer_kernels.rows import CopyJob, LayersLike, RowsLike, RowTable, make_plan
 
 # "dma" is reached through "auto" by servers (--hicache-io-backend keeps the first four);
 # by name here for tests and benchmarks.
@@ -64,7 +62,7 @@ def copy_rows(src: RowTable, dst: RowTable, src_rows: RowsLike, dst_rows: RowsLi
         backend: a name of :data:`BACKEND_NAMES` or a :class:`CopyBackend`.
 
     Raises:
-        ValueError: invalid input (see :mod:`transfer_kernels.plan`); nothing was copied.
+        ValueError: invalid input (see :mod:`transfer_kernels.rows.plan`); nothing was copied.
         TypeError: arguments of the wrong type.
     """
     impl = get_backend(backend)

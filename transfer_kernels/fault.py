@@ -1,10 +1,13 @@
 """Fault injection: a backend that fails on a chosen launch, for the controller's tests."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
-from transfer_kernels.base import CopyBackend, PreparedPlan
-from transfer_kernels.plan import CopyPlan, LaunchGroups
+from transfer_kernels.api import get_backend
+from transfer_kernels.backends.base import CopyBackend
+from transfer_kernels.backends.launches import Launches, Prepared
+from transfer_kernels.cuda import runtime
+from transfer_kernels.rows import CopyPlan, LaunchGroups
 
 
 class FaultyBackend(CopyBackend):
@@ -28,8 +31,6 @@ class FaultyBackend(CopyBackend):
         super().__init__()
         if fail_on_launch < 1:
             raise ValueError(f"fail_on_launch: must be >= 1, got {fail_on_launch}")
-        from transfer_kernels.api import get_backend  # api imports this module
-
         self.inner = get_backend(inner, fresh=True) if isinstance(inner, str) else inner
         self.fail_on_launch = fail_on_launch
         self.name = f"faulty({self.inner.name})"
@@ -38,43 +39,99 @@ class FaultyBackend(CopyBackend):
         """The inner backend's check."""
         self.inner.check(plan)
 
-    def _execute(self, plan: CopyPlan) -> None:
-        if self.launches == self.fail_on_launch:
-            raise RuntimeError(f"injected fault on launch {self.launches}")
-        self.inner.execute(plan)
+    def decide_lanes(self, lanes: CopyPlan) -> Any:
+        """The inner backend's decisions (and checks)."""
+        return self.inner.decide_lanes(lanes)
 
-    def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
+    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
+                keep: bool = False) -> Prepared:
         """The inner backend's own preparation (the production launches), one of whose
         launches fails."""
-        return FaultyLaunches(self, self.inner.prepare(plan, groups))
+        return FaultyPrepared(self, self.inner.lay_out(plan, groups, decided, keep))
 
 
-class FaultyLaunches(PreparedPlan):
-    """Another backend's prepared launches; the backend's ``fail_on_launch``-th launch
-    (counting every launch call of its preparations) raises before enqueuing anything."""
+class FaultyPrepared(Prepared):
+    """Another backend's prepared object whose loads' launches may fail."""
 
-    def __init__(self, backend: FaultyBackend, inner: PreparedPlan) -> None:
-        self.backend, self.inner = backend, inner
+    def __init__(self, backend: FaultyBackend, inner: Prepared) -> None:
+        self.backend, self.inner, self.counters = backend, inner, (backend,)
 
     @property
     def num_groups(self) -> int:
         return self.inner.num_groups
 
-    def launch(self, group: int) -> None:
-        self.backend.launches += 1
+    def start(self, lanes, src_rows, dst_rows) -> FaultyLaunches:
+        return FaultyLaunches(self.backend, self.inner.start(lanes, src_rows, dst_rows))
+
+
+class FaultyLaunches(Launches):
+    """Another backend's launches of one load; the backend's ``fail_on_launch``-th launch
+    (counting every launch call of its loads) raises before enqueuing anything."""
+
+    def __init__(self, backend: FaultyBackend, inner: Launches) -> None:
+        self.backend, self.inner, self.counters = backend, inner, (backend,)
+
+    @property
+    def num_groups(self) -> int:
+        return self.inner.num_groups
+
+    def _launch(self, group: int) -> None:
         if self.backend.launches == self.backend.fail_on_launch:
             raise RuntimeError(f"injected fault on launch {self.backend.launches}")
         self.inner.launch(group)
 
 
 class NullBackend(CopyBackend):
-    """Validates and counts launches but moves no bytes (bookkeeping benchmarks and tests)."""
+    """Validates and counts launches but moves no bytes (bookkeeping benchmarks and tests):
+    a load of it is the caller's own work plus one event record per group."""
 
     name = "null"
     converts = True  # moves nothing, converting jobs included
 
+    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
+                keep: bool = False) -> Prepared:
+        """The groups that would launch (a job with rows in them); nothing else to build."""
+        return NullPrepared(self, tuple(any(plan.jobs[j].num_rows for j, _ in g) for g in groups))
+
     def _execute(self, plan: CopyPlan) -> None:
         """Nothing to copy: the plan was already validated by ``make_plan``."""
 
-    def _execute_group(self, plan: CopyPlan, group: Sequence[tuple[int, int]]) -> None:
-        """Nothing to copy, and no sub-plan to build for it."""
+
+class NullPrepared(Prepared):
+    """A size class of the null backend: which groups would launch."""
+
+    def __init__(self, backend: NullBackend, live: tuple[bool, ...]) -> None:
+        self.live, self.counters = live, (backend,)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.live)
+
+    def start(self, lanes, src_rows, dst_rows) -> NullLaunches:
+        return NullLaunches(self.live, self.counters)
+
+
+class NullLaunches(Launches):
+    """A load that moves nothing: each live group counted as a launch."""
+
+    def __init__(self, live: tuple[bool, ...], counters: tuple) -> None:
+        self.live, self.counters = live, counters
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.live)
+
+    def counts(self, group: int) -> bool:
+        return self.live[group]
+
+    def run(self, events: Sequence[Any], stream: Any) -> None:
+        """Every live group counted, each group's event recorded (``runtime.record``)."""
+        live = sum(self.live)
+        for backend in self.counters:
+            backend.launches += live
+        record = runtime.record
+        for event in events:
+            record(event, stream)
+
+    def _launch(self, group: int) -> None:
+        """Nothing to launch."""

@@ -40,6 +40,13 @@ TRITON_TILE_BYTES = 8192
 # sets the warps of a tile. Not yet measured on a GPU.
 TRITON_VECTORS_PER_THREAD = 4
 TRITON_MAX_WARPS = 16
+
+
+def triton_warps(tile_bytes: int) -> int:
+    """Warps per program of a tile of ``tile_bytes``: one warp per ``32 *
+    TRITON_VECTORS_PER_THREAD`` 16-byte vectors, at most ``TRITON_MAX_WARPS``."""
+    return max(1, min(TRITON_MAX_WARPS, tile_bytes // 16 // (32 * TRITON_VECTORS_PER_THREAD)))
+
 # Upper bound of any grid cap (--hicache-max-copy-programs): far above any GPU's SM count,
 # far below what would overflow a launch's grid or the program tables.
 MAX_COPY_PROGRAMS = 4096

@@ -10,8 +10,10 @@ Life of an operation (``write`` = backup D2H, ``load`` = H2D):
          |             write_many()/load_many(): several ops, one allocator call per
          |             pool for all of them, their slots merged once         OpQueue
     start_writing()/start_loading()
-         |             merge every queued op of that direction into one batch, plan it
-         |             (rows from slots validated above: unchecked)     BatchPlanner
+         |             merge every queued op of that direction into one batch, derive
+         |             its rows (from slots validated above: unchecked), find its size
+         |             class's prepared object (the route of its pool set, decided at
+         |             construction)                              BatchPlanner, Launcher
          |             launch (loads in groups of layers, each group's layer event
          |             recorded; a raising launch -> free the batch's destination slots,
          |             fail its acks; a load returns None)   Launcher, LayerDoneCounter

@@ -8,11 +8,12 @@ a few named methods (composition; each part a module; the life of an operation:
     Slots                 the allocators of both tiers, host pages'     hicache.controller.slots
                           loadable stamps; edge checks, destinations    (+ .edge, .alloc)
     OpQueue               op ids, queued ops, batches in flight         hicache.controller.queue
-    BatchPlanner (x2)     per direction: the row tables, the plan of    hicache.controller.planner
-                          each set of root pools
+    BatchPlanner (x2)     per direction: the row tables, what a batch   hicache.controller.planner
+                          of each pool set moves (fixed at build)
     LoadGrouper           the loads' launch groups (``load_groups``)    hicache.controller.groups
-    Launcher              backend, copy streams, batch events; a        hicache.controller.launcher
-                          failed launch's signals
+    Launcher              backend and its route per (direction, pool    hicache.controller.launcher
+                          set), copy streams, batch events; a batch's
+                          rows and launch, a failed launch's signals
     LayerDoneCounter      the load events per layer (``layer_done``)    hicache.controller.layer_sync
     BatchStats            the counters; each ack's tokens and bytes     hicache.controller.stats
 

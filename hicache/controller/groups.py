@@ -17,30 +17,17 @@ class LoadGroups(NamedTuple):
     """A load's launch groups: consecutive model layers launched together.
 
     ``groups[g]`` lists the (job index, pool-local layer) pairs of model layers
-    ``layers[g] .. layers[g + 1] - 1``; the hash is computed once (the triton backend keys
-    its layout cache by the groups).
+    ``layers[g] .. layers[g + 1] - 1``.
     """
 
-    groups: _HashedGroups
+    groups: tuple[tuple[tuple[int, int], ...], ...]
     layers: tuple[int, ...]  # num_groups + 1 model-layer bounds
-
-
-class _HashedGroups(tuple):
-    """A tuple of launch groups whose hash is computed once (a value, not a mixin: the
-    backends key their caches by it)."""
-
-    def __new__(cls, groups):
-        self = super().__new__(cls, groups)
-        self._hash = tuple.__hash__(self)
-        return self
-
-    def __hash__(self) -> int:
-        return self._hash
 
 
 class LoadGrouper:
     """Launch groups of a stack's loads: consecutive model layers until a group moves at
-    least ``min_bytes`` (0: one group per layer), cached by pools and row counts.
+    least ``min_bytes`` (0: one group per layer). Built once per size class of a load: the
+    route that prepares the class keeps them (`hicache.controller.launcher`).
 
     A consumer of model layer ``i`` waits for its whole group: at most the rest of the
     group's layers, fewer than ``min_bytes`` plus one layer's bytes in all (a group closes
@@ -49,28 +36,18 @@ class LoadGrouper:
     Args:
         stack: the pools.
         min_bytes: bytes a group moves at least (may be changed between batches).
-        cache_size: groups kept per (pools, rows, min_bytes); the oldest goes first.
     """
 
-    def __init__(self, stack: Stack, min_bytes: int, cache_size: int = 256) -> None:
-        self.stack, self.min_bytes, self.cache_size = stack, min_bytes, cache_size
+    def __init__(self, stack: Stack, min_bytes: int) -> None:
+        self.stack, self.min_bytes = stack, min_bytes
+        # per pool list: its bytes per model layer and its (job, layer) pairs per model
+        # layer, facts of the stack read once
         self._bytes: dict[tuple[str, ...], np.ndarray] = {}
         self._pairs: dict[tuple[str, ...], tuple] = {}
-        self._groups: dict[tuple, LoadGroups] = {}
 
     def groups(self, pools: tuple[str, ...], rows: tuple[int, ...]) -> LoadGroups:
-        """The groups of a load moving ``rows[j]`` rows of pool ``pools[j]``, all layers."""
-        key = (pools, rows, self.min_bytes)
-        got = self._groups.get(key)
-        if got is None:
-            got = self._build(pools, rows)
-            if len(self._groups) >= self.cache_size:
-                self._groups.pop(next(iter(self._groups)))
-            self._groups[key] = got
-        return got
-
-    def _build(self, pools: tuple[str, ...], rows: tuple[int, ...]) -> LoadGroups:
-        """Greedy cut (a new shape of batch only; a seen one is a dict hit)."""
+        """The groups of a load moving ``rows[j]`` rows of pool ``pools[j]``, all layers:
+        the greedy cut at ``min_bytes``."""
         per_layer = self._per_layer_bytes(pools) @ np.asarray(rows, dtype=np.int64)
         if self.min_bytes > 0 and per_layer.size:
             # layer i closes its group when the group's bytes reach min_bytes
@@ -86,8 +63,8 @@ class LoadGrouper:
         else:
             bounds = tuple(range(per_layer.size + 1))
         pairs = self._layer_pairs(pools)
-        groups = _HashedGroups(tuple(pair for layer in range(a, b) for pair in pairs[layer])
-                              for a, b in zip(bounds[:-1], bounds[1:]))
+        groups = tuple(tuple(pair for layer in range(a, b) for pair in pairs[layer])
+                       for a, b in zip(bounds[:-1], bounds[1:]))
         return LoadGroups(groups, tuple(bounds))
 
     def _per_layer_bytes(self, pools: tuple[str, ...]) -> np.ndarray:

@@ -1,10 +1,22 @@
-"""`Launcher`: a batch planned, launched on its copy stream, and its event recorded.
+"""`Launcher`: a batch's rows derived, its size class found, launched on its copy stream,
+and its event recorded.
 
-Backups (D2H) are one all-layer launch; loads (H2D) are prepared once and launched in
-groups of consecutive model layers (`hicache.controller.groups`), each group followed by
-its layers' done-event. A launch that raises fails the batch here: every layer event of
-a load is signalled (no waiter hangs), the caller's stream is ordered after the copy
-stream, and the batch's event is recorded; its slots are the controller's to give back.
+The route of every (direction, pool set) on the controller's backend is decided when the
+controller is built (`transfer_kernels.backends.route.Route`: how each job moves, its
+host side and page span, checked once; another backend swapped in gets its routes on
+first use). A warm batch is then short by design::
+
+    rows       its ops' slots merged, each job's rows derived (`batch_rows`, unchecked)
+    look-up    its size class's prepared object: ONE cache, its route's (``route.prepared``)
+    start      the rows written where the launches read them, one upload
+    run        per launch group: its DMA slice, one launch, its layers' event (a load)
+
+The first batch of a size class lays it out (``route.prepare``: launch groups of
+consecutive model layers for a load, `hicache.controller.groups`; the backend's layouts).
+Backups (D2H) are one all-layer launch. A launch that raises fails the batch here: every
+layer event of a load is signalled (no waiter hangs), the caller's stream is ordered
+after the copy stream, and the batch's event is recorded; its slots are the controller's
+to give back.
 
 On CUDA the launch runs on the direction's high-priority copy stream, entered through
 `OnStream` (built once per stream); on the CPU it runs synchronously, with the same
@@ -12,17 +24,22 @@ runtime calls (a record of no event), so a load's call budget is the same on eve
 """
 from __future__ import annotations
 
-from functools import partial
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping, Sequence
 
+import numpy as np
 import torch
 
+from hicache import fastpath
 from hicache.config import HiCacheConfig
-from hicache.controller.batch import Batch
-from hicache.controller.groups import LoadGrouper, LoadGroups
+from hicache.controller.batch import Batch, Op, merge, merge_slots, merged_once
+from hicache.controller.groups import LoadGrouper
 from hicache.controller.layer_sync import LayerDoneCounter, OnStream
-from hicache.controller.planner import BatchPlanner
-from transfer_kernels import AutoBackend, CopyBackend, CopyPlan, StagedBackend, TritonBackend, get_backend, runtime
+from hicache.controller.planner import BatchPlanner, PoolSet
+from transfer_kernels import AutoBackend, CopyBackend, StagedBackend, TritonBackend, get_backend, runtime
+from transfer_kernels.backends.route import Route
+from transfer_kernels.rows import first_duplicate
+
+Rows = list  # per job of a pool set, its rows (int64 CPU tensors)
 
 
 class Launcher:
@@ -30,7 +47,7 @@ class Launcher:
 
     Args:
         backend: the copy backend (`use` swaps it between batches).
-        planners: per direction, the batch planner.
+        planners: per direction, its pool sets.
         load_groups: the loads' launch groups.
         layer_done: the load events (the launcher records them).
         streams: per direction, its copy stream (``None`` on the CPU).
@@ -39,16 +56,25 @@ class Launcher:
 
     def __init__(self, backend: CopyBackend, planners: Mapping[str, BatchPlanner], load_groups: LoadGrouper,
                  layer_done: LayerDoneCounter, streams: Mapping[str, Any]) -> None:
-        self.backend = backend
         self._planners, self._groups, self._layer_done = planners, load_groups, layer_done
         self._streams = dict(streams)
         self._cuda = any(s is not None for s in self._streams.values())
         self._on_stream = {d: OnStream(s) for d, s in self._streams.items()}  # built once
         self._spare_events: list = []  # events of acked batches: recorded again
+        self._routes_of: dict[CopyBackend, dict] = {}  # per backend used, its routes
+        self.use(backend)
 
     def use(self, backend: CopyBackend) -> None:
-        """Launch later batches through ``backend`` (tests and benchmarks swap it)."""
+        """Launch later batches through ``backend`` (tests and benchmarks swap it); the
+        first time, its route of every (direction, pool set) is decided now."""
         self.backend = backend
+        routes = self._routes_of.get(backend)
+        if routes is None:
+            routes = self._routes_of[backend] = {
+                (d, pool_set.roots): _route(backend, pool_set, planner.device)
+                for d, planner in self._planners.items() for pool_set in planner.pool_sets.values()
+                if pool_set.lanes}
+        self._routes = routes
 
     def start(self, batch: Batch) -> None:
         """Launch ``batch`` on its copy stream and record its event; a raising launch
@@ -62,17 +88,38 @@ class Launcher:
 
     def _run(self, batch: Batch, outer: Any) -> None:
         try:
-            # rows derived from slots validated at write()/load(): no second round of checks
-            plan, pools, rows = self._planners[batch.direction].plan(batch.ops)
-            if batch.direction == "d2h":
-                launch_backup(plan, self.backend)
-            else:
-                # on the CPU too: the same runtime calls (a record of no event), one per group
-                launch_load(plan, self._groups.groups(pools, rows), self.backend,
-                            partial(self._layer_done.record_span, index=batch.consumer))
+            direction, ops = batch.direction, batch.ops
+            planner = self._planners[direction]
+            src = ops[0].src if len(ops) == 1 else merge(ops, "src")
+            pool_set = planner.pool_sets[frozenset(src)]
+            if not pool_set.lanes:  # only pools without data (an anchor of sliding-window layers)
+                if direction == "h2d":
+                    self._layer_done.record_all(batch.consumer)
+                self._record(batch)
+                return
+            src_rows, dst_rows, counts = batch_rows(pool_set, ops, src, planner.dst_pages)
+            route = self._routes[direction, pool_set.roots]
+            if isinstance(route, str):  # the backend refused these tables when it decided
+                raise ValueError(route)
+            if direction == "d2h":  # one launch of every layer
+                prepared = route.prepared.get(counts) or route.prepare(
+                    counts, route.plan(src_rows, dst_rows), (pool_set.pairs,))
+                prepared.start(pool_set.lanes, src_rows, dst_rows).launch(0)
+            else:  # one launch per group of consecutive model layers, then its layers' event
+                key = (counts, self._groups.min_bytes)
+                prepared = route.prepared.get(key) or self._lay_out(route, key, pool_set, src_rows, dst_rows)
+                layer_done = self._layer_done
+                prepared.start(pool_set.lanes, src_rows, dst_rows).run(
+                    layer_done.group_events(batch.consumer, prepared.tag), layer_done.stream)
             self._record(batch)
         except Exception as exc:  # any launch failure fails the whole batch
             self.fail(batch, exc, outer)
+
+    def _lay_out(self, route: Route, key: tuple, pool_set: PoolSet, src_rows: Rows, dst_rows: Rows):
+        """A load's new size class: its launch groups, then the backend's layouts (the
+        groups' model-layer bounds kept with it)."""
+        groups = self._groups.groups(pool_set.pools, key[0])
+        return route.prepare(key, route.plan(src_rows, dst_rows), groups.groups, tag=groups.layers)
 
     def fail(self, batch: Batch, exc: BaseException, outer: Any = None) -> None:
         """Fail ``batch`` (launched or not): its load events all signalled, ``outer`` (the
@@ -103,28 +150,86 @@ class Launcher:
             batch.event = None
 
 
-def launch_backup(plan: CopyPlan, backend: CopyBackend) -> None:
-    """All layers of every pool in one launch."""
-    if plan.jobs:
-        backend.execute(plan)
+def _route(backend: CopyBackend, pool_set: PoolSet, device: torch.device) -> Route | str:
+    """The route of ``pool_set`` on ``backend``, or why the backend refuses its tables (a
+    batch of it then fails at launch, as any launch that raises)."""
+    try:
+        return backend.route(pool_set.lanes, device)
+    except ValueError as exc:
+        return str(exc)
 
 
-def launch_load(plan: CopyPlan, groups: LoadGroups, backend: CopyBackend,
-                on_group: Callable[[int, int], None] | None) -> None:
-    """One launch per group of consecutive model layers, then ``on_group(first, end)``
-    for the group's model layers ``[first, end)``.
+def batch_rows(pool_set: PoolSet, ops: Sequence[Op], src: Mapping[str, torch.Tensor],
+               dst_pages: Mapping[str, int]) -> tuple[Rows, Rows, tuple[int, ...]]:
+    """Each job's source and destination rows of a batch of ``ops`` (``src``: their merged
+    source slots per root), and its row counts: one slice per (root, rows-per-token class)
+    and tier, shared by the class's jobs, never checked (the slots were validated at
+    ``write``/``load``). The destination rows come from the pages the controller's
+    allocator handed out (the ops' ``stamps``) when a page is one row (DeepSeek-V4's
+    pools): no slot array is read.
 
-    The batch is prepared once (the triton backend stages every group's layout and
-    indices in one copy); each launch reads its part of it, O(1) Python per group.
+    Raises:
+        ValueError: a destination page in two ops of the batch (freed and allocated again
+            while queued); nothing is launched.
     """
-    launch, bounds = backend.prepare(plan, groups.groups).launch, groups.layers
-    if on_group is None:
-        for g in range(len(bounds) - 1):
-            launch(g)
-        return
-    for g, first, end in zip(range(len(bounds) - 1), bounds, bounds[1:]):
-        launch(g)
-        on_group(first, end)
+    pages = _dst_pages(ops, src.keys(), dst_pages)
+    src_rows, dst_rows, counts, dst = [], [], [], None
+    for cls in pool_set.classes:
+        root, tpr = cls.root, cls.tokens_per_row
+        s = _rows(src[root], tpr)
+        if pages is not None and tpr == dst_pages[root]:  # a page is one row
+            d = torch.from_numpy(pages[root])
+        else:
+            dst = (ops[0].dst if len(ops) == 1 else merge(ops, "dst")) if dst is None else dst
+            d = _rows(dst[root], tpr)
+        n = s.numel()
+        for _ in cls.jobs:
+            src_rows.append(s)
+            dst_rows.append(d)
+            counts.append(n)
+    return src_rows, dst_rows, tuple(counts)
+
+
+def _rows(slots: torch.Tensor, tokens_per_row: int) -> torch.Tensor:
+    """The rows of a pool whose row holds ``tokens_per_row`` tokens, for the slots of its
+    root (whole rows: checked or allocated by the controller). A token per row: the slots
+    themselves (an op's own tensor, read-only until its ack), no copy."""
+    if tokens_per_row == 1:
+        return slots
+    return torch.from_numpy(fastpath.rows(slots, tokens_per_row))
+
+
+def _dst_pages(ops: Sequence[Op], roots: Any, page_sizes: Mapping[str, int]) -> dict[str, np.ndarray] | None:
+    """Per root, the batch's destination pages op after op when every op keeps them
+    (allocated by the controller), else ``None``; refuses a page handed out to two ops of
+    the batch (``load_many``'s ops come from one allocator call: distinct)."""
+    if len(ops) == 1:
+        stamps = ops[0].stamps
+        return None if stamps is None else {root: got[0] for root, got in stamps.items()}
+    if merged_once(ops) is not None:  # its merged slots: no concatenation
+        return None
+    if any(op.stamps is None for op in ops):
+        for root, slots in merge_slots([op.dst for op in ops]).items():
+            twice = first_duplicate(slots[::page_sizes[root]])
+            if twice is not None:
+                _shared(root, twice)
+        return None
+    parts: dict[str, list[np.ndarray]] = {root: [] for root in roots}
+    for op in ops:
+        for root, got in op.stamps.items():
+            parts[root].append(got[0])
+    pages = {root: np.concatenate(p) for root, p in parts.items()}
+    for root, p in pages.items():
+        s = np.sort(p)
+        dup = np.flatnonzero(s[1:] == s[:-1])
+        if dup.size:  # named by its first slot, as the slots' check names it
+            _shared(root, int(s[dup[0]]) * page_sizes[root])
+    return pages
+
+
+def _shared(root: str, first_slot: int) -> None:
+    raise ValueError(f"destination slots of pool {root!r}: page {first_slot} belongs to two ops of "
+                     f"one batch (freed and allocated again while queued)")
 
 
 def make_backend(config: HiCacheConfig) -> CopyBackend:

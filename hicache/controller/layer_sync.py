@@ -7,6 +7,7 @@ early layers overlaps the copies of later ones. A small ring of event sets lets 
 batch start loading while the previous one is still being consumed. The CPU never blocks.
 
     producer (load stream):  begin() -> k   record_span(0, 2, k) record_span(2, 3, k) ...
+                             (a load: group_events(k, bounds), recorded by its launch loop)
     consumer (compute):      wait_until(0, k) ... wait_until(L-1, k)
     ring:  k = 0, 1, ..., ring-1, 0, ...   (a slot is reused ring batches later)
 
@@ -14,7 +15,7 @@ In CPU mode copies are synchronous: every method is a no-op apart from the bookk
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -73,6 +74,21 @@ class LayerDoneCounter:
         event = self._events[index][first]
         runtime.record(event, self.stream)
         self._waits[index][first:end] = (event,) * (end - first)
+
+    def group_events(self, index: int, bounds: Sequence[int]) -> Sequence[Any]:
+        """The events a load of batch ``index`` records, one per launch group: group ``g``
+        (model layers ``bounds[g] .. bounds[g + 1] - 1``) records its first layer's event,
+        which every layer of the group waits on (``record_span`` made by the loader's own
+        loop: `transfer_kernels` ``Launches.run``). On the CPU ``None`` per group (a record
+        of no event)."""
+        if not self._cuda:
+            return (None,) * (len(bounds) - 1)
+        events, waits, out = self._events[index], self._waits[index], []
+        for first, end in zip(bounds, bounds[1:]):
+            event = events[first]
+            waits[first:end] = (event,) * (end - first)
+            out.append(event)
+        return out
 
     def record_all(self, index: int) -> None:
         """Mark every layer of batch ``index`` done now (a rolled-back batch: waiters

@@ -33,12 +33,23 @@ in the real model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from hicache.reference.config import Dsv4Config
+
+class Dsv4Config(Protocol):
+    """The model dims the row layouts read (`hicache.reference.config.Dsv4Config` has them;
+    a protocol here: the config imports this module, not the reverse)."""
+
+    head_dim: int
+    rope_dim: int
+    window: int
+    page_size: int
+    c4_ratio: int
+    hca_ratio: int
+    index_head_dim: int
+    fp8_tile: int
 
 E4M3_MAX = 448.0
 AMAX_FLOOR = 1e-4  # an all-zero tile still gets a finite scale

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hicache.config import HOST_DTYPES, HiCacheConfig
+from hicache.config import DEFAULT_EVICTION_POLICY, HOST_DTYPES, HiCacheConfig
 
 TOLERANCE = 1e-5  # max |logit difference| (fp32; the paged models match transformers to ~4e-6)
 # A bf16 kv pool (--kv-dtype bfloat16; the default with --hicache-host-dtype int8) is judged as
@@ -48,7 +48,7 @@ class VerifyOptions:
     device: str = "cpu"
     io_backend: str = "auto"
     write_policy: str = "write_through"
-    eviction_policy: str = "lru"  # the tree's device and host eviction order (hicache.config.EVICTION_POLICIES)
+    eviction_policy: str = DEFAULT_EVICTION_POLICY  # the tree's device and host eviction order (hicache.config.EVICTION_POLICIES)
     mem_layout: str = "page_first"
     fault: str | None = None  # a data pool whose loads are corrupted (negative control)
     kv_format: str = "fp32"  # deepseek-v4 pool rows: fp32 | fp8_ds_mla

@@ -121,7 +121,7 @@ class TraceBounds:
         return blocks * self.page_size / self.prompt_tokens
 
     def at(self, capacity_tokens: int) -> Bounds:
-        """The bounds for ``capacity_tokens`` (device + host tokens; computed once per capacity)."""
+        """The bounds for ``capacity_tokens`` (device + host + storage tokens; computed once per capacity)."""
         if capacity_tokens not in self._cache:
             c = capacity_tokens // self.page_size
             lru = lru_hits(self.runs, self.weights, self.starts, c)

@@ -5,7 +5,7 @@ each ``--hicache-ratio`` (``1,2,4`` sweeps), each with every ``--hicache-evictio
 (``lru,lfu`` sweeps them side by side). Per run it reports device, host and total hit
 rates (fractions of prompt tokens served from cache), tokens recomputed, pages and bytes
 moved each way, transfer GB/s (time from launch to completion) and the peak host bytes in
-use; and, for the run's device + host tokens, three bounds computed from the workload
+use; and, for the run's device + host (+ storage) tokens, three bounds computed from the workload
 alone (`hicache.replay.bounds`: an ideal LRU, Belady's clairvoyant cache, an infinite
 cache); ``--plot FILE`` also draws them (needs matplotlib).
 

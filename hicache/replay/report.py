@@ -6,14 +6,14 @@ from typing import NamedTuple, Sequence
 import torch
 
 from hicache.replay.bounds import Bounds
-from hicache.replay.run import RunStats
+from hicache.replay.run import UNLIMITED_TOKENS, RunStats
 
 JSON_KEYS = ("hicache_ratio", "eviction_policy", "hit_rate", "device_hit_rate", "host_hit_rate", "storage_hit_rate",
              "tokens_total", "tokens_recomputed", "bytes_h2d", "bytes_d2h", "bytes_storage_read",
              "bytes_storage_written", "storage_read_gbps", "storage_write_gbps", "transfers_failed", "mismatches",
              "host_dtype", "host_capacity_bytes", "peak_host_bytes", "capacity_tokens", "bound_lru", "bound_belady",
              "bound_infinite")
-BOUNDS_LEGEND = ("bounds, from the trace alone at each row's device + host tokens (hicache.replay.bounds): ideal LRU = "
+BOUNDS_LEGEND = ("bounds, from the trace alone at each row's device + host (+ storage) tokens (hicache.replay.bounds): ideal LRU = "
                  "what LRU reaches without a server's constraints; Belady = no eviction policy can beat it; "
                  "infinite = no cache can")
 
@@ -95,7 +95,7 @@ def bounds_table(runs: Sequence[RunStats], bounds: Sequence[Bounds]) -> str:
     policies = list(dict.fromkeys(st.eviction_policy for st in runs))
     head = (f"{'ratio':>6}{'capacity tokens':>17}" + "".join(f"{p:>9}" for p in policies)
             + f" |{'ideal LRU':>10}{'Belady':>8}{'infinite':>10}")
-    lines = ["hit rate per eviction policy against the bounds (" + BOUNDS_LEGEND.split(" (", 1)[0] + ")",
+    lines = ["hit rate per eviction policy against the bounds (" + BOUNDS_LEGEND.split(" (hicache", 1)[0] + ")",
              head, "-" * len(head)]
     rows: dict[float, dict] = {}
     for st, b in zip(runs, bounds):
@@ -104,7 +104,8 @@ def bounds_table(runs: Sequence[RunStats], bounds: Sequence[Bounds]) -> str:
     for ratio, row in rows.items():
         b = row["bound"]
         hits = "".join(f"{row[p]:>9.3f}" if p in row else f"{'-':>9}" for p in policies)
-        lines.append(f"{ratio:>6g}{b.capacity_tokens:>17,}{hits} |{b.lru:>10.3f}{b.belady:>8.3f}{b.infinite:>10.3f}")
+        cap = "unlimited" if b.capacity_tokens >= UNLIMITED_TOKENS else f"{b.capacity_tokens:,}"
+        lines.append(f"{ratio:>6g}{cap:>17}{hits} |{b.lru:>10.3f}{b.belady:>8.3f}{b.infinite:>10.3f}")
     return "\n".join(lines)
 
 

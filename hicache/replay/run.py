@@ -24,10 +24,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hicache.config import DEFAULT_EVICTION_POLICY
 from hicache.radix import HiRadixCache
 from hicache.radix.node import EMPTY_SLOTS
 from hicache.replay.content import ContentModel, ReplayMismatch, prefix_hashes, state_seed
 from hicache.replay.workload import BLOCK_TOKENS, Request, request_tokens
+
+UNLIMITED_TOKENS = 1 << 40  # the capacity of an unlimited storage tier, in the bounds
 
 if TYPE_CHECKING:
     from hicache.radix.store import TierStore
@@ -65,8 +68,8 @@ class RunStats:
     transfer_error: str = ""  # the first failed ack's error
     host_dtype: str = "auto"  # --hicache-host-dtype of the run
     host_capacity_bytes: int = 0  # bytes of the host pools (int8 ones counted as int8 + scales)
-    eviction_policy: str = "lru"  # --hicache-eviction-policy of the run
-    capacity_tokens: int = 0  # device + host tokens of the anchor pool (the bounds' capacity)
+    eviction_policy: str = DEFAULT_EVICTION_POLICY  # --hicache-eviction-policy of the run
+    capacity_tokens: int = 0  # device + host (+ storage) tokens of the anchor pool (the bounds' capacity)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -89,14 +92,27 @@ class Replayer:
         self.content = ContentModel(cache)
         self.page = self.stack.page_size
         self.anchor = self.stack.anchor.name
-        host_anchor = cache.host_group.pools[self.anchor].allocator
         self.stats = RunStats(hicache_ratio, host_dtype=cache.config.host_dtype,
                               host_capacity_bytes=cache.host_group.nbytes,
                               eviction_policy=cache.config.eviction_policy,
-                              capacity_tokens=cache.device_pools[self.anchor].num_tokens
-                              + (host_anchor.num_slots if hicache_ratio > 0 and host_anchor is not None else 0))
+                              capacity_tokens=self._capacity_tokens(hicache_ratio > 0, storage is not None))
         self.verify_hits = verify_hits
         self._instrument()
+
+    def _capacity_tokens(self, host_tier: bool, storage: bool) -> int:
+        """Anchor tokens the run's tiers hold: the bounds' capacity. A storage tier adds its
+        capacity at the host format's bytes per anchor token (every pool's share; an
+        unlimited store: `UNLIMITED_TOKENS`), so no run exceeds its Belady bound."""
+        host = self.cache.host_group.pools[self.anchor].allocator
+        tokens = self.cache.device_pools[self.anchor].num_tokens
+        if not host_tier or host is None:
+            return tokens
+        tokens += host.num_slots
+        if storage:
+            cap = self.cache.config.storage_capacity_bytes
+            per_token = self.cache.host_group.nbytes / max(1, host.num_slots)
+            tokens += int(cap / per_token) if cap else UNLIMITED_TOKENS
+        return tokens
 
     def _instrument(self) -> None:
         """Time the launches to completion (CPU mode copies synchronously inside them; on

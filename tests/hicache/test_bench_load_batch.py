@@ -10,7 +10,8 @@ import torch
 
 from bench import host_only, load_batch
 from tests.transfer_kernels.pools import assert_unchanged, make_pool, snapshot
-from transfer_kernels import AutoBackend, CopyEngineBackend, auto_table, make_plan, torch_ref
+from transfer_kernels import AutoBackend, CopyEngineBackend, make_plan
+from transfer_kernels.backends import auto_table, torch_ref
 
 CUDA = torch.cuda.is_available()
 SMALL = ["--quick", "--batches", "1", "--layouts", "page_first", "--host-gib", "0.01"]
@@ -111,7 +112,7 @@ def test_int8_host_dtype_runs_and_host_only_converts_nothing(tmp_path, monkeypat
     """``--hicache-host-dtype int8``: every backend loads and backs up int8 pages (rows say
     so); with ``--host-only`` no conversion runs (the quant kernel's launches are left out
     at ``runtime.launch``, torch's reference conversion is patched out)."""
-    from transfer_kernels import quant_torch
+    from transfer_kernels.backends import quant_torch
     int8 = ["--hicache-host-dtype", "int8", "--pages", "1", "--ops", "1", "--models", "deepseek-v3:1"]
     rows = load_batch.run(SMALL + int8 + ["--no-extra", "--out", str(tmp_path / "q.json")])
     assert {r["host_dtype"] for r in rows} == {"int8"} and {r["dir"] for r in rows} == {"h2d", "d2h"}
@@ -120,7 +121,7 @@ def test_int8_host_dtype_runs_and_host_only_converts_nothing(tmp_path, monkeypat
     def converted(*args, **kwargs):
         raise AssertionError("a conversion ran")
     monkeypatch.setattr(quant_torch, "convert_job", converted)
-    monkeypatch.setattr("transfer_kernels.quant_triton.run", converted)
+    monkeypatch.setattr("transfer_kernels.cuda.quant_kernel.run", converted)
     rows = load_batch.run(["--host-only"] + SMALL + int8 + ["--out", str(tmp_path / "h.json")])
     assert {r["backend"] for r in rows} == {"auto", "triton", "dma", "copy_engine"}
 

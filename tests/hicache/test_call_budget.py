@@ -1,6 +1,6 @@
 """The call budget of a load: the runtime-level calls a 16-page DeepSeek-V4-Pro load makes.
 
-Every call of the budget goes through ``transfer_kernels.runtime`` (the CPU path makes the
+Every call of the budget goes through ``transfer_kernels.cuda.runtime`` (the CPU path makes the
 same calls as the CUDA path; a record of no event does nothing), so counters put in its
 place count what a GPU load would issue: per load at most one index upload and one stream
 lookup; per launch group exactly one launch and one event record, plus the batch's own
@@ -54,7 +54,7 @@ def _counters(monkeypatch, cache, pools: tuple[str, ...]) -> Counter:
     seen: Counter = Counter()
 
     def counted(key, real):
-        return lambda *args: (seen.update([key]), real(*args))[1]
+        return lambda *args, **kwargs: (seen.update([key]), real(*args, **kwargs))[1]
     monkeypatch.setattr(runtime, "upload", counted("upload", runtime.upload))
     monkeypatch.setattr(runtime, "stream_handle", counted("stream", runtime.stream_handle))
     monkeypatch.setattr(runtime, "launch", lambda launcher, group: seen.update([("launch", group)]))
@@ -148,3 +148,36 @@ def test_int8_load_keeps_the_budget(loaded_int8, monkeypatch, ops):
     assert groups >= 2 and quant.launches - before == groups  # every launch converts
     _assert_budget(seen, groups)
     assert seen["alloc kv"] == 1
+
+
+@pytest.fixture(scope="module")
+def loaded_int8_staged():
+    """The same int8 load through ``auto`` deciding as on a GPU: int8 pages staged by DMA,
+    the fused kernel dequantizing from the ring (bench/host_only.py's CPU stand-ins)."""
+    from bench import host_only
+    from transfer_kernels import AutoBackend
+    from transfer_kernels.backends import auto, auto_table
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(auto, "converting", host_only._converting_as_on_cuda)
+        stack = preset("deepseek-v3")
+        config = HiCacheConfig(mem_layout="page_first", hicache_ratio=1.0, host_dtype="int8")
+        backend = AutoBackend(triton=TritonBackend(), table=host_only.cuda_rules_on_cpu(auto_table.SEED))
+        cache = build(stack, PAGES * stack.page_size, config, device="cpu", budget=BIG, backend=backend)
+        kv = cache.host_group.pools["kv"].alloc(PAGES * stack.page_size)
+        cache.controller.mark_host_written(kv, {})
+        yield cache, (kv, None)
+        cache.close()
+
+
+def test_int8_staged_load_keeps_the_budget(loaded_int8_staged, monkeypatch):
+    cache = loaded_int8_staged[0]
+    staged = cache.controller.backend.inner["dma"]
+    quant = staged.kernel.quant_backend(torch.device("cpu"))
+    seen = _counters(monkeypatch, cache, ("kv",))
+    before = quant.launches, staged.copies, cache.controller.backend.launches
+    groups = _load(cache, _requests(loaded_int8_staged, 1), many=True)
+    assert groups >= 2
+    assert quant.launches - before[0] == groups  # every group converts from the ring
+    assert staged.copies - before[1] >= 1  # the int8 pages came by DMA
+    assert cache.controller.backend.launches - before[2] == groups  # auto: one per group
+    _assert_budget(seen, groups)

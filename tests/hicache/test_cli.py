@@ -18,6 +18,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import hicache.replay.cli as replay_mod
+from hicache.config import DEFAULT_EVICTION_POLICY
 from hicache.cli import SUBCOMMANDS, build_parser, chosen_command, load, main
 from hicache.replay.run import RunStats
 
@@ -130,7 +131,7 @@ def test_ctrl_c_prints_the_finished_runs_and_one_line(monkeypatch, capsys, as_js
     if as_json:
         assert [r["hit_rate"] for r in json.loads(out.out)["runs"]] == [0.25]
     else:
-        assert out.out.splitlines()[3].split()[:3] == ["0", "lru", "0.250"]  # title, head, rule, the run
+        assert out.out.splitlines()[3].split()[:3] == ["0", DEFAULT_EVICTION_POLICY, "0.250"]  # title, head, rule, the run
     assert out.err.strip() == "hicache replay: interrupted (Ctrl-C) after 1 of 4 runs; the rows above are the finished runs"
 
 

@@ -25,7 +25,7 @@ def test_defaults():
     c = HiCacheConfig()
     assert dataclasses.asdict(c) == {
         "enable_hierarchical_cache": False, "hicache_ratio": 2.0, "hicache_size_gb": 0.0,
-        "write_policy": "write_through", "eviction_policy": "lru", "io_backend": "auto", "mem_layout": "page_first",
+        "write_policy": "write_through", "eviction_policy": "tiered", "io_backend": "auto", "mem_layout": "page_first",
         "swa_full_tokens_ratio": 0.1, "ranks_per_host": 1, "host_headroom_gb": None,
         "max_copy_programs": None, "storage_backend": "none", "storage_dir": "",
         "storage_master": "127.0.0.1:50051", "storage_capacity_gb": 0.0, "storage_prefetch_policy": "timeout",
@@ -105,7 +105,7 @@ def test_every_flag_round_trips():
             "--hicache-storage-prefetch-policy", "wait_complete", "--hicache-storage-prefetch-timeout", "0.5",
             "--hicache-storage-write-policy", "write_back", "--hicache-storage-optional",
             "--hicache-storage-model-id", "org/model@rev", "--hicache-tp-rank", "1", "--hicache-tp-size", "2",
-            "--hicache-host-dtype", "int8", "--hicache-eviction-policy", "lru"]
+            "--hicache-host-dtype", "int8", "--hicache-eviction-policy", "lfu"]
     c = HiCacheConfig.from_args(_parse(argv))
     assert c == HiCacheConfig(enable_hierarchical_cache=True, hicache_ratio=3.5, hicache_size_gb=40.0,
                               write_policy="write_through_selective", io_backend="triton",
@@ -115,7 +115,7 @@ def test_every_flag_round_trips():
                               storage_prefetch_policy="wait_complete", storage_prefetch_timeout_s=0.5,
                               storage_write_policy="write_back", storage_optional=True,
                               storage_model_id="org/model@rev", tp_rank=1, tp_size=2,
-                              host_dtype="int8")
+                              host_dtype="int8", eviction_policy="lfu")
     assert c.host_headroom_bytes == 6 << 30 and c.storage_capacity_bytes == 64 * 10 ** 9
     # every field has a flag, and every flag was given above
     assert set(FLAGS) == {f.name for f in dataclasses.fields(HiCacheConfig)}

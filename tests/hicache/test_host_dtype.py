@@ -15,7 +15,7 @@ from host_pools.host_format import host_spec, host_stack, int8_refusal
 from host_pools.memory import HostBudget
 from host_pools.spec import BufferSpec, PoolKind, PoolSpec, Stack
 from transfer_kernels import FaultyBackend
-from transfer_kernels.quant_ref import dequantize_int8_ref, quantize_int8_ref
+from transfer_kernels.quant.reference import dequantize_int8_ref, quantize_int8_ref
 
 BIG = HostBudget(1 << 40, None, 0, 1, 1 << 40)
 

@@ -10,10 +10,11 @@ import torch
 
 from tests.transfer_kernels.pools import DEVICE, assert_copied, make_pool, random_map, snapshot
 from transfer_kernels import AutoBackend, CopyJob, CopyPlan, RowTable, copy_rows_batch, make_plan
-from transfer_kernels import auto as auto_mod
-from transfer_kernels import auto_table, tuning
-from transfer_kernels.auto import choose
-from transfer_kernels.auto_table import SEED, AutoTable, Rule
+from transfer_kernels.backends import auto as auto_mod
+from transfer_kernels import tuning
+from transfer_kernels.backends import auto_table
+from transfer_kernels.backends.auto import choose
+from transfer_kernels.backends.auto_table import SEED, AutoTable, Rule
 
 MIXED = [((8,), torch.bfloat16), ((3, 4), torch.float32), ((5,), torch.uint8)]
 
@@ -33,7 +34,7 @@ def test_cpu_routes_by_row_bytes_not_runs_nor_page_spans(gen):
     _, spans = _job(gen, small, [3, 1], [0, 9], "page_first")  # 2-layer pages: spans of 2 rows
     plan = make_plan([scattered, run, big, spans])
     assert [choose(j, plan) for j in plan.jobs] == ["torch", "torch", "copy_engine", "torch"]
-    assert auto_mod.shape(plan.jobs[3], plan)[2:5] == ("stage", small, 2 * small)
+    assert auto_mod.traits(plan.jobs[3], plan)[2:5] == ("stage", small, 2 * small)
 
 
 def test_mixed_batch_uses_each_backend_once(gen):
@@ -42,7 +43,7 @@ def test_mixed_batch_uses_each_backend_once(gen):
     befores = [(snapshot(j.src), snapshot(j.dst)) for j in (small, big)]
     auto = AutoBackend(table=SEED)
     copy_rows_batch([small, big], backend=auto)
-    assert auto.launches == 2
+    assert auto.launches == 1  # one launch (group) of auto's, counted once (`Launches.launch`)
     assert auto.inner["torch"].launches == 1 and auto.inner["copy_engine"].launches == 1
     for job, (sb, db) in zip((small, big), befores):
         assert_copied(job.src, job.dst, sb, db, job.src_rows, job.dst_rows)
@@ -104,7 +105,7 @@ def test_second_identical_batch_is_a_cache_hit(gen, monkeypatch):
     def no_analysis(*args):
         raise AssertionError("analysed again")
 
-    monkeypatch.setattr(auto_mod, "shape", no_analysis)
+    monkeypatch.setattr(auto_mod, "traits", no_analysis)
     monkeypatch.setattr(auto_mod, "decide", no_analysis)
     before = snapshot(pool.host_table), snapshot(pool.device_table)
     # other rows, same tables and size class (3 rows): served from the cache
@@ -172,4 +173,4 @@ def test_direction_rules(gen, monkeypatch):
         job = make_plan([(pool.host_table, pool.device_table, [1, 2], [3, 4])]).jobs[0]
         job = dataclasses.replace(job, src=src, dst=dst)
         plan = CopyPlan(jobs=(job,), device=cuda)
-        assert (auto_mod.shape(job, plan).dir, choose(job, plan, table)) == want
+        assert (auto_mod.traits(job, plan).dir, choose(job, plan, table)) == want

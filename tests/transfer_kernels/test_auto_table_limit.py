@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from transfer_kernels import auto_table
+from transfer_kernels.backends import auto_table
 from tests.endless import FifoFeeder
 
 SLACK = 1 << 16

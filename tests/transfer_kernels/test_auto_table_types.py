@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from transfer_kernels import auto_table
+from transfer_kernels.backends import auto_table
 
 HEAD = {"format": "hicache-auto-table", "version": 1}
 

@@ -12,7 +12,7 @@ import torch
 
 from tests.transfer_kernels.pools import make_pool, random_map
 from transfer_kernels import CopyJob, TritonBackend, make_plan
-from transfer_kernels.triton_backend import kernel_module
+from transfer_kernels.backends.triton import kernel_module
 
 CUDA_CALLS = ("current_stream", "current_device", "stream", "set_stream", "Event", "synchronize")
 
@@ -106,6 +106,51 @@ def test_a_variant_not_compiled_takes_the_ordinary_launch(gen, no_cuda_calls):
     start = _dst_bytes(pools)
     _run_all(fast, prepared.num_groups)  # no variant: the interpreter, same as ordinary
     assert any(not torch.equal(a, b) for a, b in zip(_dst_bytes(pools), start))
+
+
+class ChangedSignature(FakeCompiled):
+    """A compiled kernel whose launcher takes other arguments (a newer triton): ``run``
+    refuses the call with a ``TypeError`` before launching anything."""
+
+    def run(self, gx, gy, gz, stream, function, packed, metadata, enter, exit_, meta, prog_at):
+        raise AssertionError("never reached: the call does not fit this signature")
+
+    def __getattribute__(self, name):
+        if name == "run":
+            object.__getattribute__(self, "calls").append("run")
+        return object.__getattribute__(self, name)
+
+
+def test_a_fast_entry_with_changed_arguments_falls_back_per_variant(gen, no_cuda_calls):
+    # Issue 26 item 6: the first fast call of each variant raises TypeError; that launch and
+    # every later one of the variant (in this launcher and the next) take the ordinary
+    # launch, byte-exact; the fast entry is not tried again.
+    tk = kernel_module()
+    if tk.knobs is None:
+        pytest.skip("this triton has no knobs (the fast entry is never taken)")
+    pools, prepared = _prepared(gen)
+    ls = prepared.launch_set
+    lay = ls.layout
+    start = [v.view(torch.uint8).clone() for p in pools for views in p.device for v in views]
+    ordinary = tk.BoundLaunches(ls.meta, lay.prog_at, lay.grids, lay.aligns, ls.vpt, ls.num_warps)
+    _run_all(ordinary, prepared.num_groups)
+    want = _dst_bytes(pools)
+    for v, s in zip([v.view(torch.uint8) for p in pools for views in p.device for v in views], start):
+        v.copy_(s)
+    changed = ChangedSignature()
+    variants = set(lay.aligns[g] for g in range(prepared.num_groups) if lay.grids[g])
+    kernels = {(None, ls.vpt, a, ls.num_warps): changed for a in variants}
+    fast = tk.BoundLaunches(ls.meta, lay.prog_at, lay.grids, lay.aligns, ls.vpt, ls.num_warps,
+                            kernels=kernels, stream=7)
+    _run_all(fast, prepared.num_groups)
+    assert all(torch.equal(a, b) for a, b in zip(_dst_bytes(pools), want))
+    assert changed.calls == ["run"] * len(variants)  # tried once per variant, then ordinary
+    assert set(kernels.values()) == {tk.ORDINARY}
+    again = tk.BoundLaunches(ls.meta, lay.prog_at, lay.grids, lay.aligns, ls.vpt, ls.num_warps,
+                             kernels=kernels, stream=7)
+    _run_all(again, prepared.num_groups)  # a later launcher: ordinary from its first launch
+    assert changed.calls == ["run"] * len(variants)
+    assert all(torch.equal(a, b) for a, b in zip(_dst_bytes(pools), want))
 
 
 def test_a_launch_hook_gets_its_metadata(gen, monkeypatch):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.transfer_kernels.oracles import device_desc
 from tests.transfer_kernels.pools import (DEVICE, assert_copied, assert_unchanged, make_pool,
                                           random_map, snapshot)
 from transfer_kernels import (BACKEND_NAMES, CopyJob, RowTable, copy_rows, copy_rows_batch,
@@ -130,8 +131,8 @@ def test_table_geometry_and_desc_cache(gen):
     assert host.row_strides == (3 * 20, 3 * 20) and dev.row_strides == (16, 4)
     assert host.ptrs.shape == (3, 2) and host.ptrs.dtype == torch.int64
     assert int(host.ptrs[1, 1]) == host.views[1][1].data_ptr()
-    assert host.device_desc(torch.device(DEVICE)) is host.device_desc(torch.device(DEVICE))
-    assert host.device_desc(torch.device(DEVICE)).shape == (3, 2, 2)
+    assert device_desc(host, torch.device(DEVICE)) is device_desc(host, torch.device(DEVICE))
+    assert device_desc(host, torch.device(DEVICE)).shape == (3, 2, 2)
     assert isinstance(host, RowTable) and host.is_pinned == (DEVICE == "cuda")
 
 
@@ -140,7 +141,7 @@ def test_copy_engine_cuts_runs_at_registration_chunks(gen):
     # becomes two copies, cut exactly at the first row past the chunk start.
     import numpy as np
 
-    from transfer_kernels.copy_engine import _cut_at_chunks
+    from transfer_kernels.backends.copy_engine import cut_at_chunks
 
     pool = make_pool(gen, 2, 16, [((24,), torch.uint8)], "page_first", device="cpu", pin=False)
     host, dev = pool.host_table, pool.device_table
@@ -150,8 +151,8 @@ def test_copy_engine_cuts_runs_at_registration_chunks(gen):
     host = RowTable.from_views(host.views, "host", chunk_starts=chunks)
     s0, d0, k = (np.array([2, 14]), np.array([0, 20]), np.array([10, 2]))  # rows 2..11 cross two
     for layer in (0, 1):
-        got = _cut_at_chunks(host, dev, layer, 0, s0, d0, k)
+        got = cut_at_chunks(host, dev, layer, 0, s0, d0, k)
         assert [x.tolist() for x in got] == [[2, 5, 11, 14], [0, 3, 9, 20], [3, 6, 1, 2]]
     # as the destination side: cut by the destination's rows
-    got = _cut_at_chunks(dev, host, 0, 0, d0, s0, k)
+    got = cut_at_chunks(dev, host, 0, 0, d0, s0, k)
     assert [x.tolist() for x in got] == [[0, 3, 9, 20], [2, 5, 11, 14], [3, 6, 1, 2]]

@@ -7,7 +7,8 @@ import torch
 from tests.transfer_kernels.pools import (assert_copied, make_pool, random_map, snapshot,
                                           sync)
 from transfer_kernels import CopyJob, FaultyBackend, get_backend, make_plan
-from transfer_kernels.plan import exec_device, trusted_plan
+from tests.transfer_kernels.oracles import trusted_plan
+from transfer_kernels.rows import exec_device
 
 
 def _jobs(gen):
@@ -78,11 +79,10 @@ def test_make_plan_still_refuses_double_writes(gen):
 
 
 def test_triton_reuses_a_layout_only_for_the_same_shape(gen):
-    # A second batch of the same shape (tables, row counts, groups) reuses the segment
-    # layout and copies its own rows byte for byte; a batch with other row counts builds
-    # its own; a dead table's layout never serves a new table.
-    from transfer_kernels import triton_layout as tb
-
+    # A second batch of the same size class (tables, row counts, groups) reuses the prepared
+    # layout of its route and copies its own rows byte for byte; a batch with other row
+    # counts builds its own; the route holds its tables weakly: a dead table's route never
+    # serves a new table, and no pool is kept alive by the cache.
     groups = (((0, 0), (1, 0)), ((0, 1), (1, 1)))
     impl = get_backend("triton", fresh=True)
     pools = [make_pool(gen, 2, 9, [((16,), torch.bfloat16)] * 2, "page_first"),
@@ -99,16 +99,15 @@ def test_triton_reuses_a_layout_only_for_the_same_shape(gen):
         for j, job in enumerate(jobs):
             assert_copied(job.src, job.dst, *befores[j], job.src_rows, job.dst_rows, layers=[0, 1])
 
-    shapes, statics = len(tb.SHAPES.items), len(tb.STATICS.items)
     run(4)
-    assert (len(tb.SHAPES.items), len(tb.STATICS.items)) == (shapes + 1, statics + 1)
-    run(4)  # same shape, other rows: the whole layout reused, exact bytes
-    assert (len(tb.SHAPES.items), len(tb.STATICS.items)) == (shapes + 1, statics + 1)
-    run(3)  # other row counts: its own sizes, on the same static layout (unless the tile changed)
-    assert len(tb.SHAPES.items) == shapes + 2 and len(tb.STATICS.items) <= statics + 2
-    keys = [k for k in [*tb.SHAPES.items, *[(k,) for k in tb.STATICS.items]] if k[0][0][0] == ("groups", groups)]
-    assert keys and all(r() is not None for k in keys for pair in k[0][3] for r in pair)
-    pools.clear()  # the tables die: their entries stay unmatched (weak references)
+    (route,) = impl.route_cache.values()
+    assert route.built == 1
+    run(4)  # same size class, other rows: the whole layout reused, exact bytes
+    assert list(impl.route_cache.values()) == [route] and route.built == 1
+    run(3)  # other row counts: its own layout, on the same route
+    assert list(impl.route_cache.values()) == [route] and route.built == 2
+    assert route.alive
+    pools.clear()  # the tables die: the route stays unmatched (weak references)
     import gc
     gc.collect()
-    assert all(r() is None for k in keys for pair in k[0][3] for r in pair)
+    assert not route.alive

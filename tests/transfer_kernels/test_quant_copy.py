@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from transfer_kernels import CopyJob, FaultyBackend, RowTable, copy_rows, copy_rows_batch, get_backend
-from transfer_kernels.codec import Int8Codec
-from transfer_kernels.quant_ref import dequantize_int8_ref, quantize_int8_ref
+from transfer_kernels.quant.codec import Int8Codec
+from transfer_kernels.quant.reference import dequantize_int8_ref, quantize_int8_ref
 from tests.transfer_kernels.pools import DEVICE, sync
 
 BACKENDS = ("torch", "triton", "dma", "copy_engine", "auto")
@@ -130,7 +130,7 @@ def test_batch_mixes_exact_and_quantized_jobs_in_one_call(backend, gen):
 @pytest.mark.parametrize("backend", ["torch", "triton", "auto"])
 def test_prepared_groups_convert_per_layer_group(backend, gen):
     """A load prepared as launch groups (the controller's path) dequantizes each group."""
-    from transfer_kernels.plan import make_plan
+    from transfer_kernels.rows.plan import make_plan
     shapes = [(2, 1, 16)]
     side = Side(shapes, torch.bfloat16, rows=5, layers=3, gen=gen)
     src, dst = torch.tensor([4, 0]), torch.tensor([1, 2])
@@ -187,7 +187,7 @@ def test_compiled_kernel_uses_ieee_division_and_no_fma(bf16):
     div.rn (not the approximate '/'), no multiply-add is fused (it would round f * inv
     differently), the fp16 cast rounds to nearest."""
     pytest.importorskip("triton")
-    from transfer_kernels.quant_triton import compile_ptx
+    from transfer_kernels.cuda.quant_kernel import compile_ptx
     quant = compile_ptx(quantize=True, bf16=bf16)
     assert "div.rn.f32" in quant and "div.full" not in quant and "div.approx" not in quant
     assert "fma." not in quant
@@ -221,8 +221,8 @@ def test_which_backend_converts_for_each_backend():
     convert by copying: torch on a CPU plan, the fused kernel on CUDA. dma and auto convert
     themselves (dma: int8 pages staged in its ring, then its kernel's quant backend; auto:
     decided per shape, `test_auto_decides_converting_jobs_in_table_terms`)."""
-    from transfer_kernels.quant_kernel import TritonQuantBackend
-    from transfer_kernels.quant_torch import TorchQuantBackend
+    from transfer_kernels.backends.quant_triton import TritonQuantBackend
+    from transfer_kernels.backends.quant_torch import TorchQuantBackend
     cpu = torch.device("cpu")
     kinds = {name: type(get_backend(name, fresh=True).quant_backend(cpu))
              for name in ("torch", "triton", "copy_engine")}
@@ -236,7 +236,7 @@ def test_which_backend_converts_for_each_backend():
 @pytest.mark.parametrize("max_programs", [1, 3, 64])
 def test_kernel_programs_stride_over_many_blocks(max_programs, gen):
     """More vectors than one block per program (a grid-stride loop with a masked tail)."""
-    from transfer_kernels.quant_kernel import TritonQuantBackend
+    from transfer_kernels.backends.quant_triton import TritonQuantBackend
     shapes = [(16, 2, 16)]
     side = Side(shapes, torch.bfloat16, rows=20, layers=2, gen=gen)
     src, dst = _rows(17, 20, gen)  # 17 rows x 32 vectors: 3 blocks of 256, the last one masked
@@ -272,7 +272,7 @@ def test_quant_ref_pinned_values():
 def test_prepared_groups_with_exact_and_quantized_jobs(backend, gen):
     """A load of an int8 pool and an exact pool, prepared as two launch groups: each group
     converts its layers of the one and copies its layers of the other."""
-    from transfer_kernels.plan import make_plan
+    from transfer_kernels.rows.plan import make_plan
     side = Side([(2, 1, 16)], torch.bfloat16, rows=4, layers=2, gen=gen)
     plain_dev = torch.randint(0, 256, (4, 2, 24), dtype=torch.uint8, generator=gen).to(DEVICE)
     plain_host = torch.randint(0, 256, (4, 2, 24), dtype=torch.uint8, generator=gen)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from transfer_kernels import copy_rows
-from transfer_kernels.quant_ref import dequantize_int8_ref
+from transfer_kernels.quant.reference import dequantize_int8_ref
 from tests.transfer_kernels.pools import DEVICE, sync
 from tests.transfer_kernels.test_quant_copy import BACKENDS, Side
 

@@ -10,7 +10,7 @@ from tests.transfer_kernels.pools import assert_copied, make_pool, random_map, s
 from transfer_kernels import (AutoBackend, CopyJob, CopyPlan, RowTable, StagedBackend,
                               TorchBackend, TritonBackend, copy_rows, copy_rows_batch, make_plan,
                               tuning)
-from transfer_kernels.auto import choose
+from transfer_kernels.backends.auto import choose
 
 MIXED = [((8,), torch.bfloat16), ((3, 4), torch.float32), ((5,), torch.uint8)]
 
@@ -95,7 +95,7 @@ def test_staging_budget_sends_the_rest_to_the_kernel(gen):
             CopyJob(b.host_table, b.device_table, [8, 9], [0, 1])]
     befores = [(snapshot(j.src), snapshot(j.dst)) for j in jobs]
     copy_rows_batch(jobs, backend=staged)
-    assert staged._held == 1024 and len(staged._rings) == 1 and staged.pieces == 4
+    assert staged.held_bytes == 1024 and len(staged._rings) == 1 and staged.pieces == 4
     for job, (sb, db) in zip(jobs, befores):
         assert_copied(job.src, job.dst, sb, db, job.src_rows, job.dst_rows)
 
@@ -112,7 +112,7 @@ def test_one_ring_per_direction_is_allocated_once_and_reused(gen):
         copy_rows(src, dst, src_rows, dst_rows, backend=staged)
         assert_copied(src, dst, *before, src_rows, dst_rows)
         bases.update(ring.base() for ring in staged._rings.values())
-    assert staged._held == 2 << 16 and len(bases) == 2
+    assert staged.held_bytes == 2 << 16 and len(bases) == 2
 
 
 def test_pieces_are_whole_rows_and_never_cross_a_pinned_chunk_start(gen):

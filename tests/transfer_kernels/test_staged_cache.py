@@ -9,7 +9,8 @@ import torch
 from tests.transfer_kernels.pools import assert_copied, make_pool, random_map, snapshot
 from transfer_kernels import AutoBackend, CopyJob, StagedBackend, TorchBackend, TritonBackend, \
     make_plan
-from transfer_kernels.auto_table import AutoTable, Rule
+from transfer_kernels.backends.auto_table import AutoTable, Rule
+from transfer_kernels.backends.base import route_key
 
 MIXED = [((8,), torch.bfloat16), ((3, 4), torch.float32), ((5,), torch.uint8)]
 GROUPS = ((((0, 0),), ((0, 1), (0, 2))))  # two launch groups over the 3 layers
@@ -55,20 +56,21 @@ def test_new_tables_or_row_counts_are_laid_out_again(gen, direction):
 
 
 def test_a_new_table_at_a_reused_id_is_not_served_the_old_layout(gen):
-    # Ids are reused once an object dies: the cache verifies a hit against weak
-    # references. Stand the old entry in under the new plan's key, as a reused id would.
+    # Ids are reused once an object dies: the route cache verifies a hit against the
+    # route's weak references. Stand the old route in under the new plan's key, as a
+    # reused id would.
     staged = StagedBackend(TorchBackend())
     old, new = _pool(gen), _pool(gen)
     rows = random_map(gen, 16, 16, 5)
     _load(staged, old.host_table, old.device_table, *rows)
-    stale = next(iter(staged._layouts.items.values()))
-    staged._layouts.items.clear()
-    plan = make_plan([CopyJob(new.host_table, new.device_table, *rows)])
-    staged._shape(plan, GROUPS, None)  # the new plan's key, now holding its own shape
-    key = next(iter(staged._layouts.items))
-    staged._layouts.put(key, stale)
+    stale = next(iter(staged.route_cache.values()))
+    staged.route_cache.clear()
+    staged.route_cache[route_key(make_plan([CopyJob(new.host_table, new.device_table, *rows)]))] = stale
     _load(staged, new.host_table, new.device_table, *rows)
-    assert staged.built == 3  # the stale entry was refused and rebuilt
+    assert staged.built == 2  # the stale route was refused: a new one laid out its class
+    (route,) = staged.route_cache.values()
+    assert route is not stale and route.holds(make_plan([CopyJob(new.host_table, new.device_table,
+                                                                  *rows)]).jobs)
 
 
 def test_auto_routes_a_seen_shape_once_and_checks_tables_on_a_hit(gen):
@@ -78,9 +80,9 @@ def test_auto_routes_a_seen_shape_once_and_checks_tables_on_a_hit(gen):
     first, second = _pool(gen), _pool(gen)
     for pool in (first, first, second):
         _load(auto, pool.host_table, pool.device_table, *random_map(gen, 16, 16, 5))
-    assert len(auto._routes.items) == 2 and auto.inner["dma"].built == 2
+    assert len(auto.route_cache) == 2 and auto.inner["dma"].built == 2
     # a stale route under the new tables' key is refused: routed (and checked) again
-    key_first, key_second = list(auto._routes.items)
-    auto._routes.put(key_second, auto._routes.get(key_first))
+    key_first, key_second = list(auto.route_cache)
+    auto.route_cache[key_second] = auto.route_cache[key_first]
     _load(auto, second.host_table, second.device_table, *random_map(gen, 16, 16, 5))
-    assert auto._routes.get(key_second).refs[0][0]() is second.host_table
+    assert auto.route_cache[key_second].lanes[0].src is second.host_table

@@ -8,7 +8,7 @@ import torch
 from tests.transfer_kernels.pools import assert_copied, make_pool, snapshot
 from transfer_kernels import (AutoBackend, CopyJob, StagedBackend, TorchBackend, TritonBackend,
                               copy_rows_batch, make_plan)
-from transfer_kernels.auto_table import AutoTable, Rule
+from transfer_kernels.backends.auto_table import AutoTable, Rule
 
 MIXED = [((8,), torch.bfloat16), ((3, 4), torch.float32), ((5,), torch.uint8)]
 
@@ -220,7 +220,7 @@ def test_random_plans_and_groups_match_the_reference(gen, monkeypatch, seed):
 
 
 def test_dma_windows_grow_and_keep_the_first_group_alone():
-    from transfer_kernels.staging import window_ends
+    from transfer_kernels.backends.staging import window_ends
     ends = tuple(range(1, 8))  # 7 groups, each bringing one piece
     assert window_ends(ends, 1, True) == ends
     assert window_ends(ends, 2, True) == (1, 3, 3, 7, 7, 7, 7)  # before the window's first
@@ -249,7 +249,7 @@ def test_windowed_dma_makes_one_call_per_window(gen, monkeypatch, direction):
 
 
 def test_chunks_are_runs_of_grouped_layers_cut_evenly():
-    from transfer_kernels.staging import chunk_layers
+    from transfer_kernels.backends.staging import chunk_layers
     assert chunk_layers(list(range(30)), 4) == [[0, 4], [4, 4], [8, 4], [12, 4], [16, 4],
                                                 [20, 4], [24, 3], [27, 3]]
     assert chunk_layers([0, 1, 2, 5, 6, 9], 2) == [[0, 2], [2, 1], [5, 2], [9, 1]]
@@ -261,25 +261,28 @@ def test_cuda_calls_are_the_runtime_calls_with_the_ring_stream(monkeypatch):
     # (the CPU has no device; a GPU machine runs test_cuda_groups_... for real).
     import numpy as np
 
-    from transfer_kernels import cudart
-    from transfer_kernels.staging import Ring, dma
+    from transfer_kernels.backends.dma import DmaQueue
+    from transfer_kernels.backends.ring import Ring
+    from transfer_kernels.cuda import cudart
     calls = []
     monkeypatch.setattr(cudart, "memcpy_batch_rows", lambda p, st: calls.append(
         ("batch", *p.tolist(), st)))
     monkeypatch.setattr(cudart, "memcpy_async", lambda d, s, n, st: calls.append(("one", d, s, n, st)))
     monkeypatch.setattr(cudart, "event_record", lambda ev, st: calls.append(("record", ev, st)))
     monkeypatch.setattr(cudart, "stream_wait_event", lambda st, ev: calls.append(("wait", st, ev)))
-    cuda = torch.device("cuda", 0)
-    pieces = np.array([[100, 200], [300, 400], [8, 16]], dtype=np.int64)
-    assert dma(pieces, 7, cuda, True) == 1 and dma(pieces, 7, cuda, False) == 2
-    ring = Ring(cuda, "h2d", 1 << 20)
+    ring = Ring(torch.device("cuda", 0), "h2d", 1 << 20)
     ring.stream, ring.events = 7, (11, 12)
-    staged = StagedBackend(TorchBackend())
-    staged._record(ring, 12, 7)
-    staged._wait(ring, 3, 12)
-    assert calls == [("batch", [100, 200], [300, 400], [8, 16], 7), ("one", 100, 300, 8, 7),
-                     ("one", 200, 400, 16, 7), ("record", 12, 7), ("wait", 3, 12)]
-    assert (staged.records, staged.waits) == (1, 1)
+    pieces = np.array([[100, 200], [300, 400], [8, 16]], dtype=np.int64)
+    batched, single = DmaQueue(batch=True), DmaQueue(batch=False)
+    batched.issue(ring, pieces, 3)
+    single.issue(ring, pieces, 3)
+    assert (batched.copies, single.copies, batched.pieces, single.pieces) == (1, 2, 2, 2)
+    batched.record(ring, 12, 7)
+    batched.wait(ring, 3, 12)
+    assert calls == [("batch", [100, 200], [300, 400], [8, 16], 7), ("record", 12, 7), ("wait", 3, 12),
+                     ("one", 100, 300, 8, 7), ("one", 200, 400, 16, 7), ("record", 12, 7),
+                     ("wait", 3, 12), ("record", 12, 7), ("wait", 3, 12)]
+    assert (batched.records, batched.waits) == (2, 2)
 
 
 def test_batched_dma_reads_a_column_slice_in_place(monkeypatch):
@@ -291,7 +294,7 @@ def test_batched_dma_reads_a_column_slice_in_place(monkeypatch):
 
     import numpy as np
 
-    from transfer_kernels import cudart
+    from transfer_kernels.cuda import cudart
     vp, sz = ctypes.c_void_p, ctypes.c_size_t
     seen = []
 

@@ -9,7 +9,8 @@ from tests.transfer_kernels.pools import (assert_copied, assert_unchanged, make_
                                           random_map, snapshot)
 from transfer_kernels import (CopyEngineBackend, CopyJob, TritonBackend, copy_rows,
                               copy_rows_batch, make_plan)
-from transfer_kernels.triton_backend import SEG_FIELDS, build_launch, kernel_module
+from transfer_kernels.backends.triton import build_launch, kernel_module
+from transfer_kernels.cuda.abi import SEG_FIELDS
 
 FP8_OR_INT8 = getattr(torch, "float8_e4m3fn", torch.int8)
 
@@ -46,7 +47,7 @@ def test_kernel_compiles_for_hopper_without_shared_memory_or_spills(align):
     # Each alignment is its own specialization, compiled for sm_90 on this GPU-less machine:
     # no shared memory, no local memory (spills), 16-byte accesses for the 16-byte one.
     pytest.importorskip("triton")
-    from transfer_kernels import triton_inspect
+    from transfer_kernels.cuda import inspect as triton_inspect
 
     backend = TritonBackend()
     got = triton_inspect.report(backend.vpt, align, backend.num_warps)

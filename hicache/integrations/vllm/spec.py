@@ -44,7 +44,7 @@ from hicache.integrations.vllm.manager import (
     metric_definitions,
 )
 from hicache.integrations.vllm.worker import HiCacheOffloadingWorker
-from transfer_kernels.quant_ref import QUANTIZABLE
+from transfer_kernels.quant.reference import QUANTIZABLE
 
 log = logging.getLogger("vllm.hicache")  # under vLLM's logger: printed with its own lines
 _KV_CACHE_CONFIG: ContextVar[Any] = ContextVar("hicache_kv_cache_config", default=None)

@@ -1,6 +1,6 @@
 """Rollback tests' fault placement: fail a load's launch group AFTER earlier groups ran.
 
-The group is computed from what the controller itself will launch (its ``BatchPlanner``
+The group is computed from what the controller itself will launch (its pool sets, rows
 and ``LoadGrouper``), so a test keeps failing a later group whatever the grouping's tuning
 becomes, and refuses to run (assertion) when the load has too few groups for it.
 """
@@ -12,14 +12,17 @@ import torch
 
 from hicache.controller.batch import Op
 from hicache.controller.groups import LoadGroups
+from hicache.controller.launcher import batch_rows
 
 
 def load_groups(ctrl: Any, host_kv: torch.Tensor, extra: dict | None = None) -> LoadGroups:
     """The launch groups ``ctrl`` will use for a load of ``host_kv`` (+ ``extra``)."""
     src = {ctrl.stack.anchor.name: host_kv, **(extra or {})}
     src = {n: s for n, s in src.items() if s.numel()}
-    _, pools, rows = ctrl._planners["h2d"].plan([Op(0, "h2d", src, src)])
-    return ctrl.load_groups.groups(pools, rows)
+    planner = ctrl._planners["h2d"]
+    pool_set = planner.pool_sets[frozenset(src)]
+    _, _, rows = batch_rows(pool_set, [Op(0, "h2d", src, src)], src, planner.dst_pages)
+    return ctrl.load_groups.groups(pool_set.pools, rows)
 
 
 def arm_later_group(ctrl: Any, faulty: Any, host_kv: torch.Tensor, extra: dict | None = None,

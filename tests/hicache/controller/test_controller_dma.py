@@ -10,8 +10,8 @@ from hicache.models import preset
 from tests.hicache.controller.test_controller import BIG, STACKS, _equal, allocator_state, make, snapshot
 from tests.hicache.controller.test_controller_transfers import _load, _stored
 from transfer_kernels import FaultyBackend, NullBackend, StagedBackend, TorchBackend, tuning
-from transfer_kernels import staged as staged_mod
-from transfer_kernels.base import PreparedPlan
+from transfer_kernels.backends.dma import DmaQueue
+from transfer_kernels.cuda import runtime
 
 
 def _per_layer(cache) -> int:
@@ -73,50 +73,43 @@ def test_rollback_when_any_dma_fails(gen, monkeypatch, fail_on):
     staged = StagedBackend(TorchBackend())
     cache = make("dsv4", "page_first", staged)
     _per_layer(cache)
-    real, calls = staged_mod.dma, {"left": 10 ** 9}
+    real, calls = DmaQueue.issue, {"left": 10 ** 9}
 
-    def dma(*args):
+    def issue(*args):
         calls["left"] -= 1
         if calls["left"] == 0:
             raise RuntimeError("injected DMA fault")
         return real(*args)
-    monkeypatch.setattr(staged_mod, "dma", dma)
+    monkeypatch.setattr(DmaQueue, "issue", issue)
 
     def arm():
         calls["left"] = fail_on
     _rollback_then_retry(cache, gen, arm)
 
 
-class _PerGroup(StagedBackend):
-    """Records, per launch of its prepared plans: (DMA calls, records, waits, kernel
-    launches) that launch issued."""
+def per_group_calls(monkeypatch, staged: StagedBackend) -> list[tuple[int, ...]]:
+    """A log filled from now on: per launch group (each ends with its layer event's
+    ``runtime.record``, made on the CPU too), the (DMA calls, event records, stream waits,
+    kernel launches) it issued."""
+    log: list[tuple[int, ...]] = []
+    last = [(staged.copies, staged.records, staged.waits, staged.kernel.launches)]
+    real = runtime.record
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.log: list[tuple[int, ...]] = []
-
-    def _counts(self) -> tuple[int, ...]:
-        return self.copies, self.records, self.waits, self.kernel.launches
-
-    def prepare(self, plan, groups, sides=None) -> PreparedPlan:
-        inner, me = super().prepare(plan, groups, sides), self
-
-        class Logged(PreparedPlan):
-            num_groups = inner.num_groups
-
-            def launch(self, group: int) -> None:
-                before = me._counts()
-                inner.launch(group)
-                me.log.append(tuple(b - a for a, b in zip(before, me._counts())))
-        return Logged()
+    def record(event, stream) -> None:
+        now = (staged.copies, staged.records, staged.waits, staged.kernel.launches)
+        log.append(tuple(b - a for a, b in zip(last[0], now)))
+        last[0] = now
+        real(event, stream)
+    monkeypatch.setattr(runtime, "record", record)
+    return log
 
 
-def test_dsv4_pro_16_page_load_call_budget():
+def test_dsv4_pro_16_page_load_call_budget(monkeypatch):
     # All 61 layers x 6 data pools, 16 pages: per launch group at most ONE DMA call, one
     # event record, one stream wait and one kernel launch; the first group adds one record
     # and one wait that order the DMA stream after the caller's.
     stack = preset("deepseek-v4-pro")
-    staged = _PerGroup(NullBackend())
+    staged = StagedBackend(NullBackend())
     config = HiCacheConfig(mem_layout="page_first", io_backend="torch", hicache_ratio=2.0,
                            swa_full_tokens_ratio=0.5)
     cache = build(stack, 34 * stack.page_size, config, device="cpu", budget=BIG, backend=staged)
@@ -125,10 +118,12 @@ def test_dsv4_pro_16_page_load_call_budget():
     host = ctrl.write(kv, {"swa": cache.device_pools["swa"].alloc(128)})
     ctrl.start_writing()
     assert [a.success for a in ctrl.poll()] == [True]
+    log = per_group_calls(monkeypatch, staged)  # the load's groups, then the batch's own event
     assert ctrl.load(host["kv"], {"swa": host["swa"]}) is not None
     assert ctrl.start_loading() is not None
     assert [a.success for a in ctrl.poll()] == [True]
-    log = staged.log
+    assert log[-1] == (0, 0, 0, 0)  # the batch's ack event: nothing issued after the last group
+    log = log[:-1]
     assert len(log) >= 16  # ~1 MB launch groups
     assert log[0] == (1, 2, 2, 1)
     assert all(calls <= (1, 1, 1, 1) for calls in log[1:])

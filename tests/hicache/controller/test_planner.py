@@ -1,6 +1,7 @@
-"""`BatchPlanner` builds exactly the plan of the oracles ``plan_jobs`` + ``trusted_plan`` (issue 21).
+"""A batch's pool set (`BatchPlanner`, fixed at construction) and its rows (`batch_rows`)
+make exactly the plan of the oracles ``plan_jobs`` + ``trusted_plan`` (issue 21).
 
-Its rows come from the allocator's pages where a page is one row; whatever path it takes,
+The rows come from the allocator's pages where a page is one row; whatever path they take,
 the jobs (order, tables, layers), their rows and the load groups' pools must be those of
 the general path, for one op, ops queued one by one, ``load_many``'s merged ops, ops of a
 server allocator (no pages kept) and backups.
@@ -12,7 +13,10 @@ import torch
 
 from tests.hicache.controller.oracles import plan_jobs
 from tests.hicache.controller.test_controller import STACKS, alloc_device, backup, fill_random, make
-from transfer_kernels.plan import trusted_plan
+from tests.transfer_kernels.oracles import trusted_plan
+from hicache.controller.batch import merge
+from hicache.controller.launcher import batch_rows
+from transfer_kernels import CopyPlan, PlannedJob
 
 
 def _queued_loads(cache, how: str, gen) -> list:
@@ -31,11 +35,22 @@ def _queued_loads(cache, how: str, gen) -> list:
     return ops
 
 
+def _plan(ctrl, ops, direction: str):
+    """The batch's plan as the controller launches it: its pool set's lanes with its rows."""
+    planner = ctrl._planners[direction]
+    src = merge(ops, "src")
+    pool_set = planner.pool_sets[frozenset(src)]
+    src_rows, dst_rows, rows = batch_rows(pool_set, ops, src, planner.dst_pages)
+    jobs = tuple(PlannedJob(lane.src, lane.dst, s, d, lane.layers)
+                 for lane, s, d in zip(pool_set.lanes, src_rows, dst_rows))
+    return CopyPlan(jobs, planner.device), pool_set.pools, rows
+
+
 def _assert_same_plan(ctrl, ops, direction: str) -> None:
     planner = ctrl._planners[direction]
     jobs = plan_jobs(ctrl.stack, ops, planner.tables.__getitem__, planner.dst_pages)
     want = trusted_plan(jobs.values(), planner.device)
-    plan, pools, rows = planner.plan(ops)
+    plan, pools, rows = _plan(ctrl, ops, direction)
     assert pools == tuple(name for name, _ in jobs)
     assert rows == tuple(job.num_rows for job in want.jobs)
     assert plan.device == want.device and len(plan.jobs) == len(want.jobs)
@@ -75,7 +90,7 @@ def test_ops_without_pages_take_the_slots_and_refuse_a_shared_page(gen):
     ops[1].dst = dict(ops[0].dst)
     first = int(ops[0].dst["kv"][0])
     with pytest.raises(ValueError, match=rf"pool 'kv': page {first} belongs to two ops"):
-        cache.controller._planners["h2d"].plan(ops)
+        _plan(cache.controller, ops, "h2d")
 
 
 def test_a_shared_page_is_named_alike_on_the_pages_path(gen):
@@ -85,4 +100,4 @@ def test_a_shared_page_is_named_alike_on_the_pages_path(gen):
     ops[2].stamps = dict(ops[2].stamps, kv=ops[0].stamps["kv"])
     first = int(ops[0].dst["kv"][0])
     with pytest.raises(ValueError, match=rf"pool 'kv': page {first} belongs to two ops"):
-        cache.controller._planners["h2d"].plan(ops)
+        _plan(cache.controller, ops, "h2d")

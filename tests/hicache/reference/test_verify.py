@@ -25,9 +25,11 @@ POOLS = {"deepseek-v4": ("swa", "c4_kv", "c4_indexer", "c128_kv", "c4_state", "c
 
 
 def options(arch: str, policy: str = "write_through", **kw) -> VerifyOptions:
-    # 3 layers: SWA only, CSA, HCA -- every DeepSeek-V4 pool
+    # 3 layers: SWA only, CSA, HCA -- every DeepSeek-V4 pool. The small workloads are sized
+    # so that LRU sends pages to host and back (the default policy keeps more of these few
+    # conversations on the device); every policy has its own test below.
     return VerifyOptions(**{"arch": arch, "layers": 3, "decode_tokens": 2, "write_policy": policy,
-                            **WORKLOADS[policy], **kw})
+                            "eviction_policy": "lru", **WORKLOADS[policy], **kw})
 
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])

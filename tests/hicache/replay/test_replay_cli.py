@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hicache.replay.cli as replay_mod
-import transfer_kernels.triton_backend as triton_backend
+import transfer_kernels.backends.triton as triton_backend
 from hicache import HiCacheConfig, build
 from hicache.cli import main
 from hicache.models import preset

@@ -149,7 +149,8 @@ def test_a_small_host_over_storage_serves_what_a_large_one_does(tmp_path, capsys
     # only what lay past the tree came from storage: ratio 2 hit 0.23 here, ratio 8 0.44
     argv = ["replay", "--json", "--model", "deepseek-v4-flash", "--max-requests", "40", "--device-tokens", "8192",
             "--hicache-ratio", "2,8", "--no-progress", "--hicache-storage-backend", "file",
-            "--hicache-storage-dir", str(tmp_path), "--hicache-storage-prefetch-policy", "wait_complete"]
+            "--hicache-storage-dir", str(tmp_path), "--hicache-storage-prefetch-policy", "wait_complete",
+            "--hicache-eviction-policy", "lru"]  # the default keeps more on the device: less for storage to show
     assert main(argv) == 0
     _, small, large = json.loads(capsys.readouterr().out)["runs"]
     assert small["mismatches"] == large["mismatches"] == 0

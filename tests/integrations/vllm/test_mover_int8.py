@@ -11,7 +11,7 @@ from host_pools.memory import HostBudget
 from hicache.integrations.vllm.config import SpecConfig
 from hicache.integrations.vllm.host_codec import Vector, host_block_bytes, host_part
 from hicache.integrations.vllm.mover import BlockMover
-from transfer_kernels.quant_ref import dequantize_int8_ref, quantize_int8_ref
+from transfer_kernels.quant.reference import dequantize_int8_ref, quantize_int8_ref
 
 BIG = HostBudget(1 << 40, None, 0, 1, 1 << 40)
 HEAD = 64

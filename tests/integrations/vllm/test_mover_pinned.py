@@ -92,7 +92,7 @@ def test_no_staged_piece_crosses_a_registration_start(gen, pinned_on_cpu):
     assert len(src) == 40  # one piece per host row, each inside one registration
     assert not _crossing(m.reservation.chunks["group0"], src, size).any()
     before = pool.buffer.clone()
-    prepared._run(0)
+    prepared.launch(0)
     for d, h in zip(dev_rows, host_rows):
         assert all(torch.equal(cache[layer][d], pool.row_views()[layer][0][h]) for layer in range(LAYERS))
     assert torch.equal(pool.buffer, before)  # the source is unchanged

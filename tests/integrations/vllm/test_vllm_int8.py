@@ -13,7 +13,7 @@ from hicache.integrations.vllm.host_codec import Vector  # noqa: E402
 from hicache.integrations.vllm.manager import HostChunksSpec  # noqa: E402
 from hicache.config import HiCacheConfig  # noqa: E402
 from tests.integrations.vllm import vllm_layouts as lay  # noqa: E402
-from transfer_kernels.quant_ref import dequantize_int8_ref, quantize_int8_ref  # noqa: E402
+from transfer_kernels.quant.reference import dequantize_int8_ref, quantize_int8_ref  # noqa: E402
 
 HEAD, BLOCKS = 64, 8
 GROUPS = [lay.full(["l0", "l1"], block=16, head=HEAD)]  # 16 x (64 + 64) x 2 B = 4096 B a page

@@ -1,16 +1,11 @@
 """Launch layouts of the triton backend: segment and program tables, built with numpy.
 
 A *layout* is everything a set of launches reads besides the row indices: the segment
-table (``triton_kernel``'s module docstring) and, per launch, the program table that
-deals its items into contiguous ranges. It is built for every launch group of a plan at
-once (numpy over all segments, O(jobs) Python) and cached at two levels; tables are keyed
-by weak reference, so no cache keeps a pool alive and a dead table's entry never matches
-a new one:
-
-    shape:  the whole layout, for a batch of the same tables, pairs, row counts and grid
-            cap (a scheduler's steady state): a hit only stages the rows;
-    static: what does not depend on row counts (addresses, strides, alignment, vectors per
-            row, order), for the same tables and pairs: a hit computes the sized fields.
+table (`transfer_kernels.cuda.copy_kernel`'s module docstring) and, per launch, the program
+table that deals its items into contiguous ranges. It is built for every launch group of
+a size class at once (numpy over all segments, O(jobs) Python), in two steps: the static
+part (addresses, strides, alignment, vectors per row, order: tables and pairs only), then
+the sized fields (row counts). The route keeps it for the size class (`route.Route`).
 
 Each launch runs at the largest of 16, 8, 4 or 1 bytes dividing every address, stride
 and row size of its segments (every pool of the shipped models is 16-byte aligned; an odd
@@ -18,34 +13,16 @@ scale buffer slows its launch, it is never split off into another one).
 """
 from __future__ import annotations
 
-import threading
-import weakref
-from collections import OrderedDict
-from typing import Any, Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from transfer_kernels.plan import CopyPlan
-from transfer_kernels.table import MAX_VECTOR_BYTES, RowTable
+from transfer_kernels.cuda.abi import SEG_FIELDS, magic
+from transfer_kernels.rows import CopyPlan, LaunchGroups, RowTable
+from transfer_kernels.rows.table import MAX_VECTOR_BYTES
 
-SEG_FIELDS = 12  # must equal triton_kernel.SEG_FIELDS (that module imports triton)
-MAGIC_BITS = 31  # the kernel's dividends stay below 2**MAGIC_BITS
 Pairs = tuple[np.ndarray, np.ndarray, np.ndarray]  # job, table-local layer, group per pair
-
-
-def magic(divisors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(m, s)`` with ``t // d == (t * m) >> s`` for every ``0 <= t < 2**31`` (d >= 1).
-
-    Granlund-Montgomery: with ``l = ceil(log2 d)``, ``m = floor(2**(31 + l) / d) + 1`` and
-    ``s = 31 + l``, ``m * d`` lies in ``(2**s, 2**s + 2**l]``, which makes the quotient
-    exact; ``m <= 2**32``, so ``t * m < 2**63`` never overflows int64.
-    """
-    d = np.asarray(divisors, dtype=np.int64)
-    l = np.ceil(np.log2(d)).astype(np.int64)  # exact in float64 for d < 2**31
-    s = MAGIC_BITS + l  # <= 62: 2**s fits int64
-    m = np.left_shift(np.int64(1), s) // d + 1
-    return m, s
 
 
 class Static(NamedTuple):
@@ -69,52 +46,20 @@ class Layout(NamedTuple):
     aligns: tuple[int, ...]
 
 
-class _Lru:
-    """A small thread-safe LRU map."""
-
-    def __init__(self, size: int) -> None:
-        self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
-
-    def get(self, key: tuple) -> Any:
-        with self.lock:
-            value = self.items.get(key)
-            if value is not None:
-                self.items.move_to_end(key)
-            return value
-
-    def put(self, key: tuple, value: Any) -> None:
-        with self.lock:
-            self.items[key] = value
-            if len(self.items) > self.size:
-                self.items.popitem(last=False)
+def layout(plan: CopyPlan, groups: LaunchGroups, max_programs: int, vpt: int) -> Layout:
+    """The layout of one launch per group of ``groups`` (per launch, its ``(job, layer)``
+    pairs) for ``plan``'s tables and row counts."""
+    return sized_layout(static_layout(plan, pair_arrays(groups), len(groups)),
+                        np.fromiter((j.num_rows for j in plan.jobs), np.int64, len(plan.jobs)),
+                        max_programs, vpt)
 
 
-SHAPES = _Lru(256)
-STATICS = _Lru(256)
-
-
-def layout(plan: CopyPlan, pairs: Callable[[], Pairs], pairs_key: tuple | None,
-           num_groups: int, max_programs: int, vpt: int) -> Layout:
-    """The layout of ``num_groups`` launches whose flat (job, layer, group) arrays ``pairs()``
-    returns; reused when ``pairs_key`` and the jobs' tables were seen before."""
-    jobs = plan.jobs
-    tables = None if pairs_key is None else \
-        (pairs_key, num_groups, vpt, tuple((weakref.ref(j.src), weakref.ref(j.dst)) for j in jobs))
-    rows = tuple(j.num_rows for j in jobs)
-    shape_key = None if tables is None else (tables, rows, max_programs)
-    found = None if shape_key is None else SHAPES.get(shape_key)
-    if found is not None:
-        return found
-    static_key = None if tables is None else (tables, tuple(r > 0 for r in rows))
-    static = None if static_key is None else STATICS.get(static_key)
-    if static is None:
-        static = static_layout(plan, pairs(), num_groups)
-        if static_key is not None:
-            STATICS.put(static_key, static)
-    found = sized_layout(static, np.asarray(rows, dtype=np.int64), max_programs, vpt)
-    if shape_key is not None:
-        SHAPES.put(shape_key, found)
-    return found
+def pair_arrays(groups: LaunchGroups) -> Pairs:
+    """Every (job, layer) pair of ``groups`` flattened: job, layer and group per pair."""
+    flat = [pair for group in groups for pair in group]
+    pairs = np.asarray(flat, dtype=np.int64).reshape(-1, 2)
+    sizes = np.fromiter(map(len, groups), np.int64, len(groups))
+    return pairs[:, 0], pairs[:, 1], np.repeat(np.arange(len(groups), dtype=np.int64), sizes)
 
 
 def static_layout(plan: CopyPlan, pairs: Pairs, num_groups: int) -> Static:
@@ -208,13 +153,14 @@ def _program_tables(done: np.ndarray, group_first: np.ndarray, per_group: np.nda
 def _side(table: RowTable) -> np.ndarray:
     """``[num_layers * num_buffers, 4]`` int64 per (layer, buffer), layer-major: base
     address, row stride, row bytes, alignment. Cached on the table (it never changes)."""
-    side = table._cache.get("segment_side")
-    if side is None:
-        nl, nb = table.num_layers, table.num_buffers
-        side = np.empty((nl * nb, 4), dtype=np.int64)
-        side[:, 0] = table.ptrs.numpy().reshape(-1)
-        side[:, 1] = np.tile(np.asarray(table.row_strides, dtype=np.int64), nl)
-        side[:, 2] = np.tile(np.asarray(table.row_bytes, dtype=np.int64), nl)
-        side[:, 3] = table.align.numpy().reshape(-1)
-        table._cache["segment_side"] = side
+    return table.derived("segment_side", _build_side)
+
+
+def _build_side(table: RowTable) -> np.ndarray:
+    nl, nb = table.num_layers, table.num_buffers
+    side = np.empty((nl * nb, 4), dtype=np.int64)
+    side[:, 0] = table.ptrs.numpy().reshape(-1)
+    side[:, 1] = np.tile(np.asarray(table.row_strides, dtype=np.int64), nl)
+    side[:, 2] = np.tile(np.asarray(table.row_bytes, dtype=np.int64), nl)
+    side[:, 3] = table.align.numpy().reshape(-1)
     return side

@@ -5,7 +5,7 @@ Compiles the kernel for a CUDA target without a GPU (triton ships ``ptxas`` and
 run: no shared memory, no local-memory stack (spills), 16-byte global accesses for the
 16-byte specialization, and the size of the inner loop.
 
-    python -m transfer_kernels.triton_inspect [--arch 90]    # one line per variant
+    python -m transfer_kernels.cuda.inspect [--arch 90]    # one line per variant
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import subprocess
 from typing import Any
 
 from transfer_kernels import tuning
-from transfer_kernels.triton_layout import SEG_FIELDS
+from transfer_kernels.cuda.abi import SEG_FIELDS
 
 SIGNATURE = {"meta_ptr": "*i64", "prog_at": "i64", "NF": "constexpr", "VPT": "constexpr",
              "ALIGN": "constexpr"}
@@ -35,7 +35,7 @@ def compile_variant(vpt: int, align: int, num_warps: int, arch: int = 90) -> Any
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from transfer_kernels.triton_kernel import compiled_kernel
+    from transfer_kernels.cuda.copy_kernel import compiled_kernel
 
     src = ASTSource(fn=compiled_kernel(), signature=SIGNATURE,
                     constexprs={"NF": SEG_FIELDS, "VPT": vpt, "ALIGN": align})
@@ -79,10 +79,8 @@ def report(vpt: int, align: int, num_warps: int, arch: int = 90) -> dict[str, An
 
 def variants() -> list[tuple[int, int, int]]:
     """The (vpt, align, warps) the backend launches with its defaults, per alignment."""
-    from transfer_kernels.triton_backend import TritonBackend
-
-    backend = TritonBackend()
-    return [(backend.vpt, align, backend.num_warps) for align in (16, 8, 4, 1)]
+    tile = tuning.TRITON_TILE_BYTES
+    return [(tile // 16, align, tuning.triton_warps(tile)) for align in (16, 8, 4, 1)]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -91,12 +89,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tiles", default=str(tuning.TRITON_TILE_BYTES),
                    help="comma list of tile bytes (vectors per tile = tile // 16)")
     args = p.parse_args(argv)
-    from transfer_kernels.triton_backend import TritonBackend
-
     for tile in map(int, args.tiles.split(",")):
-        backend = TritonBackend(tile_bytes=tile)
         for align in (16, 8, 4, 1):
-            print(json.dumps(report(backend.vpt, align, backend.num_warps, args.arch)))
+            print(json.dumps(report(tile // 16, align, tuning.triton_warps(tile), args.arch)))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ over its ``ALIGN`` bytes), then moves ``ALIGN`` bytes with one vector access. ``
 (16, 8, 4 or 1) is a compile-time constant: one specialization per alignment, so the
 16-byte kernel carries no code of the narrower paths (no shared memory, no spills).
 Division by ``vpr`` is a multiply and a shift by a host-computed magic number (exact for
-dividends below 2**31, see ``triton_layout.magic``), and each program tracks its
+dividends below 2**31, see ``abi.magic``), and each program tracks its
 (row, column) position from one item to the next.
 
 One launch covers the items of its segments, numbered across the launch. Program ``p`` of
@@ -49,14 +49,14 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
-from transfer_kernels import runtime
+from transfer_kernels.cuda import runtime
+from transfer_kernels.cuda.abi import SEG_FIELDS
 
 try:  # triton >= 3.4: the launch hooks live in knobs (needed by the direct launch)
     from triton import knobs
 except ImportError:  # pragma: no cover - older triton: always the JITFunction path
     knobs = None
 
-SEG_FIELDS = 12
 
 
 def _copy_rows(meta_ptr, prog_at, NF: tl.constexpr, VPT: tl.constexpr, ALIGN: tl.constexpr):
@@ -115,7 +115,9 @@ _interpreted = InterpretedFunction(_copy_rows)
 
 
 # Compiled kernels by (device, vectors per tile, alignment, warps), launched directly after
-# their first launch.
+# their first launch; ORDINARY for a variant whose direct entry refused its arguments (a
+# triton whose launcher signature changed): that variant takes JITFunction.run from then on.
+ORDINARY = "ordinary"
 _launchers: dict[tuple, object] = {}
 
 
@@ -143,18 +145,21 @@ def launch_copy_rows(meta: torch.Tensor, prog_at: int, grid: int, vpt: int, alig
         return
     key = (meta.device.index, vpt, align, num_warps)
     kernel = _launchers.get(key)
-    if kernel is None or knobs is None or meta.data_ptr() % 16:
-        # Compiled and loaded in meta's device context, whichever device is current.
-        with torch.cuda.device(meta.device):
-            kernel = _compiled[(grid,)](meta, prog_at, NF=SEG_FIELDS, VPT=vpt, ALIGN=align,
-                                        num_warps=num_warps)
-        _launchers.setdefault(key, kernel)
-        return
-    if torch.cuda.current_device() != meta.device.index:  # a function runs in its own context
-        with torch.cuda.device(meta.device):
-            _run(kernel, meta, prog_at, grid, vpt, align)
-        return
-    _run(kernel, meta, prog_at, grid, vpt, align)
+    if kernel is not None and kernel is not ORDINARY and knobs is not None and not meta.data_ptr() % 16:
+        try:
+            if torch.cuda.current_device() != meta.device.index:  # a function runs in its context
+                with torch.cuda.device(meta.device):
+                    _run(kernel, meta, prog_at, grid, vpt, align)
+            else:
+                _run(kernel, meta, prog_at, grid, vpt, align)
+            return
+        except TypeError:  # refused before launching: the ordinary launch from now on
+            _launchers[key] = ORDINARY
+    # Compiled and loaded in meta's device context, whichever device is current.
+    with torch.cuda.device(meta.device):
+        kernel = _compiled[(grid,)](meta, prog_at, NF=SEG_FIELDS, VPT=vpt, ALIGN=align,
+                                    num_warps=num_warps)
+    _launchers.setdefault(key, kernel)
 
 
 def _run(kernel, meta: torch.Tensor, prog_at: int, grid: int, vpt: int, align: int) -> None:
@@ -176,7 +181,10 @@ class BoundLaunches:
     ``JITFunction.run`` ends with) on that handle: no ``torch.cuda`` call, no argument
     binding or cache-key work. A variant not compiled yet, and every launch where the fast
     entry cannot be taken (the CPU interpreter included), goes through
-    :func:`launch_copy_rows`, the ordinary launch.
+    :func:`launch_copy_rows`, the ordinary launch. The first fast call of each variant is
+    guarded: a ``TypeError`` (a triton whose launcher takes other arguments; raised before
+    anything is launched) marks the variant ``ORDINARY`` in ``kernels``, and it takes the
+    ordinary launch from then on, in this launcher and every later one.
 
     Args:
         meta / prog_at / grids / aligns / vpt / num_warps: see :func:`launch_copy_rows`;
@@ -203,22 +211,46 @@ class BoundLaunches:
         self._bound: dict[int, tuple] = {}  # align -> (run, function, packed metadata, kernel)
 
     def launch(self, group: int) -> None:
-        """Enqueue launch ``group`` (grid > 0) on the bound stream."""
+        """Enqueue launch ``group`` (grid > 0) on the bound stream (one frame: the hooks'
+        check inlined)."""
         grid, args = self.grids[group], self.args[group]
         bound = self._bound.get(args[4]) if self.fast else None
         if bound is None:
-            kernel = self.kernels.get((self.index, self.vpt, args[4], self.num_warps)) \
-                if self.fast else None
-            if kernel is None:  # the ordinary launch (it compiles and caches the variant)
-                launch_copy_rows(self.meta, args[1], grid, self.vpt, args[4], self.num_warps)
-                return
-            bound = self._bound[args[4]] = (kernel.run, kernel.function, kernel.packed_metadata,
-                                            kernel)
+            self._first(grid, args)
+            return
         run, function, packed, kernel = bound
         hooks = knobs.runtime  # a profiler may set a hook at any time: read per launch
+        enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
+        if enter is not None and getattr(enter, "calls", True) == []:
+            enter = None  # an empty HookChain (triton 3.9; older: None)
+        if leave is not None and getattr(leave, "calls", True) == []:
+            leave = None
+        metadata = None if enter is None else kernel.launch_metadata((grid, 1, 1), self.stream, *args)
+        run(grid, 1, 1, self.stream, function, packed, metadata, enter, leave, *args)
+
+    def _call(self, bound: tuple, grid: int, args: tuple) -> None:
+        """The fast entry of a variant's first launch here (:meth:`launch` inlines it)."""
+        run, function, packed, kernel = bound
+        hooks = knobs.runtime
         enter, leave = _active(hooks.launch_enter_hook), _active(hooks.launch_exit_hook)
         metadata = None if enter is None else kernel.launch_metadata((grid, 1, 1), self.stream, *args)
         run(grid, 1, 1, self.stream, function, packed, metadata, enter, leave, *args)
+
+    def _first(self, grid: int, args: tuple) -> None:
+        """A variant's first launch here: bind its fast entry and launch through it, or the
+        ordinary launch (not fast, not compiled yet, or its fast entry refused the call)."""
+        key = (self.index, self.vpt, args[4], self.num_warps)
+        kernel = self.kernels.get(key) if self.fast else None
+        if kernel is not None and kernel is not ORDINARY:
+            bound = (kernel.run, kernel.function, kernel.packed_metadata, kernel)
+            try:
+                self._call(bound, grid, args)
+            except TypeError:  # refused before launching anything: ordinary from now on
+                self.kernels[key] = ORDINARY
+            else:
+                self._bound[args[4]] = bound
+                return
+        launch_copy_rows(self.meta, args[1], grid, self.vpt, args[4], self.num_warps)
 
 
 def _active(hook):
@@ -237,4 +269,4 @@ def compiled_kernel() -> JITFunction:
 
 def compiled_variants() -> dict[tuple, object]:
     """The loaded kernels by (device, vpt, align, warps) (GPU tests read their metadata)."""
-    return dict(_launchers)
+    return {k: v for k, v in _launchers.items() if v is not ORDINARY}

@@ -60,20 +60,25 @@ def device_is_current(device: torch.device) -> bool:
     return torch.cuda.current_device() == device.index
 
 
-def upload(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+def upload(parts: list[torch.Tensor], device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
     """Concatenate int64 CPU/device parts into one tensor on ``device`` with one copy on
-    the current stream (the launches that read it follow on the same stream)."""
+    the current stream (the launches that read it follow on the same stream); into
+    ``out`` (a buffer on ``device`` of their total length, kept by the caller) when given."""
     if device.type == "cpu":
-        return torch.cat(parts)
+        return torch.cat(parts) if out is None else torch.cat(parts, out=out)
     if all(p.device.type == "cpu" for p in parts):
         staged = torch.empty(sum(p.numel() for p in parts), dtype=torch.int64, pin_memory=True)
         torch.cat(parts, out=staged)
-        return staged.to(device, non_blocking=True)
-    return torch.cat([p.to(device, non_blocking=True) for p in parts])
+        if out is None:
+            return staged.to(device, non_blocking=True)
+        return out.copy_(staged, non_blocking=True)
+    if out is None:
+        return torch.cat([p.to(device, non_blocking=True) for p in parts])
+    return torch.cat([p.to(device, non_blocking=True) for p in parts], out=out)
 
 
 def launch(launcher: Any, group: int) -> None:
-    """Launch group ``group`` of a pre-bound launcher (``triton_kernel.BoundLaunches``)."""
+    """Launch group ``group`` of a pre-bound launcher (``copy_kernel.BoundLaunches``)."""
     launcher.launch(group)
 
 

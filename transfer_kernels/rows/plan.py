@@ -17,9 +17,8 @@ Checked before any launch (``ValueError`` naming the argument; nothing is copied
 Index tensors already on a CUDA device get only the dtype/shape/device checks; their
 values are trusted (reading them would synchronize the device).
 
-:func:`trusted_plan` is the internal path for a caller that derived the rows itself from
-indices it validated once at its own edge (hicache's controller): it builds the plan
-without any of these checks.
+A caller that derived the rows itself from indices it validated once at its own edge
+(hicache's controller) builds its :class:`CopyPlan` directly, without these checks.
 """
 from __future__ import annotations
 
@@ -29,13 +28,21 @@ from typing import Iterable, NamedTuple, Sequence
 
 import torch
 
-from transfer_kernels.codec import job_mode
-from transfer_kernels.rows import RowsLike, Runs, as_rows, check_range, first_duplicate, runs
-from transfer_kernels.table import RowTable
+from transfer_kernels.quant.codec import job_mode
+from transfer_kernels.rows.indices import RowsLike, Runs, as_rows, check_range, first_duplicate, runs
+from transfer_kernels.rows.table import RowTable
 
 LayersLike = int | Sequence[int] | torch.Tensor | None
 # Launch groups of a prepared plan: per launch, the (job index, table-local layer) pairs.
 LaunchGroups = Sequence[Sequence[tuple[int, int]]]
+
+
+class Lane(NamedTuple):
+    """A job without its rows: what a route moves (`transfer_kernels.backends.route`)."""
+
+    src: RowTable
+    dst: RowTable
+    layers: tuple[int, ...]  # table-local
 
 
 class CopyJob(NamedTuple):
@@ -158,22 +165,6 @@ def make_plan(jobs: Sequence[CopyJob | tuple], layers: LayersLike = None,
     _check_double_writes(planned, single)
     _check_read_write_overlap(planned, single)
     return CopyPlan(jobs=tuple(planned), device=device)
-
-
-def trusted_plan(jobs: Iterable[CopyJob], device: torch.device) -> CopyPlan:
-    """The plan of ``jobs`` WITHOUT any check: for internal callers that built the rows
-    themselves from indices they validated once (the public path is :func:`make_plan`).
-
-    The caller guarantees everything :func:`make_plan` would check: ``src``/``dst`` are
-    RowTables of the same layout (or one holds the int8 host rows of the other's, `codec`)
-    and layer count whose devices run on ``device`` (see
-    :func:`exec_device`); rows are 1-D int64 CPU tensors of equal length, in range; no
-    ``(dst table, layer, row)`` is written twice and none is both read and written.
-    Each job's ``layers`` must be ``None``: every layer of the job is copied.
-    """
-    return CopyPlan(jobs=tuple(PlannedJob(j.src, j.dst, j.src_rows, j.dst_rows,
-                                          tuple(range(j.src.num_layers))) for j in jobs),
-                    device=device)
 
 
 def _as_job(job: CopyJob | tuple, label: str) -> CopyJob:

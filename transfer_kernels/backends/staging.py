@@ -1,6 +1,5 @@
-"""Staging for the ``"dma"`` backend: chunk layouts, staging rings and the engine that
-issues the DMA and the cross-stream ordering (CUDA runtime calls, or a CPU stand-in that
-does the same steps in program order).
+"""Staging for the ``"dma"`` backend: which side of a job can be staged, and the chunk
+layouts of its pages in a staging ring (`ring`: the rings and the DMA calls).
 
 A staged job moves, per (host row, *chunk* of consecutive layers), the chunk's bytes — back
 to back in a ``page_first`` host row — as ONE piece, into the job's own region of a staging
@@ -18,7 +17,7 @@ touched.
 
 A load of a seen shape reuses its layout (``RingLayout``: every piece's staging address,
 bytes and host offset, sorted by issuing group) and only fills in its host rows' addresses
-(``ring_work``: one vectorized pass). Pieces are never merged across consecutive host rows:
+(`dma.StagedPrepared.start`: one vectorized pass). Pieces are never merged across consecutive host rows:
 that would be a run analysis of every batch and a piece count that changes per batch, for
 rows that are >= 32 KiB whenever ``auto`` stages them (and never straddle a pinned
 registration chunk, so no piece needs cutting).
@@ -29,15 +28,14 @@ gathered (after that group's gather).
 """
 from __future__ import annotations
 
-import ctypes
 from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
 
-from transfer_kernels import runtime, tuning
-from transfer_kernels.plan import LaunchGroups, PlannedJob
-from transfer_kernels.table import RowTable
+from transfer_kernels import tuning
+from transfer_kernels.backends.ring import Ring
+from transfer_kernels.rows import Lane, LaunchGroups, PlannedJob, RowTable
 
 ALIGN = 256  # every chunk region starts on this boundary (16-byte vectors, cache lines)
 
@@ -56,6 +54,27 @@ class StagedJob(NamedTuple):
     key: np.ndarray  # per chunk: the launch group that issues its DMA
     whole: bool  # one chunk of every layer (a piece is a whole host row)
     staging: RowTable
+
+
+def host_side(job: Lane | PlannedJob, device: torch.device) -> str | None:
+    """``"src"`` or ``"dst"``: the side of ``job`` whose whole pages can be staged, or
+    ``None``, from its tables alone. On a CUDA copy: a ``page_span`` table in CPU memory
+    facing a CUDA table; on a CPU copy: a ``page_span`` table facing one that is not (both
+    contiguous: nothing to gain)."""
+    for side, other in (("src", "dst"), ("dst", "src")):
+        table, peer = getattr(job, side), getattr(job, other)
+        if table.device.type != "cpu" or table.page_span() is None:
+            continue
+        if peer.device.type == "cuda" if device.type == "cuda" else peer.page_span() is None:
+            return side
+    return None
+
+
+def page_piece_bytes(job: Lane | PlannedJob, side: str) -> int:
+    """Bytes of one host row of ``job``'s layers on ``side``: its DMA piece when the job's
+    layers fall in one launch group (a multi-group load cuts it into chunks of
+    ``tuning.DMA_PIECE_BYTES``). Read from the table alone: never from the rows."""
+    return len(job.layers) * sum(getattr(job, side).row_bytes)
 
 
 def layer_groups(groups: LaunchGroups, num_jobs: int) -> list[dict[int, list[int]]]:
@@ -91,7 +110,7 @@ def chunk_layers(layers: Sequence[int], k: int) -> list[list[int]]:
     return out
 
 
-def plan_job(j: int, job: PlannedJob, side: str, seen: dict[int, list[int]], ring: Ring,
+def stage_job(j: int, job: PlannedJob, side: str, seen: dict[int, list[int]], ring: Ring,
              offset: int) -> StagedJob | None:
     """The staging of ``job`` in ``ring`` from byte ``offset``; ``None`` if it does not fit.
 
@@ -195,86 +214,3 @@ def window_ends(ends: tuple[int, ...], growth: int, h2d: bool) -> tuple[int, ...
             out[g] = ends[stop - 1] if h2d or g == stop - 1 else before
         start, size = stop, size * growth
     return tuple(out)
-
-
-class RingWork(NamedTuple):
-    """One ring's DMA of one prepared plan: pieces in issue order and, per group, the end
-    of the pieces issued by then."""
-
-    ring: Ring
-    pieces: np.ndarray  # uint64 [3, P] (dst, src, bytes), sorted by the group issuing them
-    ends: tuple[int, ...]  # per group
-
-
-def ring_work(lay: RingLayout, rows: np.ndarray) -> RingWork:
-    """This load's pieces in ``lay``'s ring (``rows``: the host rows of ``lay.jobs``,
-    concatenated): the layout's fixed fields plus each piece's host row, vectorized. Each
-    of the 3 fields is contiguous (a group's slice goes to the runtime uncopied)."""
-    pieces = lay.fixed.copy()
-    pieces[1 if lay.ring.direction == "h2d" else 0] += rows[lay.row] * lay.span
-    return RingWork(lay.ring, pieces.view(np.uint64), lay.ends)
-
-
-class Ring:
-    """A staging ring of one direction on one device: ``nbytes`` allocated once (first
-    use) and reused by every load; on CUDA, its DMA stream and two events.
-
-    Attributes:
-        owner: the prepared plan that started last (the only one that may launch).
-        last_stream: the stream that last read or wrote the ring besides the DMA stream.
-    """
-
-    def __init__(self, device: torch.device, direction: str, nbytes: int) -> None:
-        self.device, self.direction, self.nbytes = device, direction, nbytes
-        self.cuda = device.type == "cuda"
-        self._buffer: torch.Tensor | None = None
-        self.owner: object | None = None
-        self.last_stream: int | None = None
-        self.stream = 0  # the DMA stream's handle (0 on CPU)
-        self.events: tuple[int, int] = (0, 0)  # (mark, done); ids on CPU
-        self._keep: list = []
-
-    def buffer(self) -> torch.Tensor:
-        """The ring's bytes (allocated, with the CUDA stream and events, on first call)."""
-        if self._buffer is None:
-            self._buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
-            if self.device.type == "cuda":
-                from transfer_kernels import cudart
-                with torch.cuda.device(self.device):
-                    stream = torch.cuda.Stream(self.device)
-                    self.events = (cudart.event_create(), cudart.event_create())
-                # the allocator must not hand the bytes out while the DMA stream uses them
-                self._buffer.record_stream(stream)
-                self.stream, self._keep = stream.cuda_stream, [stream]
-            else:
-                self.events = (1, 2)
-        return self._buffer
-
-    def base(self) -> int:
-        """Address of the ring's first byte."""
-        return self.buffer().data_ptr()
-
-    def current(self) -> int:
-        """The caller's current stream (0 on CPU), through ``runtime.stream_handle``: the
-        controller's declared copy stream answers without asking torch."""
-        return runtime.stream_handle(self.device)
-
-
-def dma(pieces: np.ndarray, stream: int, device: torch.device, batch: bool | None) -> int:
-    """Copy ``pieces`` ``[3, n]`` (dst, src, bytes) on ``stream``; the runtime calls made.
-
-    One ``cudaMemcpyBatchAsync`` on CUDA >= 12.8 (``batch`` None or True; a uint64 slice
-    of a load's pieces goes to the runtime in place), else one ``cudaMemcpyAsync`` per
-    piece; on the CPU, a memmove per piece (addresses of live tensors the staged backend
-    holds)."""
-    if device.type != "cuda":
-        for d, s, n in pieces.T.tolist():
-            ctypes.memmove(d, s, n)
-        return 1
-    from transfer_kernels import cudart
-    if cudart.batch_available() if batch is None else batch:
-        cudart.memcpy_batch_rows(pieces, stream)
-        return 1
-    for d, s, n in pieces.T.tolist():
-        cudart.memcpy_async(d, s, n, stream)
-    return pieces.shape[1]

@@ -9,8 +9,9 @@ from typing import Iterable, Sequence
 
 import torch
 
-from transfer_kernels.base import CopyBackend
-from transfer_kernels.plan import CopyPlan
+from transfer_kernels.backends.base import CopyBackend
+from transfer_kernels.backends.quant_torch import TorchQuantBackend
+from transfer_kernels.rows import CopyPlan
 
 
 def copy_rows_ref(src_views: Sequence[Sequence[torch.Tensor]],
@@ -60,11 +61,13 @@ class TorchBackend(CopyBackend):
                               job.layers)
 
     def _execute_group(self, plan: CopyPlan, group: Sequence[tuple[int, int]]) -> None:
-        for j, layer in group:
+        layers: dict[int, list[int]] = {}
+        for j, layer in group:  # each job's rows moved to the device once per launch
+            layers.setdefault(j, []).append(layer)
+        for j, ls in layers.items():
             job = plan.jobs[j]
-            copy_rows_ref(job.src.views, job.dst.views, job.src_rows, job.dst_rows, (layer,))
+            copy_rows_ref(job.src.views, job.dst.views, job.src_rows, job.dst_rows, ls)
 
     def _make_quant_backend(self, device: torch.device) -> CopyBackend:
         """The reference's converting jobs run the reference too (`quant_torch`)."""
-        from transfer_kernels.quant_torch import TorchQuantBackend
         return TorchQuantBackend()

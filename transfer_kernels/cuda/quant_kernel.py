@@ -1,5 +1,7 @@
-"""The Triton kernel of `quant_kernel` (private; imports triton): quantize or dequantize the
-vectors of a launch's segments, compiled (CUDA) and interpreted (CPU) from one function.
+"""The Triton quantize / dequantize kernel (imports triton): the vectors of a launch's
+segments, compiled (CUDA) and interpreted (CPU) from one function. Its ``meta`` layout
+(`abi.QUANT_SEG_FIELDS` fields per segment) and the bytes it must give are described in
+`transfer_kernels.backends.quant_triton`, which builds its launches.
 
 Like the copy kernel: ``while`` loops and no nested ``@triton.jit`` call, so both variants
 run on every supported Triton.
@@ -11,7 +13,8 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
-SEG = 10
+from transfer_kernels.quant.reference import dequantize_int8_ref
+
 # no FMA contraction: f * inv is rounded once before the rounding add (as torch rounds it)
 COMPILE_OPTIONS = {"enable_fp_fusion": False, "num_warps": 4}
 ROUND = tl.constexpr(12582912.0)  # 1.5 * 2**23: (y + ROUND) - ROUND rounds |y| < 2**22 half to even
@@ -21,7 +24,7 @@ CUDA_NAN_BF16 = 0x7FFF  # cvt.rn.bf16.f32's canonical NaN: torch's CUDA cast (sm
 def _quant_rows(meta_ptr, seg_at, TINY: tl.constexpr, QUANTIZE: tl.constexpr, BF16: tl.constexpr,
                 VEC: tl.constexpr, BLOCK_D: tl.constexpr, BV: tl.constexpr, INTERP: tl.constexpr,
                 NAN_BF16: tl.constexpr):
-    """Blocks of ``BV`` vectors of segment ``program_id(0)``; see `quant_kernel`."""
+    """Blocks of ``BV`` vectors of segment ``program_id(0)`` (10 = ``abi.QUANT_SEG_FIELDS``)."""
     seg = meta_ptr + seg_at + tl.program_id(0) * 10
     if BF16:
         dev_base = tl.load(seg).to(tl.pointer_type(tl.bfloat16))
@@ -98,7 +101,7 @@ def compile_ptx(quantize: bool, bf16: bool, vec: int = 128, arch: int = 90) -> s
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from transfer_kernels.quant_ref import TINY
+    from transfer_kernels.quant.reference import TINY
     block_d = 1 << max(0, (vec - 1).bit_length())
     src = ASTSource(fn=_compiled, signature=SIGNATURE, constexprs=dict(
         TINY=TINY, QUANTIZE=quantize, BF16=bf16, VEC=vec, BLOCK_D=block_d, BV=max(1, 4096 // block_d),
@@ -124,6 +127,5 @@ def cpu_nan_bf16() -> int:
     """The bits `quant_ref` gives a NaN in bf16 on the CPU, asked of it: torch's CPU cast
     has one pattern for every NaN, but which one depends on its path (ATen's vectorized
     cast of a contiguous tensor: 0xFFFF; the scalar one: 0x7FC0)."""
-    from transfer_kernels.quant_ref import dequantize_int8_ref
     y = dequantize_int8_ref(torch.zeros(1, 8, dtype=torch.int8), torch.full((1,), float("nan")), torch.bfloat16)
     return y.view(torch.int16)[0, 0].item() & 0xFFFF

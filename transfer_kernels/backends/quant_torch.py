@@ -1,10 +1,10 @@
-"""The pure-torch quantized copy: `quant_ref` over gathered rows (the reference backend of
+"""The pure-torch quantized copy: `quant.reference` over gathered rows (the reference backend of
 converting jobs, and the path of every backend that cannot convert on a CPU plan).
 
 D2H: gather the device rows (``index_select``), quantize where they are, move the int8
 values and fp32 scales to the host, scatter them (``index_copy_``). H2D: gather the host
 rows, move them to the device, dequantize there, scatter. One pass per (job, layer, device
-buffer); the bytes are `quant_ref`'s by construction.
+buffer); the bytes are `quant.reference`'s by construction.
 """
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from typing import Iterable, Sequence
 
 import torch
 
-from transfer_kernels.base import CopyBackend
-from transfer_kernels.codec import Int8Codec
-from transfer_kernels.plan import CopyPlan, PlannedJob
-from transfer_kernels.quant_ref import dequantize_int8_ref, quantize_int8_ref
+from transfer_kernels.backends.base import CopyBackend
+from transfer_kernels.quant.codec import Int8Codec
+from transfer_kernels.quant.reference import dequantize_int8_ref, quantize_int8_ref
+from transfer_kernels.rows import CopyPlan, PlannedJob
 
 
 class TorchQuantBackend(CopyBackend):
-    """``"torch"`` for converting jobs: `quant_ref` per (job, layer, device buffer)."""
+    """``"torch"`` for converting jobs: `quant.reference` per (job, layer, device buffer)."""
 
     name = "torch_quant"
     converts = True

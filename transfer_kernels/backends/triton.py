@@ -6,34 +6,35 @@ address, as is ``cudaHostRegister``'ed memory whose device pointer equals its ho
 pointer (checked when hicache pins a reservation). A plan on CPU tensors runs the same
 kernel under the Triton interpreter, whether or not the machine has a GPU.
 
-Preparation builds the layout of every launch group at once (``triton_layout``: segment
-table with the views' addresses, program tables), packs it with every job's row indices
-into one int64 buffer and moves that to the device in one copy on the launching stream;
-each launch then reads its program table in that buffer. Nothing the kernel reads is
-uploaded elsewhere (no per-table descriptor to order against the launch).
+A size class's preparation builds the layout of every launch group at once
+(``triton_layout``: segment table with the views' addresses, program tables); a load packs
+it with every job's row indices into one int64 buffer and moves that to the device in one
+copy on the launching stream; each launch then reads its program table in that buffer.
+Nothing the kernel reads is uploaded elsewhere (no per-table descriptor to order against
+the launch).
 """
 from __future__ import annotations
 
-import itertools
-from typing import NamedTuple
+from typing import Any, NamedTuple, Sequence
 
-import numpy as np
 import torch
 
-from transfer_kernels import runtime, tuning
-from transfer_kernels.base import CopyBackend, PreparedPlan
-from transfer_kernels.plan import CopyPlan, LaunchGroups
-from transfer_kernels.quant import prepare_split
-from transfer_kernels.triton_layout import MAGIC_BITS, SEG_FIELDS, Layout, Pairs, layout
+from transfer_kernels import tuning
+from transfer_kernels.backends.base import CopyBackend, all_pairs
+from transfer_kernels.backends.launches import Launches, Prepared
+from transfer_kernels.backends.quant_triton import TritonQuantBackend
+from transfer_kernels.backends.triton_layout import Layout, layout
+from transfer_kernels.cuda import runtime
+from transfer_kernels.cuda.abi import MAGIC_BITS
+from transfer_kernels.rows import CopyPlan, LaunchGroups
 
-__all__ = ["SEG_FIELDS", "Launch", "LaunchSet", "TritonBackend", "TritonLaunches",
-           "build_launch", "kernel_module"]
+__all__ = ["Launch", "LaunchSet", "TritonBackend", "TritonLaunches", "build_launch", "kernel_module"]
 
 
 def kernel_module():
     """The kernel module, imported on first use (``import triton`` costs about a second)."""
-    from transfer_kernels import triton_kernel
-    return triton_kernel
+    from transfer_kernels.cuda import copy_kernel
+    return copy_kernel
 
 
 class TritonBackend(CopyBackend):
@@ -67,8 +68,7 @@ class TritonBackend(CopyBackend):
         self.max_programs = max_programs
         self.tile_bytes = tile_bytes
         self.vpt = tile_bytes // 16
-        self.num_warps = num_warps or max(1, min(
-            tuning.TRITON_MAX_WARPS, self.vpt // (32 * tuning.TRITON_VECTORS_PER_THREAD)))
+        self.num_warps = num_warps or tuning.triton_warps(tile_bytes)
         self._last: tuple[LaunchSet, int] | None = None  # the latest launch, for tests
 
     def check(self, plan: CopyPlan) -> None:
@@ -97,24 +97,22 @@ class TritonBackend(CopyBackend):
         """The latest kernel launch's arguments (for tests), or ``None`` before any."""
         return None if self._last is None else self._last[0].launch_args(self._last[1])
 
-    def _execute(self, plan: CopyPlan) -> None:
-        TritonLaunches(self, _build_all_layers(plan, self)).run(0)
-
-    def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
-        """All groups' layouts and indices staged in one copy; each launch reads its part."""
-        if plan.has_quant:  # converting jobs: the fused quant kernel (transfer_kernels.quant)
-            return prepare_split(self, plan, groups)
-        self.check(plan)
-        return TritonLaunches(self, _build_groups(plan, groups, self))
+    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
+                keep: bool = False) -> Prepared:
+        """The size class's layout: every group's segments and program tables at once
+        (converting jobs: the fused quant kernel, `quant_triton`)."""
+        if plan.has_quant:
+            return self._lay_out_split(plan, groups, keep)
+        lay = layout(plan, groups, self.grid_cap(plan.device), self.vpt)
+        return TritonPrepared(self, lay, plan.device, keep)
 
     def _make_quant_backend(self, device: torch.device) -> CopyBackend:
         """The fused quantize/dequantize kernel, interpreted on a CPU plan like this one."""
-        from transfer_kernels.quant_kernel import TritonQuantBackend
         return TritonQuantBackend(max_programs=self.max_programs)
 
 
 class Launch(NamedTuple):
-    """The arguments of one kernel launch (see ``triton_kernel``'s module docstring)."""
+    """The arguments of one kernel launch (`transfer_kernels.cuda.copy_kernel`'s module docstring)."""
 
     meta: torch.Tensor  # int64 on the plan's device: tables, then row indices
     prog_at: int  # the launch's program table in meta
@@ -144,37 +142,89 @@ class LaunchSet(NamedTuple):
                       self.num_warps, lay.bounds[group], lay.bounds[group + 1])
 
 
-class TritonLaunches(PreparedPlan):
-    """Prepared launches: one staged ``meta`` buffer, one program table per group. A launch
-    reads its table offset, grid and alignment from tuples: no per-launch object is built."""
+class TritonPrepared(Prepared):
+    """A size class's layout (segments with the views' addresses, program tables); a load
+    uploads it with its rows in one copy on the launching stream. With ``keep`` (a route
+    whose loads run on one stream) the first load's ``meta`` buffer and its launches are
+    kept: a later load writes only its rows into it (one copy, stream-ordered after the
+    previous load's launches) and launches through the same bound launcher."""
 
-    def __init__(self, backend: TritonBackend, launch_set: LaunchSet) -> None:
-        self.backend, self.launch_set = backend, launch_set
+    def __init__(self, backend: TritonBackend, lay: Layout, device: torch.device, keep: bool = False) -> None:
+        self.backend, self.layout, self.device, self.keep = backend, lay, device, keep
+        self.counters = (backend,)
+        self._kept: TritonLaunches | None = None  # keep: the launches over the kept meta
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.layout.grids)
+
+    def start(self, lanes, src_rows, dst_rows) -> TritonLaunches:
+        lay, backend, kept = self.layout, self.backend, self._kept
+        if lay.head is None:
+            return TritonLaunches(backend, LaunchSet(torch.empty(0, dtype=torch.int64), lay, backend.vpt,
+                                                     backend.num_warps), self.counters)
+        rows = []
+        for j in lay.used:
+            rows += (src_rows[j], dst_rows[j])
+        if kept is not None:  # the rows into the kept meta, after its head: one copy
+            runtime.upload(rows, self.device, out=kept.launch_set.meta[lay.head.numel():])
+            return kept
+        # one index upload per load (the head is never written: a cached copy)
+        meta = runtime.upload([lay.head, *rows], self.device)
+        launches = TritonLaunches(backend, LaunchSet(meta, lay, backend.vpt, backend.num_warps), self.counters)
+        if self.keep:
+            self._kept = launches
+        return launches
+
+
+class TritonLaunches(Launches):
+    """One load's launches: one staged ``meta`` buffer, one program table per group. A
+    launch reads its table offset, grid and alignment from tuples: no per-launch object is
+    built."""
+
+    def __init__(self, backend: TritonBackend, launch_set: LaunchSet, counters: tuple) -> None:
+        self.backend, self.launch_set, self.counters = backend, launch_set, counters
+        self._grids = launch_set.layout.grids
         self._bound = None  # bound at the first launch (importing triton costs a second)
 
     @property
     def num_groups(self) -> int:
-        return len(self.launch_set.layout.grids)
+        return len(self._grids)
 
     @property
     def launches(self) -> list[Launch]:
         """Every group's launch arguments (for tests and inspection)."""
         return [self.launch_set.launch_args(g) for g in range(self.num_groups)]
 
-    def launch(self, group: int) -> None:
-        # one frame per group: the grid check and the launch inlined (no call to ``run``)
-        if self.launch_set.layout.grids[group]:
-            backend = self.backend
-            backend.launches += 1
-            backend._last = (self.launch_set, group)
-            runtime.launch(self._bound or self._bind(), group)
+    def counts(self, group: int) -> bool:
+        return self._grids[group] > 0
 
-    def run(self, group: int) -> None:
-        """Launch group ``group`` (no counting; ``execute`` counted already) through the
-        pre-bound launcher: stream handle and compiled kernels resolved once per plan."""
-        if self.launch_set.layout.grids[group]:
-            self.backend._last = (self.launch_set, group)
-            runtime.launch(self._bound or self._bind(), group)
+    def live(self) -> tuple[int, ...]:
+        return self._grids
+
+    def direct(self):
+        """The pre-bound launcher (`copy_kernel.BoundLaunches`)."""
+        return self._bound or self._bind()
+
+    def run(self, events: Sequence[Any], stream: Any) -> None:
+        """Every group, each followed by its event record: three calls per group."""
+        grids = self._grids
+        live = sum(1 for grid in grids if grid)
+        for backend in self.counters:
+            backend.launches += live
+        bound = self._bound or self._bind()
+        launch, record = runtime.launch, runtime.record
+        for g in range(len(grids)):
+            if grids[g]:
+                self.backend._last = (self.launch_set, g)
+                launch(bound, g)
+            record(events[g], stream)
+
+    def _launch(self, group: int) -> None:
+        """Launch group ``group`` through the pre-bound launcher: stream handle and compiled
+        kernels resolved once per load."""
+        self.backend._last = (self.launch_set, group)
+        runtime.launch(self._bound or self._bind(), group)
 
     def _bind(self):
         """The pre-bound launcher, built at the first launch."""
@@ -187,50 +237,6 @@ class TritonLaunches(PreparedPlan):
 
 def build_launch(plan: CopyPlan, backend: TritonBackend) -> Launch:
     """The single launch of every job and layer of ``plan`` (tests inspect it)."""
-    return _build_all_layers(plan, backend).launch_args(0)
-
-
-def _build_all_layers(plan: CopyPlan, backend: TritonBackend) -> LaunchSet:
-    def pairs() -> Pairs:
-        jobs = np.repeat(np.arange(len(plan.jobs), dtype=np.int64), [len(j.layers) for j in plan.jobs])
-        layers = np.fromiter(itertools.chain.from_iterable(j.layers for j in plan.jobs), np.int64,
-                             jobs.size)
-        return jobs, layers, np.zeros(jobs.size, dtype=np.int64)
-
-    return _build(plan, pairs, ("all layers", tuple(j.layers for j in plan.jobs)), 1, backend)
-
-
-def _build_groups(plan: CopyPlan, groups: LaunchGroups, backend: TritonBackend) -> LaunchSet:
-    """Layout and indices of every group in one buffer on the plan's device.
-
-    Segments are laid out group after group; within a group, in the order its
-    ``(job, layer)`` pairs are listed, buffers innermost. Each job's row indices are
-    stored once and shared by all its segments.
-    """
-    try:  # hashable groups (the controller's are cached tuples): laid out once
-        hash(groups)
-        key = ("groups", groups)
-    except TypeError:
-        key = None
-    return _build(plan, lambda: _pair_arrays(groups), key, len(groups), backend)
-
-
-def _pair_arrays(groups: LaunchGroups) -> Pairs:
-    """Every (job, layer) pair of ``groups`` flattened: job, layer and group per pair."""
-    flat = [pair for group in groups for pair in group]
-    pairs = np.asarray(flat, dtype=np.int64).reshape(-1, 2)
-    sizes = np.fromiter(map(len, groups), np.int64, len(groups))
-    return pairs[:, 0], pairs[:, 1], np.repeat(np.arange(len(groups), dtype=np.int64), sizes)
-
-
-def _build(plan: CopyPlan, pairs, pairs_key: tuple | None, num_groups: int,
-           backend: TritonBackend) -> LaunchSet:
-    lay = layout(plan, pairs, None if pairs_key is None else (pairs_key, plan.device), num_groups,
-                 backend.grid_cap(plan.device), backend.vpt)
-    if lay.head is None:
-        return LaunchSet(torch.empty(0, dtype=torch.int64), lay, backend.vpt, backend.num_warps)
+    prepared = backend.lay_out(plan, (all_pairs(plan),))
     jobs = plan.jobs
-    idx_parts = [t for j in lay.used for t in (jobs[j].src_rows, jobs[j].dst_rows)]
-    # one index upload per plan (the head is never written: a cached copy)
-    meta = runtime.upload([lay.head] + idx_parts, plan.device)
-    return LaunchSet(meta, lay, backend.vpt, backend.num_warps)
+    return prepared.start(jobs, [j.src_rows for j in jobs], [j.dst_rows for j in jobs]).launch_set.launch_args(0)

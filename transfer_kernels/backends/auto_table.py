@@ -1,12 +1,13 @@
-"""The decision table of the ``"auto"`` backend: which path a job of a given shape takes.
+"""The decision table of the ``"auto"`` backend: which path a job of given traits takes.
 
-A job's *shape* is read from its two tables and its row count alone (no run analysis):
+A job's *traits* (`JobTraits`) are read from its two tables and its row count alone (no
+run analysis):
 
     device      "cuda" or "cpu": where the plan executes
     dir         "h2d" (host table to device table), "d2h", or "same" (both on one device:
                 every CPU plan)
     path        "stage": an all-layer job whose host side is a page_first table facing the
-                device (its whole pages can be staged by DMA, ``staged.host_side``);
+                device (its whole pages can be staged by DMA, ``staging.host_side``);
                 "dense": both sides' rows back to back (a run of rows is one piece);
                 "strided": anything else (row by row on a copy engine)
     piece_bytes the mean row bytes over the job's buffers: the smallest piece the copy
@@ -53,7 +54,7 @@ _SIZES = ("piece", "span", "job")
 _BOUNDS = tuple(f"{end}_{what}_bytes" for what in _SIZES for end in ("min", "max"))
 
 
-class Shape(NamedTuple):
+class JobTraits(NamedTuple):
     """What the table looks up for a job (module docstring)."""
 
     device: str
@@ -80,13 +81,13 @@ class Rule:
     min_job_bytes: int | None = None
     max_job_bytes: int | None = None
 
-    def matches(self, shape: Shape) -> bool:
-        """True when every condition of the rule holds for ``shape``."""
-        return (self.device == shape.device and self.path in (None, shape.path)
-                and self.dir in (None, shape.dir)
-                and _within(shape.piece_bytes, self.min_piece_bytes, self.max_piece_bytes)
-                and _within(shape.span_bytes, self.min_span_bytes, self.max_span_bytes)
-                and _within(shape.job_bytes, self.min_job_bytes, self.max_job_bytes))
+    def matches(self, traits: JobTraits) -> bool:
+        """True when every condition of the rule holds for ``traits``."""
+        return (self.device == traits.device and self.path in (None, traits.path)
+                and self.dir in (None, traits.dir)
+                and _within(traits.piece_bytes, self.min_piece_bytes, self.max_piece_bytes)
+                and _within(traits.span_bytes, self.min_span_bytes, self.max_span_bytes)
+                and _within(traits.job_bytes, self.min_job_bytes, self.max_job_bytes))
 
     def to_json(self) -> dict[str, Any]:
         """The rule's JSON object (absent conditions left out)."""
@@ -104,12 +105,17 @@ class AutoTable:
     rules: tuple[Rule, ...]
     source: str = ""
 
-    def choose(self, shape: Shape) -> str:
-        """The backend name for a job of ``shape`` (module docstring)."""
+    @property
+    def size_dependent(self) -> bool:
+        """True when a rule bounds job bytes: a job's choice then depends on its size class."""
+        return any(r.min_job_bytes is not None or r.max_job_bytes is not None for r in self.rules)
+
+    def choose(self, traits: JobTraits) -> str:
+        """The backend name for a job of ``traits`` (module docstring)."""
         for rule in self.rules:
-            if rule.matches(shape):
+            if rule.matches(traits):
                 return rule.use
-        return FALLBACK[shape.device]
+        return FALLBACK[traits.device]
 
     def to_json(self) -> dict[str, Any]:
         """The table as a JSON document (see the module docstring)."""

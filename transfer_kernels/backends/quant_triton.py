@@ -1,7 +1,8 @@
 """The fused int8 quantize / dequantize copy: one Triton pass from bf16/fp16 device rows to
 int8 + fp32-scale host rows (D2H) and back (H2D), compiled for CUDA and interpreted for CPU.
 
-Same bytes as `quant_ref` (tests compare bytes), which takes care in three places:
+Same bytes as `transfer_kernels.quant.reference` (tests compare bytes), which takes care in
+three places:
 
 * division: the compiled ``/`` of fp32 is approximate (``div.full``); the kernel uses
   ``tl.math.div_rn`` there and ``/`` under the interpreter (numpy's fp32 division is IEEE,
@@ -17,9 +18,10 @@ values, host int8 rows and fp32 scale rows. Program (s, p) handles vectors
 launch per (group, mode, dtype, vector length): one for a whole MHA or MLA load group.
 The grid is about the copy kernel's program budget in all (``max(cap, segments)``
 programs, ``tuning.TRITON_MAX_PROGRAMS`` by default on CUDA): a conversion takes no more
-SMs from the model than a copy. (Not tuned on a GPU yet.)
+SMs from the model than a copy. (Not tuned on a GPU yet.) The kernel itself is
+`transfer_kernels.cuda.quant_kernel`.
 
-Like the copy kernel's, a prepared plan's calls go through `transfer_kernels.runtime`: one
+Like the copy kernel's, a prepared plan's calls go through `transfer_kernels.cuda.runtime`: one
 ``upload`` of ``meta`` per plan and one ``launch`` per launch group (of a `BoundQuant`
 bound at the first launch), so an int8 load keeps the load's call budget.
 
@@ -31,25 +33,18 @@ fields::
 """
 from __future__ import annotations
 
-import importlib.util
-import weakref
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
-from transfer_kernels import runtime, tuning
-from transfer_kernels.base import CopyBackend, PreparedPlan
-from transfer_kernels.plan import CopyPlan, LaunchGroups, PlannedJob
-from transfer_kernels.quant_ref import TINY
-from transfer_kernels.triton_layout import _Lru
-
-SEG = 10
-
-
-def triton_importable() -> bool:
-    """True when the ``triton`` package can be imported."""
-    return importlib.util.find_spec("triton") is not None
+from transfer_kernels import tuning
+from transfer_kernels.backends.base import CopyBackend
+from transfer_kernels.backends.launches import Launches, Prepared
+from transfer_kernels.cuda import runtime
+from transfer_kernels.cuda.abi import QUANT_SEG_FIELDS as SEG
+from transfer_kernels.quant.reference import TINY
+from transfer_kernels.rows import CopyPlan, LaunchGroups
 
 
 class _Launch(NamedTuple):
@@ -64,7 +59,7 @@ class _Launch(NamedTuple):
 
 
 class TritonQuantBackend(CopyBackend):
-    """The fused quant kernel for converting jobs (`transfer_kernels.quant`)."""
+    """The fused quant kernel for converting jobs (`base`: the converting split)."""
 
     name = "triton_quant"
     converts = True
@@ -77,7 +72,6 @@ class TritonQuantBackend(CopyBackend):
         """
         super().__init__()
         self.max_programs = max_programs
-        self._layouts = _Lru(64)
 
     def check(self, plan: CopyPlan) -> None:
         """``ValueError`` when a CUDA plan's host side is not pinned, or a scale buffer is not
@@ -93,29 +87,11 @@ class TritonQuantBackend(CopyBackend):
                 raise ValueError(f"jobs[{i}]: host table {host.name} must be pinned memory for the "
                                  f"triton quant kernel (read through UVA)")
 
-    def _execute(self, plan: CopyPlan) -> None:
-        pairs = [(j, layer) for j, job in enumerate(plan.jobs) if job.num_rows for layer in job.layers]
-        QuantLaunches(self, plan, [pairs]).run(0)  # counted by execute
-
-    def prepare(self, plan: CopyPlan, groups: LaunchGroups) -> PreparedPlan:
-        """Every group's segments and indices staged in one copy; a launch reads its part."""
-        self.check(plan)
-        return QuantLaunches(self, plan, groups)
-
-    def layout(self, plan: CopyPlan, groups: LaunchGroups) -> QuantLayout:
-        """The plan's launches and segment tables, cached per (groups, tables, row counts):
-        a load of a shape seen before only gathers and uploads its rows."""
-        cap = self.grid_cap(plan.device)
-        key = (groups, str(plan.device), cap,
-               tuple((weakref.ref(j.src), weakref.ref(j.dst), j.num_rows) for j in plan.jobs))
-        try:
-            found = self._layouts.get(key)
-        except TypeError:  # unhashable groups (lists): built each time
-            return build_layout(plan, groups, cap)
-        if found is None:
-            found = build_layout(plan, groups, cap)
-            self._layouts.put(key, found)
-        return found
+    def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
+                keep: bool = False) -> Prepared:
+        """The size class's launches and segment tables: a load only gathers and uploads
+        its rows."""
+        return QuantPrepared(self, build_layout(plan, groups, self.grid_cap(plan.device)), plan, keep)
 
     def grid_cap(self, device: torch.device) -> int:
         """Programs one launch may take on ``device`` (see ``max_programs``)."""
@@ -125,7 +101,7 @@ class TritonQuantBackend(CopyBackend):
 
 
 class QuantLayout(NamedTuple):
-    """What a plan's launches need besides its rows: cached per shape (`TritonQuantBackend.layout`)."""
+    """What a size class's launches need besides its rows (`build_layout`)."""
 
     jobs: tuple[int, ...]  # jobs with rows, in ``meta``'s index order
     launches: list[list[_Launch]]  # per group
@@ -133,33 +109,64 @@ class QuantLayout(NamedTuple):
     segs: torch.Tensor  # int64 CPU: the segment tables, after the indices in ``meta``
 
 
-class QuantLaunches(PreparedPlan):
-    """The launches of every group of one plan, sharing one ``meta`` buffer."""
+class QuantPrepared(Prepared):
+    """A size class's launches and segment tables; a load uploads them with its rows (with
+    ``keep``, as the copy kernel's: the first load's buffer and launches kept, a later
+    load writes only its rows)."""
 
-    def __init__(self, backend: TritonQuantBackend, plan: CopyPlan, groups: LaunchGroups) -> None:
-        self.backend, self.device = backend, plan.device
-        lay = backend.layout(plan, groups)
-        self.groups, self._calls = lay.launches, lay.calls
-        parts = [t for j in lay.jobs for t in _dev_host_rows(plan.jobs[j])]
-        # one upload per plan, on the launching stream (`runtime`: the load's call budget)
-        self.meta = runtime.upload(parts + [lay.segs], self.device)
+    def __init__(self, backend: TritonQuantBackend, lay: QuantLayout, plan: CopyPlan, keep: bool = False) -> None:
+        self.backend, self.layout, self.device, self.counters = backend, lay, plan.device, (backend,)
+        # per job with rows: is its device side the source (quantize)? fixed by its tables
+        self._quantize = tuple(plan.jobs[j].mode == "quantize" for j in lay.jobs)
+        self.keep, self._kept = keep, None
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.layout.launches)
+
+    def start(self, lanes, src_rows, dst_rows) -> QuantLaunches:
+        lay, parts = self.layout, []
+        for j, quantize in zip(lay.jobs, self._quantize):  # device rows, then host rows
+            parts += (src_rows[j].cpu(), dst_rows[j].cpu()) if quantize else \
+                (dst_rows[j].cpu(), src_rows[j].cpu())
+        kept = self._kept
+        if kept is not None:  # the rows into the kept meta, before its segments: one copy
+            runtime.upload(parts, self.device, out=kept.meta[:kept.meta.numel() - lay.segs.numel()])
+            return kept
+        # one upload per load, on the launching stream (`runtime`: the load's call budget)
+        launches = QuantLaunches(self, runtime.upload([*parts, lay.segs], self.device))
+        if self.keep:
+            self._kept = launches
+        return launches
+
+
+class QuantLaunches(Launches):
+    """One load's launches of every group, sharing one ``meta`` buffer."""
+
+    def __init__(self, prepared: QuantPrepared, meta: torch.Tensor) -> None:
+        self.counters, self.meta = prepared.counters, meta
+        self.groups, self._calls = prepared.layout.launches, prepared.layout.calls
         self._bound: BoundQuant | None = None  # bound at the first launch
 
     @property
     def num_groups(self) -> int:
         return len(self.groups)
 
-    def launch(self, group: int) -> None:
-        if self.groups[group]:
-            self.backend.launches += 1
-            self.run(group)
+    def counts(self, group: int) -> bool:
+        return bool(self.groups[group])
 
-    def run(self, group: int) -> None:
-        """Launch group ``group`` (no counting) through the plan's pre-bound launcher."""
-        if self.groups[group]:
-            if self._bound is None:
-                self._bound = BoundQuant(self.meta, self._calls)
-            runtime.launch(self._bound, group)
+    def live(self) -> list:
+        return self.groups
+
+    def direct(self) -> BoundQuant:
+        """The pre-bound launcher (`BoundQuant`)."""
+        if self._bound is None:
+            self._bound = BoundQuant(self.meta, self._calls)
+        return self._bound
+
+    def _launch(self, group: int) -> None:
+        """Launch group ``group`` through the load's pre-bound launcher."""
+        runtime.launch(self._bound or self.direct(), group)
 
 
 class BoundQuant:
@@ -174,15 +181,9 @@ class BoundQuant:
 
     def launch(self, group: int) -> None:
         """Enqueue group ``group``'s launches (CUDA: the current stream; CPU: done on return)."""
-        from transfer_kernels import quant_triton
+        from transfer_kernels.cuda import quant_kernel
         for seg_at, grid, consts in self.calls[group]:
-            quant_triton.run(self.meta, seg_at, grid, device=self.device, **consts)
-
-
-def _dev_host_rows(job: PlannedJob) -> tuple[torch.Tensor, torch.Tensor]:
-    """A converting job's device rows and host rows (CPU int64)."""
-    pair = (job.src_rows, job.dst_rows) if job.mode == "quantize" else (job.dst_rows, job.src_rows)
-    return pair[0].cpu(), pair[1].cpu()
+            quant_kernel.run(self.meta, seg_at, grid, device=self.device, **consts)
 
 
 def build_layout(plan: CopyPlan, groups: LaunchGroups, cap: int) -> QuantLayout:

@@ -1,4 +1,4 @@
-"""`Int8Codec`: a row table's rows are the int8 host format of device rows (`quant_ref`).
+"""`Int8Codec`: a row table's rows are the int8 host format of device rows (`reference`).
 
 A host `RowTable` built with ``codec=Int8Codec(...)`` says: its buffers ``2b`` and
 ``2b + 1`` are the int8 values and fp32 scales of device buffer ``b``::
@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from transfer_kernels.quant_ref import QUANTIZABLE
+from transfer_kernels.quant.reference import QUANTIZABLE
 
 
 @dataclass(frozen=True)

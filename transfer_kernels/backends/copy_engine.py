@@ -23,9 +23,12 @@ import numpy as np
 import torch
 
 from transfer_kernels import tuning
-from transfer_kernels.base import CopyBackend
-from transfer_kernels.plan import CopyPlan, PlannedJob
-from transfer_kernels.table import RowTable
+from transfer_kernels.backends.base import CopyBackend
+from transfer_kernels.backends.quant_torch import TorchQuantBackend
+from transfer_kernels.backends.quant_triton import TritonQuantBackend
+from transfer_kernels.cuda import cudart
+from transfer_kernels.cuda.abi import triton_importable
+from transfer_kernels.rows import CopyPlan, PlannedJob, RowTable
 
 
 class CopyEngineBackend(CopyBackend):
@@ -50,6 +53,13 @@ class CopyEngineBackend(CopyBackend):
         self.pieces = 0
         self.batch = batch
 
+    def _make_quant_backend(self, device: torch.device) -> CopyBackend:
+        """A copy cannot convert: the fused Triton kernel on CUDA when triton is importable,
+        else the pure-torch reference."""
+        if device.type == "cuda" and triton_importable():
+            return TritonQuantBackend()
+        return TorchQuantBackend()
+
     def _execute(self, plan: CopyPlan) -> None:
         self._copy([(job, job.layers) for job in plan.jobs if job.num_rows and job.layers],
                    plan.device)
@@ -63,8 +73,6 @@ class CopyEngineBackend(CopyBackend):
             for job, layers in parts:
                 self._copy_job_cpu(job, layers)
             return
-        from transfer_kernels import cudart
-
         stream = torch.cuda.current_stream(device).cuda_stream
         pieces: list[np.ndarray] = []
         for job, layers in parts:
@@ -93,7 +101,7 @@ class CopyEngineBackend(CopyBackend):
         out = []
         for layer in layers:
             for b, nbytes in enumerate(src.row_bytes):
-                s0, d0, k = _cut_at_chunks(src, dst, layer, b, *starts, lengths)
+                s0, d0, k = cut_at_chunks(src, dst, layer, b, *starts, lengths)
                 s_addr = int(src.ptrs[layer, b]) + s0 * src.row_strides[b]
                 d_addr = int(dst.ptrs[layer, b]) + d0 * dst.row_strides[b]
                 dense = src.row_strides[b] == nbytes and dst.row_strides[b] == nbytes
@@ -132,7 +140,7 @@ def _rows_of(d_addr: np.ndarray, s_addr: np.ndarray, k: np.ndarray, nbytes: int,
                      np.full(total, nbytes, dtype=np.int64)])
 
 
-def _cut_at_chunks(src: RowTable, dst: RowTable, layer: int, b: int, s0: np.ndarray,
+def cut_at_chunks(src: RowTable, dst: RowTable, layer: int, b: int, s0: np.ndarray,
                    d0: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Cut runs so that none crosses a registration chunk start of either side."""
     for by_src in (True, False):

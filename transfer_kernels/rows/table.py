@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 import torch
 
-from transfer_kernels.codec import Int8Codec
+from transfer_kernels.quant.codec import Int8Codec
 
+T = TypeVar("T")
 # Widest vector access the Triton kernel issues (bytes); also the cap of ``align``.
 MAX_VECTOR_BYTES = 16
 
@@ -78,9 +79,10 @@ def _row_stride(v: torch.Tensor) -> int:
 class RowTable:
     """One side of a transfer: per-(layer, buffer) byte views of one pool.
 
-    Immutable after construction except for a cache of derived values (descriptor
-    tensors, the page span; filled on first use, never changed after). Thread-safe for
-    concurrent reads; a first call should not race (it would build twice).
+    Immutable after construction except for a cache of derived values (:meth:`derived`:
+    the page span, the kernel's per-buffer side table; filled on first use, never changed
+    after). Thread-safe for concurrent reads; a first call should not race (it would build
+    twice).
 
     Attributes:
         name: label used in error messages (``"kv.host"``, ``"swa.device"``).
@@ -178,32 +180,24 @@ class RowTable:
         """True when every view is CPU page-locked memory (device-addressable through UVA)."""
         if self.device.type != "cpu":
             return False
-        if "pinned" not in self._cache:
-            self._cache["pinned"] = all(v.is_pinned() for layer in self.views for v in layer)
-        return self._cache["pinned"]
+        return self.derived("pinned", lambda t: all(v.is_pinned() for layer in t.views for v in layer))
 
-    def device_desc(self, device: torch.device) -> torch.Tensor:
-        """The ``[num_layers, num_buffers, 2]`` int64 (base, row stride) table on ``device``.
-
-        Built on the first call per device and cached. The upload is synchronous (once per
-        table and device): a reader on any stream sees it complete. (The triton backend no
-        longer reads it: it stages addresses with each batch on the launching stream.)
+    def derived(self, key: str, build: Callable[[RowTable], T]) -> T:
+        """A value computed from this (immutable) table once and kept: ``build(self)`` on
+        the first call per ``key``, the same object afterwards.
 
         Args:
-            device: where a kernel would read it.
+            key: names the value (one meaning per key across the package).
+            build: computes it from the table alone.
 
         Returns:
-            A contiguous int64 tensor on ``device``; do not modify it.
+            The cached value.
         """
-        key = ("desc", str(torch.device(device)))
-        desc = self._cache.get(key)
-        if desc is None:
-            strides = torch.tensor(self.row_strides, dtype=torch.int64).expand_as(self.ptrs)
-            desc = torch.stack([self.ptrs, strides], dim=-1).contiguous().to(device)
-            if desc.device.type == "cuda":
-                torch.cuda.synchronize(desc.device)
-            self._cache[key] = desc
-        return desc
+        try:
+            return self._cache[key]
+        except KeyError:
+            value = self._cache[key] = build(self)
+            return value
 
     def page_span(self) -> tuple[torch.Tensor, int] | None:
         """The whole-page view of a ``page_first`` table, or ``None``.
@@ -217,9 +211,7 @@ class RowTable:
             table (span = layers x row bytes) and ``span``; ``None`` for any other layout,
             or views over more than one storage. Cached.
         """
-        if "page_span" not in self._cache:
-            self._cache["page_span"] = _page_span(self)
-        return self._cache["page_span"]
+        return self.derived("page_span", _page_span)
 
 
 def _page_span(table: RowTable) -> tuple[torch.Tensor, int] | None:
