@@ -17,7 +17,7 @@ install time, another Python), the numpy code below, which gives the same answer
                             a path; returns how many hold a device copy
     gather(nodes, k, out)   the device slots of the first k nodes, one after another, into
                             out (an int64 array of exactly their length)
-    rows(slots, tpr)        slots[::tpr] // tpr of a 1-D int64 CPU tensor, as a new array
+    rows(slots, tpr, out)   out = slots[::tpr] // tpr of a 1-D int64 contiguous CPU tensor
 
 ``COMPILED`` says which one runs.
 """
@@ -108,14 +108,11 @@ def _gather(nodes: list, count: int, out: np.ndarray) -> None:
         np.concatenate(parts, out=out)
 
 
-def rows(slots, tokens_per_row: int) -> np.ndarray:
-    """``slots[::tokens_per_row] // tokens_per_row`` of a 1-D int64 contiguous CPU tensor
-    (whole rows, the caller's own or checked slots), as a new int64 array."""
-    if _c is None or not slots.is_contiguous():
-        return slots.numpy()[::tokens_per_row] // tokens_per_row
-    out = np.empty(slots.numel() // tokens_per_row, np.int64)
-    _c.rows(slots, tokens_per_row, out)
-    return out
+def _rows(slots, tokens_per_row: int, out: np.ndarray) -> None:
+    rows = slots.numpy()[::tokens_per_row] // tokens_per_row
+    if slots.numel() % tokens_per_row or rows.size != out.size:
+        raise ValueError(f"rows: {slots.numel()} slots are not {out.size} rows of {tokens_per_row}")
+    out[:] = rows
 
 
 same_bytes = _c.same_bytes if _c is not None else _same_bytes
@@ -123,3 +120,4 @@ walk = _c.walk if _c is not None else _walk
 hold = _c.hold if _c is not None else _hold
 touch = _c.touch if _c is not None else _touch
 gather = _c.gather if _c is not None else _gather
+rows = _c.rows if _c is not None else _rows

@@ -196,7 +196,9 @@ def _rows(slots: torch.Tensor, tokens_per_row: int) -> torch.Tensor:
     themselves (an op's own tensor, read-only until its ack), no copy."""
     if tokens_per_row == 1:
         return slots
-    return torch.from_numpy(fastpath.rows(slots, tokens_per_row))
+    out = np.empty(slots.numel() // tokens_per_row, np.int64)
+    fastpath.rows(slots if slots.is_contiguous() else slots.contiguous(), tokens_per_row, out)
+    return torch.from_numpy(out)
 
 
 def _dst_pages(ops: Sequence[Op], roots: Any, page_sizes: Mapping[str, int]) -> dict[str, np.ndarray] | None:
