@@ -14,7 +14,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", ROOT / "data" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-TOP = sorted(p.name for p in ROOT.iterdir() if not p.name.startswith(".") or p.name == ".ci")
+
+
+def _ignored(name: str) -> bool:
+    """Whether git ignores ``name`` (a build product such as ``build/``: not in a clone)."""
+    return subprocess.run(["git", "check-ignore", "-q", name], cwd=ROOT).returncode == 0
+
+
+# the checkout's top-level entries a clone has (a local `build/` of `setup.py build_ext` is not one)
+TOP = sorted(p.name for p in ROOT.iterdir() if (not p.name.startswith(".") or p.name == ".ci") and not _ignored(p.name))
 # a path rooted at one of the checkout's top-level entries, e.g. `bench/tree.py`, `docs/`
 PATH = re.compile(r"(?<![\w./~-])((?:%s)(?:/[\w.*-]+)*/?)" % "|".join(re.escape(t) for t in TOP if t != "README.md"))
 OUTPUT_FLAG = re.compile(r"--(?:plot|out)[ =](\S+)")
