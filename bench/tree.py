@@ -31,6 +31,13 @@ thresholds (this script re-executes itself with them, as the anchor does).
     python bench/tree.py --rounds 1                                          # hicache only
     python bench/tree.py --hicache-eviction-policy all                       # every eviction policy
     python bench/tree.py --clock cpu ...     # both sides timed by their thread's CPU time (a busy VM)
+    python bench/tree.py --before /path/to/old/checkout ...  # that checkout's tree (LRU) each round too
+
+``--before``: a machine's speed drifts from day to day, and not the same for both sides
+(on this VM SGLang's step took 110 us on one day and 158 on another), so a ratio to
+SGLang taken on another day is no baseline; each round then also runs the other
+checkout's tree (this script, that checkout's packages, in a subprocess) and reports
+ours over it, paired per round (``gain_over_before``, ``poll_over_before``).
 
 Targets: with the host tier >= 2x SGLang's tokens/s and poll per step <= 50 us; without
 it >= SGLang's default Rust core (both figures are reported; the README says which meets what).
@@ -59,8 +66,19 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import harness  # noqa: E402
+
+# ``--before``'s side: this script run again with the tree of another checkout (its
+# hicache, host_pools and transfer_kernels imported from there; this bench/ kept)
+_CODE_ENV = "HICACHE_TREE_BENCH_CODE"
+if os.environ.get(_CODE_ENV):
+    sys.path.insert(0, os.environ[_CODE_ENV])
+
 from hicache import HiCacheConfig, build  # noqa: E402
-from hicache.config import EVICTION_POLICIES  # noqa: E402
+
+try:
+    from hicache.config import EVICTION_POLICIES  # noqa: E402
+except ImportError:  # a checkout from before the policies: LRU only
+    EVICTION_POLICIES = ("lru",)
 from hicache.models import mha  # noqa: E402
 from hicache.radix import HiRadixCache  # noqa: E402
 from host_pools.memory import HostBudget  # noqa: E402
@@ -77,8 +95,8 @@ def build_tree(page_size: int, host_tier: bool, device_slots: int = DEVICE_SLOTS
                eviction_policy: str = "lru") -> HiRadixCache:
     """A 1-layer MHA stack with 8-byte token rows, host tier of ratio 2, write-through."""
     stack = mha(1, 1, 4, dtype=torch.uint8, page_size=page_size, model="tiny-mha")
-    config = HiCacheConfig(hicache_ratio=2.0, write_policy="write_through", io_backend="torch",
-                           eviction_policy=eviction_policy)
+    policy = {"eviction_policy": eviction_policy} if len(EVICTION_POLICIES) > 1 else {}  # a checkout without them: LRU
+    config = HiCacheConfig(hicache_ratio=2.0, write_policy="write_through", io_backend="torch", **policy)
     budget = HostBudget(1 << 40, None, 0, 1, 1 << 40)
     cache = build(stack, device_slots, config, device="cpu", budget=budget, backend=NullBackend())
     return HiRadixCache(cache, host_tier=host_tier, storage=None)
@@ -179,6 +197,21 @@ def anchor_round(python: str, anchor: Path, pages: list[int], clock: str = "wall
     return out
 
 
+def before_round(before: Path, pages: list[int], clock: str) -> tuple[dict, str]:
+    """One round of ``--before``'s tree (LRU, the order every checkout has): this script run
+    again in a subprocess with that checkout's code; per case, and where it imported from."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--emit-json", "--hicache-eviction-policy", "lru",
+           "--pages", *map(str, pages), "--clock", clock]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, _CODE_ENV: str(before)})
+    if proc.returncode:
+        raise RuntimeError(f"--before side failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    if Path(data["code"]) != before.resolve():
+        raise RuntimeError(f"--before side imported hicache from {data['code']}, not {before}")
+    return {(host, page): row for host, page, row in data["cases"]}, data["code"]
+
+
 def _median(rows: list[dict], key: str) -> float | None:
     vals = [r[key] for r in rows if r.get(key) is not None]
     return statistics.median(vals) if vals else None
@@ -198,6 +231,10 @@ def run_rounds(args: argparse.Namespace, cases: list) -> tuple[dict, dict, str |
     for r in range(args.rounds):
         for policy, case in ours:
             ours[policy, case].append(one_pass(convs, case[1], case[0] == "host", policy, args.clock))
+        if args.before:
+            got, _ = before_round(args.before, args.pages, args.clock)
+            for case in cases:
+                args.before_rows[case].append(got[case])
         if args.anchor_python:
             got = anchor_round(args.anchor_python, Path(args.anchor), args.pages, args.clock)
             version = got.pop("sglang")
@@ -207,8 +244,10 @@ def run_rounds(args: argparse.Namespace, cases: list) -> tuple[dict, dict, str |
     return ours, theirs, version
 
 
-def summary_row(case: tuple, ours: list[dict], theirs: list[dict], policy: str = "lru") -> dict:
-    """Medians of one case's rounds, SGLang's beside them, and the ratios."""
+def summary_row(case: tuple, ours: list[dict], theirs: list[dict], policy: str = "lru",
+                before: list[dict] | None = None) -> dict:
+    """Medians of one case's rounds, SGLang's and ``--before``'s beside them, and the ratios
+    (``gain_over_before``: ours over the before checkout's tokens/s, paired per round)."""
     row = {"eviction_policy": policy, "host_tier": case[0] == "host", "page_size": case[1]}
     for key in KEYS:
         row[key] = _median(ours, key)
@@ -221,7 +260,17 @@ def summary_row(case: tuple, ours: list[dict], theirs: list[dict], policy: str =
         paired = [a["mtokens_per_s"] / b["mtokens_per_s"] for a, b in zip(ours, theirs)]
         row["speedup_per_round"] = paired  # each of our passes over SGLang's next to it
         row["speedup_per_round_min_median_max"] = [min(paired), statistics.median(paired), max(paired)]
-    row["rounds"], row["sglang_rounds"] = ours, theirs
+    if before:  # the --before checkout's tree (LRU), each round beside ours
+        for key in ("mtokens_per_s", "poll_step_us"):
+            row[f"before_{key}"] = _median(before, key)
+        row["gain_over_before_per_round"] = [a["mtokens_per_s"] / b["mtokens_per_s"] for a, b in zip(ours, before)]
+        row["gain_over_before"] = statistics.median(row["gain_over_before_per_round"])
+        if row["poll_step_us"] is not None:
+            row["poll_over_before"] = statistics.median(
+                [a["poll_step_us"] / b["poll_step_us"] for a, b in zip(ours, before)])
+        if theirs:
+            row["before_speedup_tokens_per_s"] = row["before_mtokens_per_s"] / row["sglang_mtokens_per_s"]
+    row["rounds"], row["sglang_rounds"], row["before_rounds"] = ours, theirs, before
     return row
 
 
@@ -233,19 +282,27 @@ def report(rows: list[dict], args: argparse.Namespace, version: str | None) -> N
               "backend": "null (moves nothing)", "stack": "mha 1 layer, 1 head, head_dim 4, uint8",
               "counting": "tokens of each turn's sequence once per turn / (match + insert time)",
               "rounds": args.rounds, "alternating": bool(args.anchor_python), "sglang": version,
-              "malloc_env": _MALLOC_ENV, "torch_threads": 1, "clock": args.clock}
+              "malloc_env": _MALLOC_ENV, "torch_threads": 1, "clock": args.clock,
+              "before": args.before_label}
     harness.write_json(Path(args.out), rows, config, torch.device("cpu"))
     cols = ["eviction_policy", "host_tier", "page_size", "mtokens_per_s", "match_us", "insert_us", "poll_step_us",
             "evict_us", "load_back_us_per_token"]
     if version:
         cols += ["sglang_mtokens_per_s", "sglang_mtokens_per_s_same_work", "sglang_poll_step_us",
                  "sglang_load_back_us_per_token", "speedup_tokens_per_s", "speedup_same_work"]
+    if args.before:
+        cols += ["before_mtokens_per_s", "before_poll_step_us", "gain_over_before", "poll_over_before"]
     print(harness.format_table(rows, cols))
     for row in rows if version else ():
         lo, mid, hi = row["speedup_per_round_min_median_max"]
         print(f"{row['eviction_policy']:8} host tier {row['host_tier']!s:5} page {row['page_size']:2}: "
               "tokens/s ratio per round "
               f"(ours / SGLang's next to it) min {lo:.2f} median {mid:.2f} max {hi:.2f}")
+    for row in rows if args.before else ():
+        poll = (f", poll {row['poll_over_before']:.2f}x before's" if row.get("poll_over_before") is not None else "")
+        vs = (f" (before: {row['before_speedup_tokens_per_s']:.2f}x SGLang)" if version else "")
+        print(f"{row['eviction_policy']:8} host tier {row['host_tier']!s:5} page {row['page_size']:2}: "
+              f"tokens/s {row['gain_over_before']:.2f}x the before checkout's (median of paired rounds){vs}{poll}")
     print(f"CPU ({args.clock} clock), bookkeeping only, tokens counted once per turn, medians of {args.rounds} round(s)"
           f"{f', alternating with SGLang {version}' if version else ' (no SGLang side: --anchor-python)'}"
           f" -> {args.out}")
@@ -264,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
                    help="what both sides time with: wall (perf_counter, default) or cpu (the timing "
                         "thread's CPU time: a machine shared with other jobs delays it less)")
+    p.add_argument("--before", type=Path, default=None,
+                   help="another checkout (e.g. an older commit's worktree): its tree (LRU) runs each round "
+                        "beside ours, and the ratios to it are reported")
+    p.add_argument("--emit-json", action="store_true", help=argparse.SUPPRESS)  # --before's side
     p.add_argument("--out", default=str(harness.RESULTS_DIR / "tree_cpu.json"))
     args = p.parse_args(argv)
     args.policies = list(EVICTION_POLICIES) if args.eviction_policy == "all" else args.eviction_policy.split(",")
@@ -272,10 +333,25 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--hicache-eviction-policy: {bad[0]!r} is not one of {', '.join(EVICTION_POLICIES)} (or all)")
     if args.anchor_python and not Path(args.anchor).is_file():
         p.error(f"--anchor: {args.anchor} is not a file")
+    if args.before is not None and not (args.before / "hicache" / "__init__.py").is_file():
+        p.error(f"--before: {args.before} is not a hicache checkout (no hicache/__init__.py)")
     torch.set_num_threads(1)
     cases = [c for c in CASES if c[1] in args.pages]
+    if args.emit_json:  # one round of this checkout's side, as JSON (``before_round`` reads it)
+        import hicache
+        convs = conversations()
+        got = [[c[0], c[1], one_pass(convs, c[1], c[0] == "host", args.policies[0], args.clock)] for c in cases]
+        print(json.dumps({"code": str(Path(hicache.__file__).resolve().parents[1]), "cases": got}))
+        return 0
+    args.before_rows = {c: [] for c in cases}
+    args.before_label = None
+    if args.before is not None:
+        head = subprocess.run(["git", "-C", str(args.before), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True)
+        args.before_label = f"{args.before} ({head.stdout.strip() or 'not a git checkout'}), lru"
     ours, theirs, version = run_rounds(args, cases)
-    report([summary_row(c, ours[p, c], theirs[c], p) for p in args.policies for c in cases], args, version)
+    report([summary_row(c, ours[p, c], theirs[c], p, args.before_rows[c])
+            for p in args.policies for c in cases], args, version)
     return 0
 
 
