@@ -31,3 +31,20 @@ def test_an_unknown_policy_is_refused(capsys):
     with pytest.raises(SystemExit):
         bench_tree.main(["--hicache-eviction-policy", "lru,fifo", "--rounds", "1"])
     assert "'fifo' is not one of lru" in capsys.readouterr().err
+
+
+def test_before_must_be_a_checkout(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench_tree.main(["--before", str(tmp_path), "--rounds", "1"])
+    assert "--before: " in capsys.readouterr().err
+
+
+def test_ratios_to_the_before_checkout_are_paired_per_round():
+    ours = [{"mtokens_per_s": 20.0, "poll_step_us": 40.0}, {"mtokens_per_s": 10.0, "poll_step_us": 60.0},
+            {"mtokens_per_s": 30.0, "poll_step_us": 30.0}]
+    before = [{"mtokens_per_s": 10.0, "poll_step_us": 80.0}, {"mtokens_per_s": 10.0, "poll_step_us": 60.0},
+              {"mtokens_per_s": 10.0, "poll_step_us": 60.0}]
+    row = bench_tree.summary_row(("host", 64), ours, [], "lru", before)
+    assert row["gain_over_before_per_round"] == [2.0, 1.0, 3.0]
+    assert row["gain_over_before"] == 2.0 and row["poll_over_before"] == 0.5
+    assert row["before_mtokens_per_s"] == 10.0 and row["before_poll_step_us"] == 60.0
