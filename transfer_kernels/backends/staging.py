@@ -150,16 +150,14 @@ def _staging_table(host: RowTable, ring: Ring, chunks: np.ndarray, offsets: np.n
     """The device table of a job's chunk regions: row i of layer l of chunk c at
     ``offset[c] + i*stride + (l - first[c])*RB``; a layer no chunk holds points at the
     first region (never read or written)."""
-    buf = ring.buffer()
-    where = {}
-    for (first, count), off in zip(chunks.tolist(), offsets.tolist()):
-        for layer in range(first, first + count):
-            where[layer] = off + (layer - first) * sum(host.row_bytes)
-    inner = np.cumsum((0,) + host.row_bytes[:-1]).tolist()
-    views = [[buf.as_strided((num_rows, n), (stride, 1), where.get(layer, int(offsets[0])) + o)
-              for o, n in zip(inner, host.row_bytes)] for layer in range(host.num_layers)]
+    where = np.full(host.num_layers, offsets[0], dtype=np.int64)
+    first, count = chunks[:, 0], chunks[:, 1]
+    layer = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count - first, count)
+    where[layer] = np.repeat(offsets - first * sum(host.row_bytes), count) + layer * sum(host.row_bytes)
+    inner = np.cumsum((0,) + host.row_bytes[:-1])
     # the host's bytes, in the host's format: a job converts from (or into) an int8 staging
-    return RowTable.from_views(views, f"{host.name}.staging", codec=host.codec)
+    return RowTable.over(ring.buffer(), where[:, None] + inner[None, :], num_rows, stride, host.row_bytes,
+                         f"{host.name}.staging", codec=host.codec)
 
 
 class RingLayout(NamedTuple):

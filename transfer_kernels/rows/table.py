@@ -95,7 +95,8 @@ class RowTable:
         align: int64 CPU tensor ``[num_layers, num_buffers]``: the largest power of two
             (<= 16) dividing the base address, the row stride and the row bytes.
         device: where the views live.
-        views: the views themselves (kept alive here).
+        views: the views themselves (kept alive here; a table `over` one buffer makes
+            them on first use).
         chunk_starts: sorted start addresses of the pinned registrations behind a host
             table (``None`` when unknown or not pinned in chunks); a copy engine must not
             issue one copy across a chunk start.
@@ -112,10 +113,18 @@ class RowTable:
     ptrs: torch.Tensor
     align: torch.Tensor
     device: torch.device
-    views: tuple[tuple[torch.Tensor, ...], ...] = field(repr=False)
+    _views: tuple[tuple[torch.Tensor, ...], ...] | None = field(repr=False)
     chunk_starts: np.ndarray | None = field(default=None, repr=False)
     codec: Int8Codec | None = None
     _cache: dict = field(default_factory=dict, repr=False)
+    _buffer: tuple[torch.Tensor, int] | None = field(default=None, repr=False)  # `over`'s buffer and row stride
+
+    @property
+    def views(self) -> tuple[tuple[torch.Tensor, ...], ...]:
+        """``views[layer][buffer]``: 2-D uint8 ``[num_rows, row_bytes[b]]`` byte views."""
+        if self._views is not None:
+            return self._views
+        return self.derived("views", _buffer_views)
 
     @classmethod
     def from_views(cls, views: Sequence[Sequence[torch.Tensor]], name: str,
@@ -160,9 +169,46 @@ class RowTable:
         return cls(name=name, num_layers=len(layers), num_buffers=len(first),
                    num_rows=first[0].shape[0], row_bytes=row_bytes, row_strides=row_strides,
                    ptrs=ptrs, align=_alignment(ptrs, row_strides, row_bytes),
-                   device=first[0].device, views=layers,
+                   device=first[0].device, _views=layers,
                    chunk_starts=None if chunk_starts is None
                    else np.sort(np.asarray(chunk_starts, dtype=np.int64)), codec=codec)
+
+    @classmethod
+    def over(cls, buffer: torch.Tensor, offsets: np.ndarray, num_rows: int, row_stride: int,
+             row_bytes: tuple[int, ...], name: str, codec: Int8Codec | None = None) -> RowTable:
+        """A table of views into one byte ``buffer`` without making them: layer ``l``'s
+        buffer ``b`` starts at byte ``offsets[l, b]``, its ``num_rows`` rows of
+        ``row_bytes[b]`` bytes ``row_stride`` apart. The same table as `from_views` of
+        those views (every field; the views are made on first use of ``views``), at the
+        cost of a few array operations instead of a view per (layer, buffer).
+
+        Args:
+            buffer: a 1-D uint8 contiguous tensor (kept alive by the table).
+            offsets: int64 ``[num_layers, num_buffers]``.
+            num_rows: >= 1.
+        Raises:
+            ValueError: a view outside ``buffer``, or rows that are not ``codec``'s host rows.
+        """
+        offsets = np.asarray(offsets, dtype=np.int64)
+        nl, nb = offsets.shape
+        if buffer.dtype != torch.uint8 or buffer.dim() != 1 or not buffer.is_contiguous():
+            raise ValueError(f"buffer: {name} needs a 1-D contiguous uint8 tensor, got {buffer.dim()}-D "
+                             f"{buffer.dtype}")
+        if not nl or not nb or nb != len(row_bytes) or min(row_bytes) < 1 or num_rows < 1:
+            raise ValueError(f"offsets: {name} needs [layers >= 1, {len(row_bytes)} buffers], >= 1 row and rows of "
+                             f">= 1 byte, got shape {offsets.shape}, row bytes {row_bytes}, {num_rows} rows")
+        ends = offsets + (num_rows - 1) * row_stride + np.asarray(row_bytes, dtype=np.int64)
+        if offsets.min() < 0 or ends.max() > buffer.numel():
+            raise ValueError(f"offsets: {name} views reach byte {int(ends.max())} of a {buffer.numel()}-byte buffer")
+        if codec is not None and codec.host_row_bytes != tuple(row_bytes):
+            raise ValueError(f"codec: {name} rows of {tuple(row_bytes)} bytes per buffer are not the int8 host "
+                             f"rows {codec.host_row_bytes} of {codec}")
+        # as `_row_stride` reads a single-row view: a dense stride
+        row_strides = tuple(row_bytes) if num_rows <= 1 else (row_stride,) * nb
+        ptrs = torch.from_numpy(offsets + buffer.data_ptr())
+        return cls(name=name, num_layers=nl, num_buffers=nb, num_rows=num_rows, row_bytes=tuple(row_bytes),
+                   row_strides=row_strides, ptrs=ptrs, align=_alignment(ptrs, row_strides, tuple(row_bytes)),
+                   device=buffer.device, _views=None, codec=codec, _buffer=(buffer, row_stride))
 
     @property
     def signature(self) -> tuple[int, ...]:
@@ -212,6 +258,14 @@ class RowTable:
             or views over more than one storage. Cached.
         """
         return self.derived("page_span", _page_span)
+
+
+def _buffer_views(table: RowTable) -> tuple[tuple[torch.Tensor, ...], ...]:
+    """The views of a table made `over` a buffer (what `from_views` would have kept)."""
+    buf, stride = table._buffer
+    offsets = (table.ptrs.numpy() - buf.data_ptr()).tolist()
+    return tuple(tuple(buf.as_strided((table.num_rows, n), (stride, 1), off)
+                       for off, n in zip(layer, table.row_bytes)) for layer in offsets)
 
 
 def _page_span(table: RowTable) -> tuple[torch.Tensor, int] | None:
