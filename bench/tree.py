@@ -67,11 +67,12 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 
 from bench import harness  # noqa: E402
 
+from bench.tree_sides import CODE_ENV, anchor_round, before_round  # noqa: E402
+
 # ``--before``'s side: this script run again with the tree of another checkout (its
 # hicache, host_pools and transfer_kernels imported from there; this bench/ kept)
-_CODE_ENV = "HICACHE_TREE_BENCH_CODE"
-if os.environ.get(_CODE_ENV):
-    sys.path.insert(0, os.environ[_CODE_ENV])
+if os.environ.get(CODE_ENV):
+    sys.path.insert(0, os.environ[CODE_ENV])
 
 from hicache import HiCacheConfig, build  # noqa: E402
 
@@ -173,45 +174,6 @@ def one_pass(convs: np.ndarray, page_size: int, host_tier: bool, eviction_policy
             "backups": tree.counters["backups"]}
 
 
-def anchor_round(python: str, anchor: Path, pages: list[int], clock: str = "wall") -> dict:
-    """One round of SGLang's side (``bench/sglang_anchor.py`` in its interpreter), per case."""
-    cmd = [python, str(ROOT / "bench" / "sglang_anchor.py"), "--anchor", str(anchor),
-           "--pages", *map(str, pages), "--clock", clock]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    if proc.returncode:
-        raise RuntimeError(f"SGLang anchor failed (exit {proc.returncode}): {proc.stderr[-2000:]}{proc.stdout[-500:]}")
-    data = json.loads(proc.stdout.strip().splitlines()[-1])
-    out = {"sglang": data["sglang"]}
-    for host, rows in (("none", data["no_host_tier"]), ("host", data["host_tier"])):
-        for row in rows:
-            per_turn = row["match_prefix_mean_us"] + row["path_device_indices_mean_us"] + row["insert_mean_us"]
-            got = {"mtokens_per_s": row["tokens_per_s"] / 1e6,
-                   "mtokens_per_s_same_work": MEAN_TURN_TOKENS / per_turn,
-                   "match_us": row["match_prefix_mean_us"], "device_indices_us": row["path_device_indices_mean_us"],
-                   "insert_us": row["insert_mean_us"], "evict_us": row["evict_us"]}
-            if host == "host":
-                got["poll_step_us"] = row["check_hicache_events_mean_us"]
-                got["load_back_us_per_token"] = (row["load_back_mean_us"] * row["load_backs"] / row["load_back_tokens"]
-                                                 if row["load_backs"] else None)
-            out[(host, row["page_size"])] = got
-    return out
-
-
-def before_round(before: Path, pages: list[int], clock: str) -> tuple[dict, str]:
-    """One round of ``--before``'s tree (LRU, the order every checkout has): this script run
-    again in a subprocess with that checkout's code; per case, and where it imported from."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--emit-json", "--hicache-eviction-policy", "lru",
-           "--pages", *map(str, pages), "--clock", clock]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, _CODE_ENV: str(before)})
-    if proc.returncode:
-        raise RuntimeError(f"--before side failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-    data = json.loads(proc.stdout.strip().splitlines()[-1])
-    if Path(data["code"]) != before.resolve():
-        raise RuntimeError(f"--before side imported hicache from {data['code']}, not {before}")
-    return {(host, page): row for host, page, row in data["cases"]}, data["code"]
-
-
 def _median(rows: list[dict], key: str) -> float | None:
     vals = [r[key] for r in rows if r.get(key) is not None]
     return statistics.median(vals) if vals else None
@@ -236,7 +198,7 @@ def run_rounds(args: argparse.Namespace, cases: list) -> tuple[dict, dict, str |
             for case in cases:
                 args.before_rows[case].append(got[case])
         if args.anchor_python:
-            got = anchor_round(args.anchor_python, Path(args.anchor), args.pages, args.clock)
+            got = anchor_round(args.anchor_python, Path(args.anchor), args.pages, args.clock, MEAN_TURN_TOKENS)
             version = got.pop("sglang")
             for case in cases:
                 theirs[case].append(got[case])
