@@ -16,6 +16,10 @@ import threading
 import numpy as np
 import torch
 
+try:  # the free stack's compiled core (setup.py builds it; without it, the numpy code below)
+    from host_pools import _pages
+except ImportError:
+    _pages = None
 
 _FEW_PAGES = 64  # up to this many pages, range and repeat checks run on a Python list
 
@@ -93,6 +97,11 @@ class PageAllocator:
             top = self._top
             if num_pages > top:
                 return None
+            if _pages is not None:  # one pass in C: the same pages and generations
+                out = np.empty((2, num_pages), np.int64)
+                _pages.take(self._stack, top, self._owned, self._generation, out)
+                self._top = top - num_pages
+                return out[0], out[1]
             if top <= self._fresh and num_pages:  # never handed out yet: the next run, no reads
                 first = self.num_pages - top
                 self._top = top - num_pages
@@ -165,13 +174,19 @@ class PageAllocator:
             ValueError: a page that is not currently allocated (double free).
         """
         with self._lock:
-            if np.count_nonzero(self._owned[pages]) != pages.size:
+            top = self._top
+            if _pages is not None and pages.dtype == np.int64 and pages.flags.c_contiguous:
+                new_top = _pages.give(self._stack, top, self._owned, pages)  # -1: a page not allocated
+            else:
+                new_top = -1 if np.count_nonzero(self._owned[pages]) != pages.size else top + pages.size
+                if new_top >= 0:
+                    self._owned[pages] = False
+                    self._stack[top:new_top] = pages[::-1]
+            if new_top < 0:
                 bad = self._unowned(pages)[:4] * self.page_size
                 raise ValueError(f"pages: double free (or never allocated) of slots starting at {bad.tolist()}")
-            self._owned[pages] = False
-            self._stack[self._top:self._top + pages.size] = pages[::-1]
-            self._fresh = min(self._fresh, self._top)
-            self._top += pages.size
+            self._fresh = min(self._fresh, top)
+            self._top = new_top
         return int(pages.size * self.page_size)
 
     def is_owned(self, slots: torch.Tensor) -> bool:

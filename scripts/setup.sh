@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 STAMP=.venv/.hicache-setup
 if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ] && [ "$STAMP" -nt scripts/setup.sh ] \
-    && [ "$STAMP" -nt setup.py ] && [ "$STAMP" -nt hicache/_fastpath.c ]; then
+    && [ "$STAMP" -nt setup.py ] && [ "$STAMP" -nt hicache/_fastpath.c ] \
+    && [ "$STAMP" -nt host_pools/_pages.c ]; then
   exit 0
 fi
 START=$SECONDS
@@ -73,8 +74,9 @@ else
   fi
 fi
 # editable install without build isolation: needs setuptools >= 64 and wheel locally; it
-# compiles hicache._fastpath in place (optional: without a C compiler it is skipped)
-step "7/7 hicache: editable install (compiles the optional C module hicache._fastpath)"
+# compiles hicache._fastpath and host_pools._pages in place (optional: without a C compiler
+# they are skipped)
+step "7/7 hicache: editable install (compiles the optional C modules hicache._fastpath, host_pools._pages)"
 "$V" -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 64)" 2>/dev/null \
   || pipi "setuptools>=64"
 "$V" -c "import wheel" 2>/dev/null || pipi wheel
