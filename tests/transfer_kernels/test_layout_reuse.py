@@ -69,7 +69,7 @@ def _assert_same_static(got: Static, want: Static):
     for field in ("pairs", "has_rows", "wide"):
         assert getattr(got, field) == getattr(want, field), field
     assert [r() for r in got.tables] == [r() for r in want.tables]
-    for field in ("seg", "seg_job", "used", "per_pair", "kept", "row_bytes", "seg_align"):
+    for field in ("seg", "seg_job", "used", "seg_at", "row_bytes", "seg_align"):
         a, b = getattr(got, field), getattr(want, field)
         assert (a is None) == (b is None) and (a is None or np.array_equal(a, b)), field
 

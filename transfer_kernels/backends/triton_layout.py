@@ -24,6 +24,7 @@ scale buffer slows its launch, it is never split off into another one).
 from __future__ import annotations
 
 import weakref
+from itertools import accumulate
 from typing import NamedTuple
 
 import numpy as np
@@ -43,8 +44,7 @@ class Static(NamedTuple):
     seg: np.ndarray | None  # [segments, SEG_FIELDS]: fields 0-3 filled; 4-6 too if ``wide``
     seg_job: np.ndarray  # each segment's job
     used: np.ndarray  # jobs with segments, ascending
-    per_pair: np.ndarray  # segments of each pair whose job has rows
-    kept: np.ndarray | None  # per pair: its job has rows (``None``: every pair)
+    seg_at: np.ndarray  # per pair, and the end: segments before it (a cut's segment offset)
     row_bytes: np.ndarray  # per segment
     seg_align: np.ndarray  # per segment: the widest vector its addresses, stride and size allow
     wide: bool  # every segment takes 16-byte vectors: fields 4-6 hold them, for any cut
@@ -80,9 +80,9 @@ def layout(plan: CopyPlan, groups: LaunchGroups, max_programs: int, vpt: int,
     has_rows = tuple([j.num_rows > 0 for j in jobs])
     static = like if like is not None and like.fits(plan, pairs, has_rows) else \
         static_layout(plan, pairs, has_rows)
-    sizes = np.fromiter(map(len, groups), np.int64, len(groups))
+    cuts = np.fromiter(accumulate(map(len, groups), initial=0), np.int64, len(groups) + 1)
     rows = np.fromiter((j.num_rows for j in jobs), np.int64, len(jobs))
-    return static, sized_layout(static, sizes, rows, max_programs, vpt)
+    return static, sized_layout(static, cuts, rows, max_programs, vpt)
 
 
 def static_layout(plan: CopyPlan, pairs: list[tuple[int, int]], has_rows: tuple[bool, ...]) -> Static:
@@ -94,13 +94,12 @@ def static_layout(plan: CopyPlan, pairs: list[tuple[int, int]], has_rows: tuple[
     flat = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     job, layer = flat[:, 0], flat[:, 1]
     kept = np.asarray(has_rows, dtype=np.bool_)[job]
-    if kept.all():
-        kept = None
-    else:
-        job, layer = job[kept], layer[kept]
-    if not job.size:
+    if not kept.any():
         empty = np.empty(0, dtype=np.int64)
-        return Static(tables, pairs, has_rows, None, empty, empty, empty, kept, empty, empty, True)
+        return Static(tables, pairs, has_rows, None, empty, empty, empty, empty, empty, True)
+    seg_at = np.zeros(job.size + 1, dtype=np.int64)
+    if not kept.all():
+        job, layer = job[kept], layer[kept]
     used = np.flatnonzero(np.bincount(job, minlength=len(jobs)))  # jobs with segments
     src = np.concatenate([_side(jobs[j].src) for j in used])
     dst = np.concatenate([_side(jobs[j].dst) for j in used])
@@ -110,7 +109,9 @@ def static_layout(plan: CopyPlan, pairs: list[tuple[int, int]], has_rows: tuple[
     base = np.zeros(len(jobs), dtype=np.int64)
     base[used] = np.cumsum(nbuf[used] * nlay[used]) - nbuf[used] * nlay[used]
     per_pair = nbuf[job]
-    total = int(per_pair.sum())
+    seg_at[1:][kept] = per_pair  # a pair whose job has no rows has no segment
+    seg_at = seg_at.cumsum()
+    total = int(seg_at[-1])
     pair_first = np.cumsum(per_pair) - per_pair  # each pair's first segment
     order = np.repeat(base[job] + layer * per_pair - pair_first, per_pair) + np.arange(total)
     src, dst = src[order], dst[order]
@@ -120,38 +121,36 @@ def static_layout(plan: CopyPlan, pairs: list[tuple[int, int]], has_rows: tuple[
     wide = bool((seg_align == MAX_VECTOR_BYTES).all())
     if wide:  # every launch runs 16-byte vectors, wherever the groups are cut
         _vectors(seg, src[:, 2] // MAX_VECTOR_BYTES)
-    return Static(tables, pairs, has_rows, seg, np.repeat(job, per_pair), used, per_pair, kept,
+    return Static(tables, pairs, has_rows, seg, np.repeat(job, per_pair), used, seg_at,
                   src[:, 2], seg_align, wide)
 
 
-def sized_layout(static: Static, sizes: np.ndarray, rows: np.ndarray, max_programs: int,
+def sized_layout(static: Static, cuts: np.ndarray, rows: np.ndarray, max_programs: int,
                  vpt: int) -> Layout:
-    """The static layout cut into launches of ``sizes`` pairs each and completed with the
-    row counts: each launch's alignment and vectors per row, where each job's rows sit in
-    meta, vectors and items per segment, each launch's grid and program table."""
-    num_groups = sizes.size
+    """The static layout cut into launches (launch ``g``: pairs ``cuts[g]`` to
+    ``cuts[g + 1]``) and completed with the row counts: each launch's alignment and vectors
+    per row, where each job's rows sit in meta, vectors and items per segment, each
+    launch's grid and program table."""
+    num_groups = cuts.size - 1
     aligns = np.full(num_groups, MAX_VECTOR_BYTES, dtype=np.int64)
     if static.seg is None:
         zeros = (0,) * num_groups
         return Layout(None, (), (0,) * (num_groups + 1), zeros, zeros, tuple(aligns.tolist()))
-    group = np.repeat(np.arange(num_groups, dtype=np.int64), sizes)
-    if static.kept is not None:
-        group = group[static.kept]
-    bounds = np.zeros(num_groups + 1, dtype=np.int64)
-    bounds[1:] = np.cumsum(np.bincount(group, weights=static.per_pair, minlength=num_groups).astype(np.int64))
+    bounds = static.seg_at[cuts]
+    counts = bounds[1:] - bounds[:-1]  # segments per launch
     seg, used, seg_job = static.seg.copy(), static.used, static.seg_job
     if not static.wide:
-        live = np.flatnonzero(bounds[1:] > bounds[:-1])
+        live = np.flatnonzero(counts)
         aligns[live] = np.minimum.reduceat(static.seg_align, bounds[live])
         aligns[aligns == 2] = 1  # one kernel each for 16, 8, 4 and 1 bytes
-        _vectors(seg, static.row_bytes // np.repeat(aligns, np.diff(bounds)))
+        _vectors(seg, static.row_bytes // np.repeat(aligns, counts))
     n = rows[seg_job]
     seg[:, 9] = n * seg[:, 4]
     items = -(-seg[:, 9] // vpt)
     done = np.concatenate(([0], np.cumsum(items)))  # items before each segment (global)
     group_first = done[bounds[:-1]]
     per_group = done[bounds[1:]] - group_first
-    seg[:, 10] = done[:-1] - np.repeat(group_first, np.diff(bounds))
+    seg[:, 10] = done[:-1] - np.repeat(group_first, counts)
     seg[:, 11] = seg[:, 10] + items
     grids = np.minimum(max_programs, per_group)
     table, table_at = _program_tables(done, group_first, per_group, grids)
@@ -181,10 +180,11 @@ def _program_tables(done: np.ndarray, group_first: np.ndarray, per_group: np.nda
     table = np.empty(int(sizes.sum()), dtype=np.int64)
     g_of = np.repeat(np.arange(grids.size), grids)
     p = np.arange(g_of.size) - np.repeat(np.cumsum(grids) - grids, grids)  # within its launch
-    lo = p * per_group[g_of] // grids[g_of]  # each program's first item in its launch
+    its_grid, at = grids[g_of], table_at[g_of] + p  # per program: its launch's grid, its entry
+    lo = p * per_group[g_of] // its_grid  # each program's first item in its launch
     # segments' global item ends are strictly increasing: the first segment ending after lo
-    table[table_at[g_of] + p] = np.searchsorted(done[1:], group_first[g_of] + lo, side="right")
-    table[table_at[g_of] + grids[g_of] + p] = lo
+    table[at] = np.searchsorted(done[1:], group_first[g_of] + lo, side="right")
+    table[at + its_grid] = lo
     live = grids > 0
     table[table_at[live] + 2 * grids[live]] = per_group[live]
     return table, table_at
