@@ -36,8 +36,8 @@ BIG = HostBudget(1 << 40, None, 0, 1, 1 << 40)
 class _Recording(StagedBackend):
     """Keeps the last size class laid out: its plan, groups and prepared object."""
 
-    def lay_out(self, plan, groups, decided=None, keep=False):
-        prepared = super().lay_out(plan, groups, decided, keep)
+    def lay_out(self, plan, groups, decided=None, keep=False, like=None):
+        prepared = super().lay_out(plan, groups, decided, keep, like)
         self.last = (plan, groups, prepared)
         return prepared
 

@@ -44,10 +44,11 @@ class FaultyBackend(CopyBackend):
         return self.inner.decide_lanes(lanes)
 
     def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
-                keep: bool = False) -> Prepared:
+                keep: bool = False, like: Prepared | None = None) -> Prepared:
         """The inner backend's own preparation (the production launches), one of whose
         launches fails."""
-        return FaultyPrepared(self, self.inner.lay_out(plan, groups, decided, keep))
+        inner = like.inner if isinstance(like, FaultyPrepared) else None
+        return FaultyPrepared(self, self.inner.lay_out(plan, groups, decided, keep, inner))
 
 
 class FaultyPrepared(Prepared):
@@ -89,7 +90,7 @@ class NullBackend(CopyBackend):
     converts = True  # moves nothing, converting jobs included
 
     def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
-                keep: bool = False) -> Prepared:
+                keep: bool = False, like: Prepared | None = None) -> Prepared:
         """The groups that would launch (a job with rows in them); nothing else to build."""
         return NullPrepared(self, tuple(any(plan.jobs[j].num_rows for j, _ in g) for g in groups))
 

@@ -106,15 +106,16 @@ class AutoBackend(CopyBackend):
         return AutoLanes(self._assign(lanes))
 
     def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
-                keep: bool = False) -> Prepared:
+                keep: bool = False, like: Prepared | None = None) -> Prepared:
         """Each inner backend's preparation of its jobs' part of the groups; the whole
-        plan's when one backend takes every job (the usual load)."""
+        plan's when one backend takes every job (the usual load: ``like``, another class's
+        prepared object, is then that backend's and handed to it)."""
         assigned = decided.assignment if decided is not None else None
         if assigned is None:
             assigned = self._assign(plan)
         if len(assigned) == 1:
             (name, (_, sides)), = assigned.items()
-            prepared = self.inner[name].lay_out(plan, groups, sides if name == "dma" else None, keep)
+            prepared = self.inner[name].lay_out(plan, groups, sides if name == "dma" else None, keep, like)
             prepared.counters += (self,)
             return prepared
         sub_groups = _split_groups(groups, assigned)

@@ -136,14 +136,17 @@ class CopyBackend(ABC):
         return None
 
     def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
-                keep: bool = False) -> Prepared:
+                keep: bool = False, like: Prepared | None = None) -> Prepared:
         """The prepared object of ``plan``'s size class (its row counts; ``plan`` is its
         first load), for ``groups``; built once per class by the route. The tables were
         checked when the route decided (``decided``: what :meth:`decide_lanes` returned;
         ``None``: decide from ``plan`` where needed). ``keep``: the route's loads all run on
         one stream (a controller's: one per direction), so the prepared object may keep
         its device buffers from load to load (indices written in place: one upload of the
-        rows, the launchers bound once); else each load gets fresh ones.
+        rows, the launchers bound once); else each load gets fresh ones. ``like``: another
+        size class's prepared object of the same route (`Route.prepare`), whose size-free
+        parts the new one may share where they fit (the triton layout's static part);
+        ``None``, or a backend that shares nothing, builds everything.
 
         The default is the generic preparation: each launch hands its group's (job, layer)
         pairs to :meth:`_execute_group`.

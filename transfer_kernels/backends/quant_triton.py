@@ -88,7 +88,7 @@ class TritonQuantBackend(CopyBackend):
                                  f"triton quant kernel (read through UVA)")
 
     def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
-                keep: bool = False) -> Prepared:
+                keep: bool = False, like: Prepared | None = None) -> Prepared:
         """The size class's launches and segment tables: a load only gathers and uploads
         its rows."""
         return QuantPrepared(self, build_layout(plan, groups, self.grid_cap(plan.device)), plan, keep)

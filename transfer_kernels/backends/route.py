@@ -10,7 +10,9 @@ constructed, or by a backend for the tables of a checked ``copy_rows`` call — 
 * owns ONE cache: per *size class* (the row counts of a load, and whatever else its
   caller keys by), one `Prepared` built on the class's first load (`prepare`: layouts,
   staging, launch groups); every later load of the class finds it (``prepared[key]``)
-  and only binds its rows (`Prepared.start`).
+  and only binds its rows (`Prepared.start`). A new class may share what does not
+  depend on its size with the newest class already there (`prepare`: the triton layout's
+  static part), through that class's prepared object: still one cache.
 
 The route keeps its tables through weak references unless ``hold``: a cache of routes
 never keeps a pool alive. A held route is a controller's: it owns its tables anyway, and
@@ -81,13 +83,16 @@ class Route:
     def prepare(self, key: Hashable, plan: CopyPlan, groups: LaunchGroups, tag: Any = None) -> Prepared:
         """Build the size class ``key``'s prepared object from ``plan`` (its first load: the
         lanes with its rows) and ``groups``, and keep it (``prepared[key]`` from now on;
-        the oldest class goes beyond `CACHE_SIZE`).
+        the oldest class goes beyond `CACHE_SIZE`). The newest class's prepared object is
+        offered to the backend (`CopyBackend.lay_out`'s ``like``): what does not depend on
+        the size class is shared with it where it fits, not built again.
 
         Args:
             tag: kept on the prepared object for its caller (e.g. its groups' model-layer
                 bounds).
         """
-        got = self.backend.lay_out(plan, groups, self.decided, self._held is not None)
+        like = next(reversed(self._by_class.values()), None)  # the newest class, offered
+        got = self.backend.lay_out(plan, groups, self.decided, self._held is not None, like)
         got.tag = tag
         self.built += 1
         if len(self._by_class) >= CACHE_SIZE:

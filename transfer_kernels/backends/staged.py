@@ -157,7 +157,7 @@ class StagedBackend(CopyBackend):
         return [self.stages(job, plan) for job in plan.jobs]
 
     def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
-                keep: bool = False) -> Prepared:
+                keep: bool = False, like: Prepared | None = None) -> Prepared:
         """A size class's staging: every staged job's chunks and regions in the rings, the
         fixed fields of every piece, and the kernel's preparation over the staging tables
         (module docstring). Nothing is copied until a group launches.
@@ -165,6 +165,8 @@ class StagedBackend(CopyBackend):
         Args:
             decided: per job, the side to stage (``None``: straight to the kernel), as
                 :meth:`decide_lanes` (or ``"auto"``) decided; by default :meth:`sides`.
+            like: another class's prepared object: its kernel preparation is offered to
+                the kernel's (which shares what fits: staging tables are the class's own).
         """
         self.built += 1
         jobs = plan.jobs
@@ -189,8 +191,9 @@ class StagedBackend(CopyBackend):
                 kernel_jobs[j] = (PlannedJob(staging, job.dst, local, job.dst_rows, job.layers) if h2d
                                   else PlannedJob(job.src, staging, job.src_rows, local, job.layers))
             plan = plan.subset(kernel_jobs)
-        return StagedPrepared(self, self.dma, tuple(rings), swaps, self.kernel.lay_out(plan, groups, None, keep),
-                              tuple(stages))
+        inner = self.kernel.lay_out(plan, groups, None, keep,
+                                    like.inner if isinstance(like, StagedPrepared) else None)
+        return StagedPrepared(self, self.dma, tuple(rings), swaps, inner, tuple(stages))
 
     def _stage_jobs(self, plan: CopyPlan, groups: LaunchGroups,
                     sides: Sequence[str | None]) -> list[StagedJob]:

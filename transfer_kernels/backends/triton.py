@@ -7,7 +7,8 @@ pointer (checked when hicache pins a reservation). A plan on CPU tensors runs th
 kernel under the Triton interpreter, whether or not the machine has a GPU.
 
 A size class's preparation builds the layout of every launch group at once
-(``triton_layout``: segment table with the views' addresses, program tables); a load packs
+(``triton_layout``: segment table with the views' addresses, program tables), from the
+static part of another class's layout of its route where that fits; a load packs
 it with every job's row indices into one int64 buffer and moves that to the device in one
 copy on the launching stream; each launch then reads its program table in that buffer.
 Nothing the kernel reads is uploaded elsewhere (no per-table descriptor to order against
@@ -23,7 +24,7 @@ from transfer_kernels import tuning
 from transfer_kernels.backends.base import CopyBackend, all_pairs
 from transfer_kernels.backends.launches import Launches, Prepared
 from transfer_kernels.backends.quant_triton import TritonQuantBackend
-from transfer_kernels.backends.triton_layout import Layout, layout
+from transfer_kernels.backends.triton_layout import Layout, Static, layout
 from transfer_kernels.cuda import runtime
 from transfer_kernels.cuda.abi import MAGIC_BITS
 from transfer_kernels.rows import CopyPlan, LaunchGroups
@@ -98,13 +99,15 @@ class TritonBackend(CopyBackend):
         return None if self._last is None else self._last[0].launch_args(self._last[1])
 
     def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
-                keep: bool = False) -> Prepared:
+                keep: bool = False, like: Prepared | None = None) -> Prepared:
         """The size class's layout: every group's segments and program tables at once
-        (converting jobs: the fused quant kernel, `quant_triton`)."""
+        (converting jobs: the fused quant kernel, `quant_triton`); its static part is
+        ``like``'s where it fits (`triton_layout.Static.fits`), else built now."""
         if plan.has_quant:
             return self._lay_out_split(plan, groups, keep)
-        lay = layout(plan, groups, self.grid_cap(plan.device), self.vpt)
-        return TritonPrepared(self, lay, plan.device, keep)
+        static = like.static if isinstance(like, TritonPrepared) else None
+        static, lay = layout(plan, groups, self.grid_cap(plan.device), self.vpt, static)
+        return TritonPrepared(self, lay, plan.device, keep, static)
 
     def _make_quant_backend(self, device: torch.device) -> CopyBackend:
         """The fused quantize/dequantize kernel, interpreted on a CPU plan like this one."""
@@ -143,14 +146,17 @@ class LaunchSet(NamedTuple):
 
 
 class TritonPrepared(Prepared):
-    """A size class's layout (segments with the views' addresses, program tables); a load
-    uploads it with its rows in one copy on the launching stream. With ``keep`` (a route
-    whose loads run on one stream) the first load's ``meta`` buffer and its launches are
-    kept: a later load writes only its rows into it (one copy, stream-ordered after the
-    previous load's launches) and launches through the same bound launcher."""
+    """A size class's layout (segments with the views' addresses, program tables) and its
+    static part (the next class of the route may take it); a load uploads the layout with
+    its rows in one copy on the launching stream. With ``keep`` (a route whose loads run
+    on one stream) the first load's ``meta`` buffer and its launches are kept: a later
+    load writes only its rows into it (one copy, stream-ordered after the previous load's
+    launches) and launches through the same bound launcher."""
 
-    def __init__(self, backend: TritonBackend, lay: Layout, device: torch.device, keep: bool = False) -> None:
+    def __init__(self, backend: TritonBackend, lay: Layout, device: torch.device, keep: bool = False,
+                 static: Static | None = None) -> None:
         self.backend, self.layout, self.device, self.keep = backend, lay, device, keep
+        self.static = static
         self.counters = (backend,)
         self._kept: TritonLaunches | None = None  # keep: the launches over the kept meta
 
