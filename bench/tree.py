@@ -74,6 +74,7 @@ from bench.tree_sides import CODE_ENV, anchor_round, before_round  # noqa: E402
 if os.environ.get(CODE_ENV):
     sys.path.insert(0, os.environ[CODE_ENV])
 
+import hicache  # noqa: E402
 from hicache import HiCacheConfig, build  # noqa: E402
 
 try:
@@ -183,27 +184,29 @@ KEYS = ("mtokens_per_s", "mtokens_per_s_same_work", "match_us", "insert_us", "po
         "load_back_us_per_token")
 
 
-def run_rounds(args: argparse.Namespace, cases: list) -> tuple[dict, dict, str | None]:
-    """``args.rounds`` rounds: every case of ours under every eviction policy, then (with an
-    anchor interpreter) SGLang's. Ours are keyed (policy, case), SGLang's by case."""
+def run_rounds(args: argparse.Namespace, cases: list) -> tuple[dict, dict, dict, str | None]:
+    """``args.rounds`` rounds: every case of ours under every eviction policy, then (with
+    ``--before``) the other checkout's and (with an anchor interpreter) SGLang's. Ours are
+    keyed (policy, case), the other sides' by case."""
     convs = conversations()
     ours: dict = {(p, c): [] for p in args.policies for c in cases}
     theirs: dict = {c: [] for c in cases}
+    befores: dict = {c: [] for c in cases}
     version = None
     for r in range(args.rounds):
         for policy, case in ours:
             ours[policy, case].append(one_pass(convs, case[1], case[0] == "host", policy, args.clock))
         if args.before:
-            got, _ = before_round(args.before, args.pages, args.clock)
+            got = before_round(args.before, args.pages, args.clock)
             for case in cases:
-                args.before_rows[case].append(got[case])
+                befores[case].append(got[case])
         if args.anchor_python:
             got = anchor_round(args.anchor_python, Path(args.anchor), args.pages, args.clock, MEAN_TURN_TOKENS)
             version = got.pop("sglang")
             for case in cases:
                 theirs[case].append(got[case])
         print(f"round {r + 1}/{args.rounds} done", flush=True)
-    return ours, theirs, version
+    return ours, theirs, befores, version
 
 
 def summary_row(case: tuple, ours: list[dict], theirs: list[dict], policy: str = "lru",
@@ -245,7 +248,7 @@ def report(rows: list[dict], args: argparse.Namespace, version: str | None) -> N
               "counting": "tokens of each turn's sequence once per turn / (match + insert time)",
               "rounds": args.rounds, "alternating": bool(args.anchor_python), "sglang": version,
               "malloc_env": _MALLOC_ENV, "torch_threads": 1, "clock": args.clock,
-              "before": args.before_label}
+              "before": _checkout_label(args.before)}
     harness.write_json(Path(args.out), rows, config, torch.device("cpu"))
     cols = ["eviction_policy", "host_tier", "page_size", "mtokens_per_s", "match_us", "insert_us", "poll_step_us",
             "evict_us", "load_back_us_per_token"]
@@ -268,6 +271,14 @@ def report(rows: list[dict], args: argparse.Namespace, version: str | None) -> N
     print(f"CPU ({args.clock} clock), bookkeeping only, tokens counted once per turn, medians of {args.rounds} round(s)"
           f"{f', alternating with SGLang {version}' if version else ' (no SGLang side: --anchor-python)'}"
           f" -> {args.out}")
+
+
+def _checkout_label(path: Path | None) -> str | None:
+    """``--before``'s checkout as the JSON names it: its path and commit."""
+    if path is None:
+        return None
+    head = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return f"{path} ({head.stdout.strip() or 'not a git checkout'}), lru"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -300,19 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     cases = [c for c in CASES if c[1] in args.pages]
     if args.emit_json:  # one round of this checkout's side, as JSON (``before_round`` reads it)
-        import hicache
         convs = conversations()
         got = [[c[0], c[1], one_pass(convs, c[1], c[0] == "host", args.policies[0], args.clock)] for c in cases]
         print(json.dumps({"code": str(Path(hicache.__file__).resolve().parents[1]), "cases": got}))
         return 0
-    args.before_rows = {c: [] for c in cases}
-    args.before_label = None
-    if args.before is not None:
-        head = subprocess.run(["git", "-C", str(args.before), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True)
-        args.before_label = f"{args.before} ({head.stdout.strip() or 'not a git checkout'}), lru"
-    ours, theirs, version = run_rounds(args, cases)
-    report([summary_row(c, ours[p, c], theirs[c], p, args.before_rows[c])
+    ours, theirs, befores, version = run_rounds(args, cases)
+    report([summary_row(c, ours[p, c], theirs[c], p, befores[c])
             for p in args.policies for c in cases], args, version)
     return 0
 

@@ -39,9 +39,10 @@ def anchor_round(python: str, anchor: Path, pages: list[int], clock: str, mean_t
     return out
 
 
-def before_round(before: Path, pages: list[int], clock: str) -> tuple[dict, str]:
-    """One round of ``--before``'s tree (LRU, the order every checkout has): this script run
-    again in a subprocess with that checkout's code; per case, and where it imported from."""
+def before_round(before: Path, pages: list[int], clock: str) -> dict:
+    """One round of ``--before``'s tree (LRU, the order every checkout has): `bench/tree.py`
+    run again in a subprocess with that checkout's code (checked: it imported from there),
+    per case."""
     cmd = [sys.executable, str(HERE / "tree.py"), "--emit-json", "--hicache-eviction-policy", "lru",
            "--pages", *map(str, pages), "--clock", clock]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
@@ -51,4 +52,4 @@ def before_round(before: Path, pages: list[int], clock: str) -> tuple[dict, str]
     data = json.loads(proc.stdout.strip().splitlines()[-1])
     if Path(data["code"]) != before.resolve():
         raise RuntimeError(f"--before side imported hicache from {data['code']}, not {before}")
-    return {(host, page): row for host, page, row in data["cases"]}, data["code"]
+    return {(host, page): row for host, page, row in data["cases"]}
