@@ -115,10 +115,7 @@ class CopyPlan:
     @property
     def has_quant(self) -> bool:
         """True when a job converts (quantizes or dequantizes, `codec`)."""
-        for j in self.jobs:  # job_mode is not None: exactly one side coded
-            if (j.src.codec is None) != (j.dst.codec is None):
-                return True
-        return False
+        return any(j.mode is not None for j in self.jobs)
 
     def subset(self, jobs: Iterable[PlannedJob]) -> CopyPlan:
         """A plan over some of this plan's (already validated) jobs, on the same device."""
