@@ -70,7 +70,8 @@ def replay(write_policy: str, ratio: float, storage_dir=None, eviction: str = "l
     stack = stack_from_flags("deepseek-v4-flash", 1)
     storage = {} if storage_dir is None else {
         "storage_backend": "file", "storage_dir": str(storage_dir), "storage_capacity_gb": 1.0,
-        "storage_model_id": "test"}
+        "storage_model_id": "test",
+        "storage_prefetch_policy": "wait_complete"}  # no prefetch cut short by a loaded machine
     config = HiCacheConfig(hicache_ratio=ratio, write_policy=write_policy, io_backend="torch",
                            eviction_policy=eviction, **storage)
     cache = build(stack, 8192, config, device="cpu", budget=BIG)
