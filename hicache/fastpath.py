@@ -1,9 +1,10 @@
 """Hot-path slot checks of the radix tree and the controller's edge, compiled when
 `hicache._fastpath` is built.
 
-Three operations on numpy arrays, each one pass in C (one call instead of several numpy
-calls of about a microsecond each) or, when the extension is absent (no C compiler at
-install time, another Python), the numpy code below, which gives the same answers:
+Operations on numpy arrays and the tree's nodes, each one pass in C (one call instead
+of several numpy calls of about a microsecond each) or, when the extension is absent (no
+C compiler at install time, another Python), the numpy code below, which gives the same
+answers:
 
     same_bytes(a, b)        equal lengths and bytes (arrays or bytes)
     fresh_pages(...)        the pages of a caller's slots past the cached prefix when they
