@@ -460,7 +460,49 @@ static PyObject *rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* put(dst, index, values) -> None: dst[index[i]] = values[i] (int64 arrays; every index
+ * range-checked first: nothing changes on error). The controller's host stamps at an ack. */
+static PyObject *put(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "put(dst, index, values)");
+        return NULL;
+    }
+    Py_buffer d, ix, v;
+    if (get_buf(args[0], &d, 8, 1, "dst") < 0)
+        return NULL;
+    if (get_buf(args[1], &ix, 8, 0, "index") < 0) {
+        PyBuffer_Release(&d);
+        return NULL;
+    }
+    if (get_buf(args[2], &v, 8, 0, "values") < 0) {
+        PyBuffer_Release(&ix);
+        PyBuffer_Release(&d);
+        return NULL;
+    }
+    Py_ssize_t n = ix.len / 8, size = d.len / 8;
+    const int64_t *idx = (const int64_t *)ix.buf, *val = (const int64_t *)v.buf;
+    int ok = v.len == ix.len;
+    for (Py_ssize_t i = 0; ok && i < n; i++)
+        ok = idx[i] >= 0 && idx[i] < size;
+    if (ok) {
+        int64_t *out = (int64_t *)d.buf;
+        for (Py_ssize_t i = 0; i < n; i++)
+            out[idx[i]] = val[i];
+    }
+    PyBuffer_Release(&v);
+    PyBuffer_Release(&ix);
+    PyBuffer_Release(&d);
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "put: %zd indices (each in [0, %zd)) for %zd values", n, size, v.len / 8);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"put", (PyCFunction)(void (*)(void))put, METH_FASTCALL,
+     "put(dst, index, values): dst[index[i]] = values[i] (int64, every index range-checked first)."},
     {"rows", (PyCFunction)(void (*)(void))rows, METH_FASTCALL,
      "rows(slots, tokens_per_row, out): out[i] = slots[i * tokens_per_row] // tokens_per_row."},
     {"touch", (PyCFunction)(void (*)(void))touch, METH_FASTCALL,

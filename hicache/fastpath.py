@@ -19,6 +19,7 @@ answers:
     gather(nodes, k, out)   the device slots of the first k nodes, one after another, into
                             out (an int64 array of exactly their length)
     rows(slots, tpr, out)   out = slots[::tpr] // tpr of a 1-D int64 contiguous CPU tensor
+    put(dst, index, values) dst[index] = values (int64 arrays, indices in range)
 
 ``COMPILED`` says which one runs.
 """
@@ -116,9 +117,16 @@ def _rows(slots, tokens_per_row: int, out: np.ndarray) -> None:
     out[:] = rows
 
 
+def _put(dst: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:
+    if index.size != values.size or (index.size and (index.min() < 0 or index.max() >= dst.size)):
+        raise ValueError(f"put: {index.size} indices (each in [0, {dst.size})) for {values.size} values")
+    dst[index] = values
+
+
 same_bytes = _c.same_bytes if _c is not None else _same_bytes
 walk = _c.walk if _c is not None else _walk
 hold = _c.hold if _c is not None else _hold
 touch = _c.touch if _c is not None else _touch
 gather = _c.gather if _c is not None else _gather
 rows = _c.rows if _c is not None else _rows
+put = _c.put if _c is not None else _put

@@ -79,10 +79,8 @@ class PageAllocator:
         if num_slots < 0 or num_slots % self.page_size:
             raise ValueError(f"num_slots: must be a non-negative multiple of page_size={self.page_size}, "
                              f"got {num_slots}")
-        got = self.alloc_pages(num_slots // self.page_size)
-        if got is None:
-            return None
-        return torch.from_numpy(self._pages_to_slots(got[0], ascending=True))
+        got = self.alloc_page_slots(num_slots // self.page_size)
+        return None if got is None else torch.from_numpy(got[2])
 
     def alloc_pages(self, num_pages: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Take ``num_pages`` whole pages (ascending) for a holder that keeps page records.
@@ -141,6 +139,26 @@ class PageAllocator:
             gens = self._generation[pages] + 1  # the pages are distinct: one gather, one scatter
             self._generation[pages] = gens
             return pages, gens
+
+    def alloc_page_slots(self, num_pages: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """`alloc_pages` and the pages' slots (`page_slots` of them) in one call: for a
+        holder that keeps page records and hands out slots (the controller's destinations).
+
+        Returns:
+            ``(pages, generations, slots)``, or ``None`` when fewer pages are free (nothing changes).
+        """
+        ps = self.page_size
+        if _pages is None or ps == 1:  # a page is a slot: the pages are the slots
+            got = self.alloc_pages(num_pages)
+            return None if got is None else (*got, self._pages_to_slots(got[0], ascending=True))
+        with self._lock:  # `alloc_pages`'s compiled take, the slots written in the same pass
+            top = self._top
+            if num_pages > top:
+                return None
+            out, slots = np.empty((2, num_pages), np.int64), np.empty(num_pages * ps, np.int64)
+            _pages.take(self._stack, top, self._owned, self._generation, out, slots, ps)
+            self._top = top - num_pages
+            return out[0], out[1], slots
 
     def page_slots(self, pages: np.ndarray, ascending: bool = False) -> np.ndarray:
         """The slots of ``pages`` (page numbers, e.g. from `alloc_pages` or `pages_of`), in

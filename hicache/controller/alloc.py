@@ -124,7 +124,7 @@ def _alloc_one(allocators: Mapping[str, PageAllocator], src: Mapping[str, torch.
         for name, wanted in src.items():
             alloc = allocators[name]
             count, rest = divmod(wanted.numel(), alloc.page_size)
-            got = None if rest else alloc.alloc_pages(count)
+            got = None if rest else alloc.alloc_page_slots(count)
             if got is None:
                 free_all(taken, lambda n, g: allocators[n].free_pages(g[0]))
                 taken.clear()  # given back: the handler below must not free them again
@@ -132,8 +132,8 @@ def _alloc_one(allocators: Mapping[str, PageAllocator], src: Mapping[str, torch.
                     raise ValueError(f"{label(0, name)}: {wanted.numel()} slots are not whole "
                                      f"{tier} pages of {alloc.page_size}")
                 return None
-            taken[name] = got
-            slots[name] = torch.from_numpy(alloc.page_slots(got[0], ascending=True))
+            taken[name] = got[:2]
+            slots[name] = torch.from_numpy(got[2])
     except BaseException:  # an allocator raised: give back what the others handed out
         free_all(taken, lambda n, g: allocators[n].free_pages(g[0]))
         raise

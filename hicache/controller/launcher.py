@@ -178,7 +178,7 @@ def batch_rows(pool_set: PoolSet, ops: Sequence[Op], src: Mapping[str, torch.Ten
         root, tpr = cls.root, cls.tokens_per_row
         s = _rows(src[root], tpr)
         if pages is not None and tpr == dst_pages[root]:  # a page is one row
-            d = torch.from_numpy(pages[root])
+            d = torch.from_numpy(pages[root][0])
         else:
             dst = (ops[0].dst if len(ops) == 1 else merge(ops, "dst")) if dst is None else dst
             d = _rows(dst[root], tpr)
@@ -201,13 +201,13 @@ def _rows(slots: torch.Tensor, tokens_per_row: int) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-def _dst_pages(ops: Sequence[Op], roots: Any, page_sizes: Mapping[str, int]) -> dict[str, np.ndarray] | None:
-    """Per root, the batch's destination pages op after op when every op keeps them
-    (allocated by the controller), else ``None``; refuses a page handed out to two ops of
-    the batch (``load_many``'s ops come from one allocator call: distinct)."""
+def _dst_pages(ops: Sequence[Op], roots: Any, page_sizes: Mapping[str, int]
+               ) -> Mapping[str, tuple[np.ndarray, Any]] | None:
+    """Per root, the batch's destination pages op after op (first of a pair) when every op
+    keeps them (allocated by the controller), else ``None``; refuses a page handed out to
+    two ops of the batch (``load_many``'s ops come from one allocator call: distinct)."""
     if len(ops) == 1:
-        stamps = ops[0].stamps
-        return None if stamps is None else {root: got[0] for root, got in stamps.items()}
+        return ops[0].stamps  # its (pages, generations) per root, or None
     if merged_once(ops) is not None:  # its merged slots: no concatenation
         return None
     if any(op.stamps is None for op in ops):
@@ -220,8 +220,8 @@ def _dst_pages(ops: Sequence[Op], roots: Any, page_sizes: Mapping[str, int]) -> 
     for op in ops:
         for root, got in op.stamps.items():
             parts[root].append(got[0])
-    pages = {root: np.concatenate(p) for root, p in parts.items()}
-    for root, p in pages.items():
+    pages = {root: (np.concatenate(p), None) for root, p in parts.items()}
+    for root, (p, _) in pages.items():
         s = np.sort(p)
         dup = np.flatnonzero(s[1:] == s[:-1])
         if dup.size:  # named by its first slot, as the slots' check names it

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
+from hicache import fastpath
 from hicache.controller.alloc import alloc_all, alloc_pages_many, free_all
 from hicache.controller.batch import MergedOps, Op, merge_slots
 from hicache.controller.edge import check_owned, check_pages, edge_slots, label
@@ -70,11 +71,10 @@ class Slots:
         if rest:
             raise ValueError(f"{label('device_indices', name)}: {anchor.numel()} slots are not whole "
                              f"host pages of {alloc.page_size}")
-        got = alloc.alloc_pages(count)
+        got = alloc.alloc_page_slots(count)
         if got is None:
             return None
-        dst = torch.from_numpy(alloc.page_slots(got[0], ascending=True))
-        return Op(-1, "d2h", {name: anchor}, {name: dst}, {name: got})
+        return Op(-1, "d2h", {name: anchor}, {name: torch.from_numpy(got[2])}, {name: got[:2]})
 
     def load(self, anchor: Any, extra: Mapping[str, Any] | None, trusted: bool) -> Op | None:
         """A load's op, its device slots taken (``None``: a device pool is short)."""
@@ -194,7 +194,7 @@ class Slots:
         """Acked backups: their host pages are loadable while still that allocation."""
         for op in ops:
             for name, (pages, gens) in op.stamps.items():
-                self._host_stamp[name][pages] = gens
+                fastpath.put(self._host_stamp[name], pages, gens)
 
     def give_back(self, ops: list[Op], direction: str) -> list[str]:
         """Free the destination slots of ``ops`` (all of them, even if a free raises).

@@ -6,8 +6,11 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Mapping
 
-from hicache.controller.batch import Ack, Batch
+from hicache.controller.batch import DIRECTIONS, Ack, Batch
 from host_pools.spec import Stack
+
+
+_KEPT_SIZES = 512  # op sizes whose volume `VolumeTable.of` keeps (a server moves a few sizes)
 
 
 class TransferStats:
@@ -16,19 +19,23 @@ class TransferStats:
 
     def __init__(self) -> None:
         self.ops = defaultdict(int)  # (direction, "ok"|"failed") -> operations
-        self.tokens = defaultdict(int)  # (direction, pool) -> tokens
-        self.bytes = defaultdict(int)  # (direction, pool) -> bytes, all layers
+        self.tokens = defaultdict(lambda: defaultdict(int))  # direction -> pool -> tokens
+        self.bytes = defaultdict(lambda: defaultdict(int))  # direction -> pool -> bytes, all layers
         self.rollbacks = defaultdict(int)  # direction -> batches rolled back
 
     def record(self, direction: str, ok: bool, tokens: Mapping[str, int], nbytes: Mapping[str, int],
                ops: int = 1) -> None:
         """Count ``ops`` operations (e.g. a whole batch) and, when ``ok``, their volume."""
-        self.ops[(direction, "ok" if ok else "failed")] += ops
-        if ok:
-            for name, n in tokens.items():
-                self.tokens[(direction, name)] += n
-            for name, n in nbytes.items():
-                self.bytes[(direction, name)] += n
+        if not ok:
+            self.ops[(direction, "failed")] += ops
+            return
+        self.ops[(direction, "ok")] += ops
+        counts = self.tokens[direction]
+        for name, n in tokens.items():
+            counts[name] += n
+        counts = self.bytes[direction]
+        for name, n in nbytes.items():
+            counts[name] += n
 
     def rollback(self, direction: str) -> None:
         """Count one batch of ``direction`` rolled back."""
@@ -42,8 +49,8 @@ class TransferStats:
                 "ops": self.ops[(direction, "ok")],
                 "failed_ops": self.ops[(direction, "failed")],
                 "rollbacks": self.rollbacks[direction],
-                "tokens": {p: n for (d, p), n in self.tokens.items() if d == direction},
-                "bytes": {p: n for (d, p), n in self.bytes.items() if d == direction},
+                "tokens": dict(self.tokens.get(direction, {})),
+                "bytes": dict(self.bytes.get(direction, {})),
             }
         return out
 
@@ -61,6 +68,22 @@ class VolumeTable:
             per_row = p.num_layers * p.row_bytes if p.has_data else None
             by_root.setdefault(stack.root_of(p.name).name, []).append((p.name, p.tokens_per_row, per_row))
         self.by_root = {root: tuple(pools) for root, pools in by_root.items()}
+        self._one: dict[tuple[str, int], tuple[dict[str, int], dict[str, int]]] = {}  # `of`'s, per (root, tokens)
+
+    def of(self, root: str, n: int) -> tuple[dict[str, int], dict[str, int]]:
+        """`volume` of ``n`` tokens of one root (an op of one pool, the tree's backups and
+        loads), as fresh dicts; the volumes of the last few hundred sizes are kept."""
+        got = self._one.get((root, n))
+        if got is None:
+            if len(self._one) >= _KEPT_SIZES:
+                self._one.clear()
+            got = self._one[root, n] = self.volume({root: n})
+        return dict(got[0]), dict(got[1])
+
+    def scaled(self, root: str, n: int, times: int) -> tuple[dict[str, int], dict[str, int]]:
+        """`volume` of ``times`` ops of ``n`` tokens of one root each."""
+        tokens, nbytes = self.volume({root: n})
+        return {k: v * times for k, v in tokens.items()}, {k: v * times for k, v in nbytes.items()}
 
     def volume(self, counts: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
         """Tokens per pool and bytes (all layers) per data pool for ``counts`` tokens per root."""
@@ -84,12 +107,22 @@ class BatchStats:
     def __init__(self, stack: Stack) -> None:
         self._counters = TransferStats()
         self._volume = VolumeTable(stack)
+        # acked ops of one root not counted yet, per direction: (root, tokens) -> ops;
+        # counted into the counters when they are read (`as_dict`), not at every ack
+        self._acked: dict[str, dict[tuple[str, int], int]] = {d: {} for d in DIRECTIONS}
 
     def acks(self, batch: Batch) -> list[Ack]:
         """The acks of a finished ``batch``, one per op in order; the batch is counted."""
         ok, direction, error = batch.error is None, batch.direction, batch.error
         if len(batch.ops) == 1:  # the common case (a tree step): one volume, counted as the batch's
             op = batch.ops[0]
+            if ok and len(op.src) == 1:  # one root (the tree's history alone): counted when read
+                for name, slots in op.src.items():
+                    key = (name, slots.numel())
+                tokens, nbytes = self._volume.of(*key)
+                acked = self._acked[direction]
+                acked[key] = acked.get(key, 0) + 1
+                return [_ack((op.op_id, direction, True, tokens, nbytes, None))]
             tokens, nbytes = self._volume.volume({name: slots.numel() for name, slots in op.src.items()})
             self._counters.record(direction, ok, tokens, nbytes)
             return [Ack(op.op_id, direction, ok, tokens, nbytes, error)]
@@ -115,5 +148,15 @@ class BatchStats:
         self._counters.rollback(direction)
 
     def as_dict(self) -> dict:
-        """The counters (`TransferStats.as_dict`)."""
+        """The counters (`TransferStats.as_dict`), the acks not counted yet counted first."""
+        for direction, acked in self._acked.items():
+            for (root, n), times in acked.items():
+                tokens, nbytes = self._volume.scaled(root, n, times)
+                self._counters.record(direction, True, tokens, nbytes, ops=times)
+            acked.clear()
         return self._counters.as_dict()
+
+
+def _ack(fields: tuple) -> Ack:
+    """``Ack(*fields)`` without the Python-level ``__new__`` of a named tuple (the step's hot path)."""
+    return tuple.__new__(Ack, fields)

@@ -159,11 +159,11 @@ class SlotLedger:
             RuntimeError: the slots do not cover exactly those nodes (nothing changed).
         """
         attr = tier.attr
-        takers = [n for n in chain if getattr(n, attr) is None]
-        if len(takers) == 1 and takers[0].num_tokens == slots.numel():  # the common case: no split
-            setattr(takers[0], attr, slots)
+        if len(chain) == 1 and getattr(chain[0], attr) is None and chain[0].num_tokens == slots.numel():
+            setattr(chain[0], attr, slots)  # the common case: one node, not split meanwhile
             self.index.changed()
-            return takers
+            return chain
+        takers = [n for n in chain if getattr(n, attr) is None]
         total = sum(n.num_tokens for n in takers)
         if total != slots.numel():
             raise RuntimeError(f"ack: {slots.numel()=} slots for {total=} tokens on {takers!r}")

@@ -63,7 +63,8 @@ def _counters(monkeypatch, cache, pools: tuple[str, ...]) -> Counter:
         monkeypatch.setattr(torch.cuda, name, counted(f"torch.cuda.{name}", lambda *_: None))
     for name in pools:
         alloc = cache.device_pools[name].allocator
-        monkeypatch.setattr(alloc, "alloc_pages", counted(f"alloc {name}", alloc.alloc_pages))
+        for method in ("alloc_pages", "alloc_page_slots"):  # many ops / one op
+            monkeypatch.setattr(alloc, method, counted(f"alloc {name}", getattr(alloc, method)))
     monkeypatch.setattr(batch_module, "merged_once", counted("merged once", batch_module.merged_once))
     return seen
 

@@ -62,6 +62,23 @@ def test_compiled_hold_and_same_bytes():
     assert fastpath.same_bytes(a[:0], np.empty(0, np.int64))
 
 
+@pytest.mark.parametrize("put", [fastpath.put, fastpath._put], ids=["compiled_or_fallback", "numpy"])
+def test_put_scatters_and_refuses_an_index_out_of_range_changing_nothing(put):
+    rng = np.random.default_rng(3)
+    dst = rng.integers(-2**62, 2**62, 32, dtype=np.int64)
+    want = dst.copy()
+    index, values = rng.permutation(32)[:9].astype(np.int64), rng.integers(-2**62, 2**62, 9, dtype=np.int64)
+    want[index] = values
+    put(dst, index, values)
+    assert dst.tobytes() == want.tobytes()
+    for bad_index, bad_values in (([3, 32], [1, 2]), ([-1], [1]), ([1, 2], [1])):
+        with pytest.raises(ValueError, match=r"put: \d+ indices \(each in \[0, 32\)\)"):
+            put(dst, np.array(bad_index, np.int64), np.array(bad_values, np.int64))
+        assert dst.tobytes() == want.tobytes()
+    put(dst, np.empty(0, np.int64), np.empty(0, np.int64))
+    assert dst.tobytes() == want.tobytes()
+
+
 @needs_compiled
 def test_compiled_touch_gather_and_rows_agree_with_numpy():
     from hicache.radix.node import TreeNode

@@ -48,6 +48,41 @@ def test_random_allocs_and_frees_match_the_numpy_code(monkeypatch, page_size, se
         assert _state(compiled) == _state(reference), step
 
 
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_pages_with_their_slots_match_the_numpy_code(monkeypatch, page_size):
+    rng = np.random.default_rng(page_size)
+    compiled, reference = PageAllocator(100 * page_size, page_size), PageAllocator(100 * page_size, page_size)
+    for step in range(200):
+        if rng.random() < 0.4 and compiled.used():  # free a random owned page on both
+            page = rng.choice(np.flatnonzero(compiled._owned))
+            compiled.free_pages(np.array([page]))
+            reference.free_pages(np.array([page]))
+            continue
+        n = int(rng.choice([0, 1, 3, 17, 101]))
+        got = compiled.alloc_page_slots(n)
+        monkeypatch.setattr(allocator_mod, "_pages", None)
+        want = reference.alloc_page_slots(n)
+        monkeypatch.undo()
+        assert (got is None) == (want is None), step
+        if want is not None:
+            for g, w in zip(got, want):
+                assert g.dtype == np.int64 and g.tobytes() == w.tobytes(), step
+            assert want[2].tobytes() == reference.page_slots(want[0]).tobytes()
+        assert _state(compiled) == _state(reference), step
+
+
+def test_take_refuses_slots_of_the_wrong_size_and_changes_nothing():
+    a = PageAllocator(8 * 4, 4)
+    before = _state(a)
+    with pytest.raises(ValueError, match=r"slots has 7 items for 2 pages of 4"):
+        allocator_mod._pages.take(a._stack, a._top, a._owned, a._generation, np.empty((2, 2), np.int64),
+                                  np.empty(7, np.int64), 4)
+    with pytest.raises(ValueError, match=r"page_size must be >= 1"):
+        allocator_mod._pages.take(a._stack, a._top, a._owned, a._generation, np.empty((2, 2), np.int64),
+                                  np.empty(8, np.int64), 0)
+    assert _state(a) == before
+
+
 def test_a_double_free_names_the_slots_and_changes_nothing():
     a = PageAllocator(8 * 4, 4)
     pages, _ = a.alloc_pages(3)

@@ -151,6 +151,34 @@ def test_three_writes_merge_into_one_launch(gen):
     ctrl.check_integrity()
 
 
+def test_the_counters_equal_the_acks_of_single_pool_single_op_batches_mixed_and_failed(gen):
+    # A batch of one op of one pool (the tree's step) is counted when the counters are
+    # read, the others at their ack: the totals are the acks' either way, read any time.
+    counting = FaultyBackend("copy_engine", fail_on_launch=3)  # the 3rd batch fails
+    cache = make("dsv4", backend=counting, device_pages=16)
+    ctrl = cache.controller
+    fill_random(cache, gen)
+    acks = []
+    for kv, extra in [(alloc_device(cache, 1, 0)[0], {}), (alloc_device(cache, 2, 0)[0], {}),
+                      (alloc_device(cache, 1, 0)[0], {}), alloc_device(cache, 1), (alloc_device(cache, 1, 0)[0], {})]:
+        assert ctrl.write(kv, extra or None) is not None
+        ctrl.start_writing()
+        acks += ctrl.poll()
+        if len(acks) == 2:
+            ctrl.stats()  # a read in between counts what was acked so far, once
+    assert [a.success for a in acks] == [True, True, False, True, True]
+    stats = ctrl.stats()["d2h"]
+    assert (stats["ops"], stats["failed_ops"]) == (4, 1)
+    ok = [a for a in acks if a.success]
+    pools = {p for a in ok for p in a.tokens}
+    assert pools >= {"kv", "swa", "c4_kv"}
+    assert stats["tokens"] == {p: sum(a.tokens.get(p, 0) for a in ok) for p in pools}
+    assert stats["bytes"] == {p: sum(a.bytes.get(p, 0) for a in ok) for p in {p for a in ok for p in a.bytes}}
+    assert ctrl.stats()["d2h"] == stats  # read again: nothing counted twice
+    acks[0].tokens["kv"] = -1  # an ack's dicts are its own
+    assert acks[1].tokens["kv"] == 512 and ctrl.stats()["d2h"] == stats
+
+
 def test_transfers_are_keyed_by_pool_and_source():
     cache = make("dsv4")
     dev = {"kv": torch.arange(512), "swa": torch.arange(128)}

@@ -104,7 +104,8 @@ def test_an_allocator_that_raises_gives_back_what_the_others_took(gen, monkeypat
     reqs, _ = _stored(cache, gen, ops=2)
     before = allocator_state(cache)
     alloc = cache.device_pools["swa"].allocator
-    monkeypatch.setattr(alloc, "alloc_pages", lambda n: (_ for _ in ()).throw(Boom("swa is down")))
+    for method in ("alloc_pages", "alloc_page_slots"):  # one op takes its pages and slots in one call
+        monkeypatch.setattr(alloc, method, lambda n: (_ for _ in ()).throw(Boom("swa is down")))
     with pytest.raises(Boom):  # kv was taken first: given back
         ctrl.load_many(reqs) if many else ctrl.load(*reqs[0])
     assert allocator_state(cache) == before and ctrl.pending() == 0
