@@ -200,13 +200,38 @@ static PyObject *hold(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyObject *s_end, *s_children, *s_key, *s_device, *s_last_access, *s_hit_count, *s_data_ptr, *s_numel, *one;
 
+/* torch.Tensor (the type named "Tensor" first seen here) and its data_ptr and numel
+ * methods, looked up once: a call of the method itself skips the lookup on each tensor
+ * (its type, then its instance dict), a third of a gather's cost per node. */
+static PyTypeObject *tensor_type;
+static PyObject *tensor_data_ptr, *tensor_numel;
+
+static void learn_tensor_type(PyObject *t)
+{
+    PyTypeObject *type = Py_TYPE(t);
+    if (tensor_type != NULL || strcmp(type->tp_name, "Tensor") != 0)
+        return;
+    PyObject *ptr = PyObject_GetAttr((PyObject *)type, s_data_ptr);
+    PyObject *num = ptr == NULL ? NULL : PyObject_GetAttr((PyObject *)type, s_numel);
+    if (num == NULL) {  /* not this type after all: keep asking each tensor */
+        Py_XDECREF(ptr);
+        PyErr_Clear();
+        return;
+    }
+    Py_INCREF(type);
+    tensor_type = type, tensor_data_ptr = ptr, tensor_numel = num;
+}
+
 /* The data pointer and element count of a tensor (``data_ptr()``, ``numel()``); -1 on error. */
 static int tensor_span(PyObject *t, const char **data, Py_ssize_t *n)
 {
-    PyObject *ptr = PyObject_CallMethodNoArgs(t, s_data_ptr);
+    if (tensor_type == NULL)
+        learn_tensor_type(t);
+    int known = Py_TYPE(t) == tensor_type;
+    PyObject *ptr = known ? PyObject_CallOneArg(tensor_data_ptr, t) : PyObject_CallMethodNoArgs(t, s_data_ptr);
     if (ptr == NULL)
         return -1;
-    PyObject *num = PyObject_CallMethodNoArgs(t, s_numel);
+    PyObject *num = known ? PyObject_CallOneArg(tensor_numel, t) : PyObject_CallMethodNoArgs(t, s_numel);
     if (num == NULL) {
         Py_DECREF(ptr);
         return -1;

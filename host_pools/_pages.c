@@ -31,27 +31,27 @@ static int cmp_int64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* take(stack, top, owned, generation, out[, slots, page_size]) -> None
+/* take(stack, top, owned, generation, out[, page_size]) -> None
  *
- * The len(out[0]) pages on top of ``stack`` (``top`` entries live; the top one first),
- * ascending, into out[0]; each marked allocated in ``owned`` (bool) and its allocation
- * generation raised by one in ``generation``, the new values into out[1]. ``out`` is an
- * int64 [2, n] array. With ``slots`` (int64, n * page_size) the pages' token slots too,
+ * The n pages on top of ``stack`` (``top`` entries live; the top one first), ascending,
+ * into out[0:n]; each marked allocated in ``owned`` (bool) and its allocation generation
+ * raised by one in ``generation``, the new values into out[n:2n]. ``out`` is int64: 2n
+ * items, or with ``page_size`` n * (2 + page_size), the pages' token slots following,
  * page after page (page p: p * page_size ... p * page_size + page_size - 1). The caller
  * checked n <= top and lowers its top by n.
  */
 static PyObject *take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5 && nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "take(stack, top, owned, generation, out[, slots, page_size])");
+    if (nargs != 5 && nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "take(stack, top, owned, generation, out[, page_size])");
         return NULL;
     }
     Py_ssize_t top = PyLong_AsSsize_t(args[1]);
     if (top == -1 && PyErr_Occurred())
         return NULL;
     Py_ssize_t page_size = 0;
-    if (nargs == 7) {
-        page_size = PyLong_AsSsize_t(args[6]);
+    if (nargs == 6) {
+        page_size = PyLong_AsSsize_t(args[5]);
         if (page_size == -1 && PyErr_Occurred())
             return NULL;
         if (page_size < 1) {
@@ -59,7 +59,7 @@ static PyObject *take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
     }
-    Py_buffer stack, owned, gen, out, sl = {0};
+    Py_buffer stack, owned, gen, out;
     if (get_buf(args[0], &stack, 8, 0, "stack") < 0)
         return NULL;
     if (get_buf(args[2], &owned, 1, 1, "owned") < 0)
@@ -68,16 +68,11 @@ static PyObject *take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto fail_owned;
     if (get_buf(args[4], &out, 8, 1, "out") < 0)
         goto fail_gen;
-    if (page_size && get_buf(args[5], &sl, 8, 1, "slots") < 0)
-        goto fail_out;
-    Py_ssize_t n = out.len / 16, num_pages = owned.len;
-    if (out.len % 16 || top < n || top > stack.len / 8 || gen.len / 8 != num_pages) {
-        PyErr_Format(PyExc_ValueError, "take: %zd pages from a stack of %zd (top %zd) over %zd pages",
-                     n, stack.len / 8, top, num_pages);
-        goto fail;
-    }
-    if (page_size && sl.len / 8 != n * page_size) {
-        PyErr_Format(PyExc_ValueError, "take: slots has %zd items for %zd pages of %zd", sl.len / 8, n, page_size);
+    Py_ssize_t per_page = 8 * (2 + page_size);
+    Py_ssize_t n = out.len / per_page, num_pages = owned.len;
+    if (out.len % per_page || top < n || top > stack.len / 8 || gen.len / 8 != num_pages) {
+        PyErr_Format(PyExc_ValueError, "take: out of %zd items is not %zd pages of %zd items from a stack of %zd "
+                     "(top %zd) over %zd pages", out.len / 8, n, per_page / 8, stack.len / 8, top, num_pages);
         goto fail;
     }
     const int64_t *st = (const int64_t *)stack.buf;
@@ -100,14 +95,11 @@ static PyObject *take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         own[pages[i]] = 1;
         gens[i] = ++g[pages[i]];
     }
-    if (page_size) {
-        int64_t *s = (int64_t *)sl.buf;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            int64_t first = pages[i] * page_size;
-            for (Py_ssize_t j = 0; j < page_size; j++)
-                *s++ = first + j;
-        }
-        PyBuffer_Release(&sl);
+    int64_t *slot = pages + 2 * n;
+    for (Py_ssize_t i = 0; page_size && i < n; i++) {
+        int64_t first = pages[i] * page_size;
+        for (Py_ssize_t j = 0; j < page_size; j++)
+            *slot++ = first + j;
     }
     PyBuffer_Release(&out);
     PyBuffer_Release(&gen);
@@ -115,9 +107,6 @@ static PyObject *take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyBuffer_Release(&stack);
     Py_RETURN_NONE;
 fail:
-    if (page_size)
-        PyBuffer_Release(&sl);
-fail_out:
     PyBuffer_Release(&out);
 fail_gen:
     PyBuffer_Release(&gen);
@@ -189,7 +178,7 @@ static PyObject *give(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef methods[] = {
     {"take", (PyCFunction)(void (*)(void))take, METH_FASTCALL,
-     "take(stack, top, owned, generation, out[, slots, page_size]): the top pages, ascending, their new "
+     "take(stack, top, owned, generation, out[, page_size]): the top pages, ascending, their new "
      "generations and, asked, their slots."},
     {"give", (PyCFunction)(void (*)(void))give, METH_FASTCALL,
      "give(stack, top, owned, pages) -> new top, or -1 when a page is not allocated (nothing changed)."},

@@ -155,10 +155,10 @@ class PageAllocator:
             top = self._top
             if num_pages > top:
                 return None
-            out, slots = np.empty((2, num_pages), np.int64), np.empty(num_pages * ps, np.int64)
-            _pages.take(self._stack, top, self._owned, self._generation, out, slots, ps)
+            out = np.empty(num_pages * (2 + ps), np.int64)  # pages, generations, slots
+            _pages.take(self._stack, top, self._owned, self._generation, out, ps)
             self._top = top - num_pages
-            return out[0], out[1], slots
+            return out[:num_pages], out[num_pages:2 * num_pages], out[2 * num_pages:]
 
     def page_slots(self, pages: np.ndarray, ascending: bool = False) -> np.ndarray:
         """The slots of ``pages`` (page numbers, e.g. from `alloc_pages` or `pages_of`), in

@@ -71,15 +71,13 @@ def test_pages_with_their_slots_match_the_numpy_code(monkeypatch, page_size):
         assert _state(compiled) == _state(reference), step
 
 
-def test_take_refuses_slots_of_the_wrong_size_and_changes_nothing():
+def test_take_refuses_an_output_of_the_wrong_size_and_changes_nothing():
     a = PageAllocator(8 * 4, 4)
     before = _state(a)
-    with pytest.raises(ValueError, match=r"slots has 7 items for 2 pages of 4"):
-        allocator_mod._pages.take(a._stack, a._top, a._owned, a._generation, np.empty((2, 2), np.int64),
-                                  np.empty(7, np.int64), 4)
+    with pytest.raises(ValueError, match=r"take: out of 13 items is not 2 pages of 6 items"):
+        allocator_mod._pages.take(a._stack, a._top, a._owned, a._generation, np.empty(13, np.int64), 4)
     with pytest.raises(ValueError, match=r"page_size must be >= 1"):
-        allocator_mod._pages.take(a._stack, a._top, a._owned, a._generation, np.empty((2, 2), np.int64),
-                                  np.empty(8, np.int64), 0)
+        allocator_mod._pages.take(a._stack, a._top, a._owned, a._generation, np.empty(12, np.int64), 0)
     assert _state(a) == before
 
 
