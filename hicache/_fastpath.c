@@ -80,6 +80,7 @@ static PyObject *same_bytes(PyObject *self, PyObject *const *args, Py_ssize_t na
  * [0, len(owned)), are allocated (owned[p], bool) and -- for slots before free_from,
  * unless held is None -- held by nobody (held[p] == 0, int32). Returns the number of
  * pages, or -1 when any rule fails (the caller's slow path then names the broken rule).
+ * ``out`` None: the rules checked, no page written.
  */
 static PyObject *fresh_pages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -106,7 +107,8 @@ static PyObject *fresh_pages(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyBuffer_Release(&owned);
         return NULL;
     }
-    if (get_buf(args[6], &out, 8, 1, "out") < 0) {
+    int use_out = args[6] != Py_None;
+    if (use_out && get_buf(args[6], &out, 8, 1, "out") < 0) {
         PyBuffer_Release(&s);
         PyBuffer_Release(&owned);
         if (use_held)
@@ -116,8 +118,8 @@ static PyObject *fresh_pages(PyObject *self, PyObject *const *args, Py_ssize_t n
     const int64_t *slot = (const int64_t *)s.buf;
     const char *own = (const char *)owned.buf;
     const int32_t *hold = use_held ? (const int32_t *)held.buf : NULL;
-    int64_t *pages = (int64_t *)out.buf;
-    Py_ssize_t n = s.len / 8, num_pages = owned.len, out_len = out.len / 8;
+    int64_t *pages = use_out ? (int64_t *)out.buf : NULL;
+    Py_ssize_t n = s.len / 8, num_pages = owned.len, out_len = use_out ? out.len / 8 : PY_SSIZE_T_MAX;
     Py_ssize_t count = -1;
     if (!use_held)
         free_from = 0;
@@ -138,7 +140,8 @@ static PyObject *fresh_pages(PyObject *self, PyObject *const *args, Py_ssize_t n
                 j++;
             if (j < ps)
                 break;
-            pages[k] = p;
+            if (pages != NULL)
+                pages[k] = p;
             prev = p;
         }
         if (i >= n)
@@ -148,7 +151,8 @@ static PyObject *fresh_pages(PyObject *self, PyObject *const *args, Py_ssize_t n
     PyBuffer_Release(&owned);
     if (use_held)
         PyBuffer_Release(&held);
-    PyBuffer_Release(&out);
+    if (use_out)
+        PyBuffer_Release(&out);
     return PyLong_FromSsize_t(count);
 }
 

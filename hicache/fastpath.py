@@ -10,7 +10,8 @@ answers:
     fresh_pages(...)        the pages of a caller's slots past the cached prefix when they
                             are whole aligned pages, strictly ascending, in range,
                             allocated and (``held`` given) held by nobody; None otherwise
-                            (the caller's slow path then names the broken rule)
+                            (the caller's slow path then names the broken rule);
+                            ``are_fresh``: whether it would, no pages made
     hold(slots, ps, held, d)  held[page] += d for the pages of the tree's own slots
     walk(node, kb, pb)      the nodes below ``node`` matching the key bytes ``kb`` in full,
                             and the next node if it matches only in part
@@ -49,6 +50,14 @@ def fresh_pages(slots: np.ndarray, start: int, free_from: int, page_size: int,
         n = _c.fresh_pages(slots, start, free_from, page_size, owned, held, out)
         return out if n == out.size else None
     return _fresh_pages(slots, start, free_from, page_size, owned, held)
+
+
+def are_fresh(slots: np.ndarray, start: int, free_from: int, page_size: int,
+              owned: np.ndarray, held: np.ndarray | None) -> bool:
+    """Whether `fresh_pages` would return the pages (without making them)."""
+    if _c is not None:
+        return _c.fresh_pages(slots, start, free_from, page_size, owned, held, None) == (slots.size - start) // page_size
+    return _fresh_pages(slots, start, free_from, page_size, owned, held) is not None
 
 
 def _fresh_pages(slots: np.ndarray, start: int, free_from: int, page_size: int,

@@ -165,7 +165,10 @@ class Inserter:
         allocator = self.device_pool.allocator
         if fastpath.same_bytes(own, slots[:k]):  # the common case: the tree's own slots, valid by construction
             cand = []
-            pages = fastpath.fresh_pages(slots, k, stop, ps, allocator.owned_mask(), self.ledger.held)
+            owned, held = allocator.owned_mask(), self.ledger.held
+            if not plan.drop and fastpath.are_fresh(slots, k, stop, ps, owned, held):
+                return None  # the rest is fresh and nothing is dropped: nothing to free
+            pages = fastpath.fresh_pages(slots, k, stop, ps, owned, held)
             if pages is None:  # not the fast case: check the rest the long way (names what is wrong)
                 pages = allocated_pages(allocator, torch.from_numpy(slots[k:]), "device_slots")
                 self._refuse_held(pages[:(stop - k) // ps])

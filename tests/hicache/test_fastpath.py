@@ -41,6 +41,7 @@ def test_compiled_fresh_pages_agrees_with_numpy(page_size, data):
     compiled = fastpath.fresh_pages(slots, start, free_from, page_size, owned, held)
     numpy = fastpath._fresh_pages(slots, start, free_from, page_size, owned, held)
     assert (compiled is None) == (numpy is None)
+    assert fastpath.are_fresh(slots, start, free_from, page_size, owned, held) == (numpy is not None)
     if compiled is not None:
         assert compiled.tolist() == numpy.tolist()
 
