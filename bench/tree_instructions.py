@@ -109,8 +109,9 @@ def count(side: str, python: str, helper: Path, phase: str, page: int, policy: s
     if proc.returncode or not dumps:
         raise RuntimeError(f"{tag}: the counted run failed (exit {proc.returncode}): {proc.stderr[-1500:]}")
     ran = json.loads(proc.stdout.strip().splitlines()[-1])["code"]
-    if code is not None and Path(ran) != code:
-        raise RuntimeError(f"{tag}: imported hicache from {ran}, not {code}")
+    expected = code if code is not None else (ROOT if side == "ours" else None)
+    if expected is not None and Path(ran) != expected:
+        raise RuntimeError(f"{tag}: imported hicache from {ran}, not {expected}")
     return summary(dumps[0]) / (conversations * TURNS)
 
 
