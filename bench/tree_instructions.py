@@ -47,6 +47,7 @@ ROOT = HERE.parent
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from bench.tree_sides import CODE_ENV  # noqa: E402
 
 HELPER_SOURCE = HERE / "native" / "callgrind_toggle.c"
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="interpreter with SGLang 0.5.23 (default $SGLANG_PYTHON): count its side too")
     p.add_argument("--before", type=Path, default=None, help="another checkout: count its tree (LRU) too")
     p.add_argument("--jobs", type=int, default=2, help="counted runs at once (default 2)")
-    p.add_argument("--out", default=str(HERE / "results" / "local" / "tree_instructions_cpu.json"))
+    p.add_argument("--out", default=str(harness.RESULTS_DIR / "tree_instructions_cpu.json"))
     for hidden in ("--worker", "--phase", "--worker-policy", "--helper"):
         p.add_argument(hidden, help=argparse.SUPPRESS)
     p.add_argument("--page", type=int, help=argparse.SUPPRESS)
@@ -257,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         runs += [("before", sys.executable, args.before.resolve(), page, "lru") for page in args.pages]
     if args.anchor_python:
         runs += [("sglang", args.anchor_python, None, page, "lru") for page in args.pages]
-    with tempfile.TemporaryDirectory(prefix="hicache-callgrind-") as tmp:
+    harness.RESULTS_DIR.mkdir(parents=True, exist_ok=True)  # the dumps' scratch (removed), beside the results
+    with tempfile.TemporaryDirectory(prefix="callgrind-", dir=harness.RESULTS_DIR) as tmp:
         work = Path(tmp)
         try:
             helpers = {py: helper_for(py, work / "helper") for py in {r[1] for r in runs}}

@@ -88,7 +88,8 @@ def build_parser(command: str | None = None, *, every: bool = False) -> argparse
     return parser
 
 
-BENCHES = ("load_batch", "dma_plan", "h2d", "allocator", "controller", "tree", "replay", "storage", "triton_grid",
+BENCHES = ("load_batch", "dma_plan", "h2d", "allocator", "controller", "tree", "tree_instructions", "replay",
+           "storage", "triton_grid",
            "vllm_multiturn", "host_dtype_accuracy", "host_dtype_replay", "gpu_quick", "before_after")  # every runnable script of bench/ (a test keeps this list whole)
 BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
 
