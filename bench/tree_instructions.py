@@ -33,6 +33,7 @@ without them. Results: bench/results/local/tree_instructions_cpu.json (``--out``
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -72,7 +73,7 @@ def helper_for(python: str, build_dir: Path) -> Path:
         raise Unavailable("no C compiler (cc or gcc) to build bench/native/callgrind_toggle.c")
     include, suffix = subprocess.run([python, "-c", HELPER_BUILD], capture_output=True, text=True,
                                      check=True).stdout.split()
-    out = build_dir / f"{len(list(build_dir.glob('*'))) if build_dir.exists() else 0}"
+    out = build_dir / hashlib.sha1(f"{include}{suffix}".encode()).hexdigest()[:12]  # one per Python build
     target = out / f"callgrind_toggle{suffix}"
     if not target.exists():
         out.mkdir(parents=True, exist_ok=True)

@@ -96,10 +96,7 @@ class PageAllocator:
             if num_pages > top:
                 return None
             if _pages is not None:  # one pass in C: the same pages and generations
-                out = np.empty((2, num_pages), np.int64)
-                _pages.take(self._stack, top, self._owned, self._generation, out)
-                self._top = top - num_pages
-                return out[0], out[1]
+                return self._take(num_pages, 0)[:2]
             if top <= self._fresh and num_pages:  # never handed out yet: the next run, no reads
                 first = self.num_pages - top
                 self._top = top - num_pages
@@ -147,18 +144,21 @@ class PageAllocator:
         Returns:
             ``(pages, generations, slots)``, or ``None`` when fewer pages are free (nothing changes).
         """
-        ps = self.page_size
-        if _pages is None or ps == 1:  # a page is a slot: the pages are the slots
+        if _pages is None or self.page_size == 1:  # a page is a slot: the pages are the slots
             got = self.alloc_pages(num_pages)
             return None if got is None else (*got, self._pages_to_slots(got[0], ascending=True))
         with self._lock:  # `alloc_pages`'s compiled take, the slots written in the same pass
-            top = self._top
-            if num_pages > top:
-                return None
-            out = np.empty(num_pages * (2 + ps), np.int64)  # pages, generations, slots
-            _pages.take(self._stack, top, self._owned, self._generation, out, ps)
-            self._top = top - num_pages
-            return out[:num_pages], out[num_pages:2 * num_pages], out[2 * num_pages:]
+            return None if num_pages > self._top else self._take(num_pages, self.page_size)
+
+    def _take(self, num_pages: int, slots_of: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The compiled take of ``num_pages`` (at most the top; the lock held): (pages,
+        generations, their slots when ``slots_of`` is the page size, else empty), views of
+        one array."""
+        n, top = num_pages, self._top
+        out = np.empty(n * (2 + slots_of), np.int64)
+        _pages.take(self._stack, top, self._owned, self._generation, out, *((slots_of,) if slots_of else ()))
+        self._top = top - n
+        return out[:n], out[n:2 * n], out[2 * n:]
 
     def page_slots(self, pages: np.ndarray, ascending: bool = False) -> np.ndarray:
         """The slots of ``pages`` (page numbers, e.g. from `alloc_pages` or `pages_of`), in

@@ -117,8 +117,8 @@ class BatchStats:
         if len(batch.ops) == 1:  # the common case (a tree step): one volume, counted as the batch's
             op = batch.ops[0]
             if ok and len(op.src) == 1:  # one root (the tree's history alone): counted when read
-                for name, slots in op.src.items():
-                    key = (name, slots.numel())
+                (name, slots), = op.src.items()
+                key = (name, slots.numel())
                 tokens, nbytes = self._volume.of(*key)
                 acked = self._acked[direction]
                 acked[key] = acked.get(key, 0) + 1

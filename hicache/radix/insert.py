@@ -168,7 +168,7 @@ class Inserter:
             owned, held = allocator.owned_mask(), self.ledger.held
             if not plan.drop and fastpath.are_fresh(slots, k, stop, ps, owned, held):
                 return None  # the rest is fresh and nothing is dropped: nothing to free
-            pages = fastpath.fresh_pages(slots, k, stop, ps, owned, held)
+            pages = fastpath.fresh_pages(slots, k, stop, ps, owned, held) if plan.drop else None
             if pages is None:  # not the fast case: check the rest the long way (names what is wrong)
                 pages = allocated_pages(allocator, torch.from_numpy(slots[k:]), "device_slots")
                 self._refuse_held(pages[:(stop - k) // ps])
