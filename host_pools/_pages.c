@@ -14,7 +14,9 @@
 
 static int get_buf(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable, const char *what)
 {
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    /* no PyBUF_FORMAT: itemsize is set without it, and numpy then skips building a
+       format string at every call */
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, view, flags) < 0)
         return -1;
     if (view->itemsize != itemsize) {

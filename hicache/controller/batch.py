@@ -36,6 +36,9 @@ class Op:
     stamps: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
     # queued together by load_many/write_many: every op of the call's slots, merged once
     merged: MergedOps | None = None
+    # an op of one root pool made by the controller (the tree's backups): (root, tokens),
+    # its volume's key (`hicache.controller.stats.VolumeTable.of`); else None
+    one_root: tuple[str, int] | None = None
 
 
 class MergedOps(NamedTuple):

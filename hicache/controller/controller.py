@@ -125,7 +125,8 @@ class HybridCacheController:
                 pool, in range, not repeated, currently allocated on the device;
                 ``extra`` is ``None`` or a dict keyed by own-indexed pools other than the
                 anchor; at least one tensor is non-empty. A broken promise is undefined
-                behaviour (wrong rows copied, or an error at launch).
+                behaviour (wrong rows copied, or an error at launch). The dict returned
+                is then the op's own (not a copy): the caller leaves it unchanged.
         Returns:
             Host slots keyed by pool name, or ``None`` if any host pool is short (nothing
             is allocated or queued then). The op's id is ``last_op_id`` afterwards. The
@@ -140,7 +141,10 @@ class HybridCacheController:
         """
         self._check_open()
         op = self._slots.backup(device_indices, extra, trusted)
-        return None if op is None else self._queue.enqueue(op)
+        if op is None:
+            return None
+        dst = self._queue.enqueue(op)  # the op's own dict: a trusted caller leaves it unchanged
+        return dst if trusted else dict(dst)
 
     def load(self, host_indices: Any, extra: Mapping[str, Any] | None = None, *,
              trusted: bool = False) -> dict[str, torch.Tensor] | None:
@@ -165,7 +169,10 @@ class HybridCacheController:
         """
         self._check_open()
         op = self._slots.load(host_indices, extra, trusted)
-        return None if op is None else self._queue.enqueue(op)
+        if op is None:
+            return None
+        dst = self._queue.enqueue(op)
+        return dst if trusted else dict(dst)
 
     def load_many(self, requests: Sequence[tuple[Any, Mapping[str, Any] | None]], *,
                   trusted: bool = False) -> list[dict[str, torch.Tensor]] | None:
@@ -209,7 +216,10 @@ class HybridCacheController:
         requests = requests_of(requests)
         self._check_open()
         ops = self._slots.many(direction, requests, trusted)
-        return None if ops is None else [self._queue.enqueue(op) for op in ops]
+        if ops is None:
+            return None
+        got = [self._queue.enqueue(op) for op in ops]
+        return got if trusted else [dict(dst) for dst in got]
 
     def mark_host_written(self, host_indices: Any, extra: Mapping[str, Any] | None = None) -> None:
         """Declare host slots that were filled outside the controller loadable.
@@ -287,7 +297,8 @@ class HybridCacheController:
             elif batch.error is None and batch.direction == "d2h":
                 self._slots.stamp(batch.ops)
             acks.extend(self._stats.acks(batch))
-            self._launcher.recycle(batch)
+            if batch.event is not None:  # CUDA: its event serves a later batch
+                self._launcher.recycle(batch)
         return acks
 
     def rolled_back_ops(self) -> set[int]:

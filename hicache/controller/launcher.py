@@ -90,8 +90,13 @@ class Launcher:
         try:
             direction, ops = batch.direction, batch.ops
             planner = self._planners[direction]
-            src = ops[0].src if len(ops) == 1 else merge(ops, "src")
-            pool_set = planner.pool_sets[frozenset(src)]
+            if len(ops) == 1:
+                op = ops[0]
+                src, one = op.src, op.one_root
+                pool_set = planner.pool_sets[frozenset(src)] if one is None else planner.one_root[one[0]]
+            else:
+                src = merge(ops, "src")
+                pool_set = planner.pool_sets[frozenset(src)]
             if not pool_set.lanes:  # only pools without data (an anchor of sliding-window layers)
                 if direction == "h2d":
                     self._layer_done.record_all(batch.consumer)
@@ -172,7 +177,7 @@ def batch_rows(pool_set: PoolSet, ops: Sequence[Op], src: Mapping[str, torch.Ten
         ValueError: a destination page in two ops of the batch (freed and allocated again
             while queued); nothing is launched.
     """
-    pages = _dst_pages(ops, src.keys(), dst_pages)
+    pages = ops[0].stamps if len(ops) == 1 else _dst_pages(ops, src.keys(), dst_pages)
     src_rows, dst_rows, counts, dst = [], [], [], None
     for cls in pool_set.classes:
         root, tpr = cls.root, cls.tokens_per_row
@@ -203,11 +208,10 @@ def _rows(slots: torch.Tensor, tokens_per_row: int) -> torch.Tensor:
 
 def _dst_pages(ops: Sequence[Op], roots: Any, page_sizes: Mapping[str, int]
                ) -> Mapping[str, tuple[np.ndarray, Any]] | None:
-    """Per root, the batch's destination pages op after op (first of a pair) when every op
-    keeps them (allocated by the controller), else ``None``; refuses a page handed out to
-    two ops of the batch (``load_many``'s ops come from one allocator call: distinct)."""
-    if len(ops) == 1:
-        return ops[0].stamps  # its (pages, generations) per root, or None
+    """Per root, the pages of a batch of several ``ops`` op after op (first of a pair) when
+    every op keeps them (allocated by the controller), else ``None``; refuses a page handed
+    out to two ops of the batch (``load_many``'s ops come from one allocator call: distinct).
+    One op's are its ``stamps`` (`batch_rows` reads them itself)."""
     if merged_once(ops) is not None:  # its merged slots: no concatenation
         return None
     if any(op.stamps is None for op in ops):

@@ -81,7 +81,8 @@ class BatchPlanner:
         dst_pages: own-indexed pool -> page size of its destination tier's allocator.
         device: the device the copies execute on.
     Attributes (read-only): ``tables``, ``dst_pages`` and ``device`` as given; ``pool_sets``:
-        every pool set by the own-indexed pools a batch's ops name (all non-empty sets);
+        every pool set by the own-indexed pools a batch's ops name (all non-empty sets),
+        ``one_root`` the sets of one pool by its name;
         an own-indexed pool without data pools (a DeepSeek-V4 anchor whose layers are all
         sliding-window) adds nothing to its set, and a set of only such pools has no lanes.
     """
@@ -104,6 +105,8 @@ class BatchPlanner:
                 if frozenset(roots) not in by_roots:
                     by_roots[frozenset(roots)] = _pool_set(roots, order, self.tables, layers)
                 self.pool_sets[frozenset(names)] = by_roots[frozenset(roots)]
+        # the pool set of a batch of one op of one root pool (`Op.one_root`: the tree's step)
+        self.one_root = {name: self.pool_sets[frozenset((name,))] for name in own}
 
 
 def _pool_set(roots: tuple[str, ...], order: Mapping[str, Mapping[int, list[str]]],

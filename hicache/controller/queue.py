@@ -32,10 +32,10 @@ class OpQueue:
         self._inflight: dict[str, deque[Batch]] = {d: deque() for d in DIRECTIONS}
 
     def enqueue(self, op: Op) -> dict[str, torch.Tensor]:
-        """Number ``op`` and queue it; returns the caller's view of its destination slots."""
+        """Number ``op`` and queue it; returns its destination slots (the op's own dict)."""
         op.op_id = self.last_op_id = next(self._ids)
         self._queued[op.direction].append(op)
-        return dict(op.dst)
+        return op.dst
 
     def take(self, direction: str) -> list[Op]:
         """Every op queued in ``direction``, oldest first; the queue is left empty."""

@@ -74,7 +74,9 @@ class Slots:
         got = alloc.alloc_page_slots(count)
         if got is None:
             return None
-        return Op(-1, "d2h", {name: anchor}, {name: torch.from_numpy(got[2])}, {name: got[:2]})
+        # positional: a keyword costs this hot call a third more
+        return Op(-1, "d2h", {name: anchor}, {name: torch.from_numpy(got[2])}, {name: got[:2]}, None,
+                  (name, count * alloc.page_size))
 
     def load(self, anchor: Any, extra: Mapping[str, Any] | None, trusted: bool) -> Op | None:
         """A load's op, its device slots taken (``None``: a device pool is short)."""

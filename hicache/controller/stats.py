@@ -70,14 +70,15 @@ class VolumeTable:
         self.by_root = {root: tuple(pools) for root, pools in by_root.items()}
         self._one: dict[tuple[str, int], tuple[dict[str, int], dict[str, int]]] = {}  # `of`'s, per (root, tokens)
 
-    def of(self, root: str, n: int) -> tuple[dict[str, int], dict[str, int]]:
-        """`volume` of ``n`` tokens of one root (an op of one pool, the tree's backups and
-        loads), as fresh dicts; the volumes of the last few hundred sizes are kept."""
-        got = self._one.get((root, n))
+    def of(self, key: tuple[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+        """`volume` of ``key = (root, n)``: ``n`` tokens of one root (an op of one pool, the
+        tree's backups and loads), as fresh dicts; the volumes of the last few hundred
+        sizes are kept."""
+        got = self._one.get(key)
         if got is None:
             if len(self._one) >= _KEPT_SIZES:
                 self._one.clear()
-            got = self._one[root, n] = self.volume({root: n})
+            got = self._one[key] = self.volume({key[0]: key[1]})
         return dict(got[0]), dict(got[1])
 
     def scaled(self, root: str, n: int, times: int) -> tuple[dict[str, int], dict[str, int]]:
@@ -117,9 +118,11 @@ class BatchStats:
         if len(batch.ops) == 1:  # the common case (a tree step): one volume, counted as the batch's
             op = batch.ops[0]
             if ok and len(op.src) == 1:  # one root (the tree's history alone): counted when read
-                (name, slots), = op.src.items()
-                key = (name, slots.numel())
-                tokens, nbytes = self._volume.of(*key)
+                key = op.one_root
+                if key is None:
+                    (name, slots), = op.src.items()
+                    key = (name, slots.numel())
+                tokens, nbytes = self._volume.of(key)
                 acked = self._acked[direction]
                 acked[key] = acked.get(key, 0) + 1
                 return [_ack((op.op_id, direction, True, tokens, nbytes, None))]

@@ -222,13 +222,20 @@ class Transfers:
     # ---- acks ---------------------------------------------------------------------------
     def apply(self, acks: list[Ack]) -> None:
         """Apply every ack of this tree's ops, each on its own (module docstring)."""
+        pending = self.pending
         for ack in acks:
-            rec = self.pending.pop(ack.op_id, None)
+            rec = pending.pop(ack.op_id, None)
             if rec is not None:
                 self._apply(rec, ack)
 
     def _apply(self, rec: PendingOp, ack: Ack) -> None:
-        chain = _unfreeze(rec.node, ack.op_id)
+        node, op = rec.node, ack.op_id
+        parent = node.parent
+        if node.pending == op and (parent is None or parent.pending != op):  # a chain of one node
+            node.pending = None  # (not split meanwhile): `_unfreeze`'s answer without its loop
+            chain = [node]
+        else:
+            chain = _unfreeze(node, op)
         if rec.kind == "load":
             unlock(rec.node)
         if not ack.success:

@@ -64,6 +64,8 @@ class Ghosts:
 
     def take(self, node: TreeNode) -> Ghost | None:
         """The ghost of a node that joins the tree where one left (forgotten then), or None."""
+        if not self._ghosts:  # nothing has left the tree yet (or every ghost was taken): no key to make
+            return None
         ghost = self._ghosts.pop(self.key(node), None)
         if ghost is not None:
             self.tokens -= ghost.tokens

@@ -31,6 +31,9 @@ class Tiered(EvictionPolicy):
 
     def __init__(self, orders: dict[str, EvictionPolicy]) -> None:
         self.orders = dict(orders)
+        # the orders that hear of new nodes (a policy without a history ignores them): fixed here
+        self._on_created = tuple(o.created for o in self.orders.values()
+                                 if type(o).created is not EvictionPolicy.created)
 
     def entry(self, tier: str, node: TreeNode) -> tuple:
         return self.orders[tier].entry(tier, node)
@@ -39,8 +42,8 @@ class Tiered(EvictionPolicy):
         return self.orders[tier].victims(tier, nodes)
 
     def created(self, node: TreeNode) -> None:
-        for order in self.orders.values():
-            order.created(node)
+        for created in self._on_created:
+            created(node)
 
     def dropped(self, tier: str, node: TreeNode) -> None:
         self.orders[tier].dropped(tier, node)

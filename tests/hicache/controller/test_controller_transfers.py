@@ -166,3 +166,29 @@ def test_load_launches_one_per_group_without_per_layer_work(gen):
     before = null.launches
     _load(cache, host)
     assert null.launches - before == 1
+
+
+def test_caller_editing_the_returned_dict_changes_nothing_queued(gen):
+    # write / load / write_many hand a server a copy of the op's destination dict (a trusted
+    # caller gets the op's own): a server that clears or rebinds it before the launch
+    # changes nothing queued; the bytes still land byte-exact where the op said.
+    cache = make("dsv4", "page_first", "torch", device_pages=8)
+    ctrl = cache.controller
+    fill_random(cache, gen)
+    kv, extra = alloc_device(cache, pages=2)
+    expected = snapshot(cache, {"kv": kv, **extra})
+    host = ctrl.write(kv, extra)
+    kept = {k: v.clone() for k, v in host.items()}
+    host.clear()
+    many = ctrl.write_many([(kv, None)])
+    many[0]["kv"] = torch.empty(0, dtype=torch.int64)
+    ctrl.start_writing()
+    assert [a.success for a in ctrl.poll()] == [True, True]
+    fill_random(cache, gen)
+    dev = ctrl.load(kept["kv"], {"swa": kept["swa"]})
+    mine = dict(dev)
+    dev.pop("kv")
+    ctrl.start_loading()
+    assert [a.success for a in ctrl.poll()] == [True]
+    assert _equal(snapshot(cache, mine), expected)
+    ctrl.check_integrity()
