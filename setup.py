@@ -7,6 +7,6 @@ or Python headers), hicache installs without them and ``hicache.fastpath`` /
 """
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension(name, [src], extra_compile_args=["-O2"], optional=True)
+setup(ext_modules=[Extension(name, [src], extra_compile_args=["-O3"], optional=True)
                    for name, src in (("hicache._fastpath", "hicache/_fastpath.c"),
                                      ("host_pools._pages", "host_pools/_pages.c"))])

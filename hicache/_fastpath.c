@@ -130,6 +130,18 @@ static PyObject *fresh_pages(PyObject *self, PyObject *const *args, Py_ssize_t n
         pagediv div = make_pagediv(ps);
         int64_t prev = -1;
         Py_ssize_t i = start, k = 0;
+        if (ps == 1) { /* a page is a slot: nothing to align, no run to follow (p <= prev: p < 0 too) */
+            Py_ssize_t held_end = !use_held ? start : free_from < n ? free_from : n;
+            for (; i < n; i++) {
+                int64_t p = slot[i];
+                if (p <= prev || p >= num_pages || !own[p] || (i < held_end && hold[p]))
+                    break;
+                prev = p;
+            }
+            k = i - start;
+            if (pages != NULL && k > 0)
+                memcpy(pages, slot + start, (size_t)k * sizeof(int64_t));
+        }
         for (; i < n; i += ps, k++) {
             int64_t first = slot[i];
             if (first < 0 || !aligned(div, first))

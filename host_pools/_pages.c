@@ -81,15 +81,17 @@ static PyObject *take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int64_t *pages = (int64_t *)out.buf, *gens = pages + n, *g = (int64_t *)gen.buf;
     char *own = (char *)owned.buf;
     int sorted = 1;
+    int64_t prev = -1; /* pages are >= 0: the first one is above it */
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t p = st[top - 1 - i];
-        if (p < 0 || p >= num_pages) {
+        if ((uint64_t)p >= (uint64_t)num_pages) { /* negative ones wrap around: one compare */
             PyErr_Format(PyExc_ValueError, "take: page %lld on the stack is outside [0, %zd)", (long long)p,
                          num_pages);
             goto fail;
         }
         pages[i] = p;
-        sorted &= i == 0 || pages[i - 1] < p;
+        sorted &= prev < p;
+        prev = p;
     }
     if (!sorted)
         qsort(pages, (size_t)n, sizeof(int64_t), cmp_int64);

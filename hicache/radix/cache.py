@@ -159,7 +159,8 @@ class HiRadixCache:
         root = self._index.root
         last_dev = path[d] if d >= 0 else root
         last_host = path[e] if e >= 0 else root
-        return MatchResult(slots, last_dev, last_host.end - last_dev.end, last_host)
+        # tuple.__new__: the named tuple without its Python-level __new__ (every request's path)
+        return tuple.__new__(MatchResult, (slots, last_dev, last_host.end - last_dev.end, last_host))
 
     def insert(self, token_ids: Any, device_slots: Any,
                extra: Mapping[str, torch.Tensor] | None = None) -> InsertResult:

@@ -88,7 +88,7 @@ class Inserter:
         if partial is None and matched is not None and matched.size == (path[-1].end if path else 0):
             # the continued match reached the last node on the device, and nothing changed
             # since: every node is kept (what _plan_insert would find, without the loop)
-            plan = _Plan(path, matched.size, len(path), [], matched.size, False)
+            plan = tuple.__new__(_Plan, (path, matched.size, len(path), [], matched.size, False))  # no Python __new__
         else:
             plan = self._plan_insert(path, partial)
         to_free = self._insert_frees(plan, slots, matched, partial)  # raises before anything changes
@@ -106,7 +106,7 @@ class Inserter:
         index.clock += 1
         fastpath.touch(path, index.clock, True)  # touched (LRU) and counted (hit_count) in one pass
         self.transfers.backup_path(path)
-        return InsertResult(plan.keep, last)
+        return tuple.__new__(InsertResult, (plan.keep, last))  # the named tuple without its Python __new__
 
     def _attach_snapshot(self, node: TreeNode, snap: dict[str, torch.Tensor], complete: bool,
                          end: TreeNode | None) -> None:
