@@ -181,13 +181,12 @@ def batch_rows(pool_set: PoolSet, ops: Sequence[Op], src: Mapping[str, torch.Ten
     src_rows, dst_rows, counts, dst = [], [], [], None
     for cls in pool_set.classes:
         root, tpr = cls.root, cls.tokens_per_row
-        s = _rows(src[root], tpr)
+        s, n = _rows(src[root], tpr)
         if pages is not None and tpr == dst_pages[root]:  # a page is one row
             d = torch.from_numpy(pages[root][0])
         else:
             dst = (ops[0].dst if len(ops) == 1 else merge(ops, "dst")) if dst is None else dst
-            d = _rows(dst[root], tpr)
-        n = s.numel()
+            d = _rows(dst[root], tpr)[0]
         for _ in cls.jobs:
             src_rows.append(s)
             dst_rows.append(d)
@@ -195,15 +194,16 @@ def batch_rows(pool_set: PoolSet, ops: Sequence[Op], src: Mapping[str, torch.Ten
     return src_rows, dst_rows, tuple(counts)
 
 
-def _rows(slots: torch.Tensor, tokens_per_row: int) -> torch.Tensor:
+def _rows(slots: torch.Tensor, tokens_per_row: int) -> tuple[torch.Tensor, int]:
     """The rows of a pool whose row holds ``tokens_per_row`` tokens, for the slots of its
-    root (whole rows: checked or allocated by the controller). A token per row: the slots
-    themselves (an op's own tensor, read-only until its ack), no copy."""
+    root (whole rows: checked or allocated by the controller), and how many. A token per
+    row: the slots themselves (an op's own tensor, read-only until its ack), no copy."""
+    n = slots.numel() // tokens_per_row
     if tokens_per_row == 1:
-        return slots
-    out = np.empty(slots.numel() // tokens_per_row, np.int64)
+        return slots, n
+    out = np.empty(n, np.int64)
     fastpath.rows(slots if slots.is_contiguous() else slots.contiguous(), tokens_per_row, out)
-    return torch.from_numpy(out)
+    return torch.from_numpy(out), n
 
 
 def _dst_pages(ops: Sequence[Op], roots: Any, page_sizes: Mapping[str, int]

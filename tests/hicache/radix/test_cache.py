@@ -351,3 +351,30 @@ def test_the_tree_without_a_store_never_loads_the_storage_layer():
     code = ("import sys, hicache, hicache.radix; "
             "assert not [m for m in sys.modules if m.startswith('hicache.storage') or m == 'xxhash']")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def test_backup_acked_after_its_node_split_reaches_both_halves():
+    # A backup in flight on one node; an insert of a shorter branch splits that node before
+    # the ack: the ack's chain is then the two halves (both still pending on the op), and
+    # the host slots are dealt top-down, page for page. Without the split the chain is the
+    # node alone (the common case the ack publishes without walking up).
+    cache, tree = make(mha(1, 1, 8, page_size=4), device_pages=16)
+    ps, kv = 4, cache.device_pools["kv"]
+    a = seq(0, 3, ps)
+    tree.insert(a, kv.alloc(3 * ps))
+    (op,) = tree._transfers.pending
+    branch = np.concatenate([a[:ps], seq(500, 1, ps)])  # shares a's first page only
+    m = tree.match_prefix(branch)
+    tree.insert(branch, torch.cat((m.device_slots, kv.alloc(ps))))
+    upper = tree.match_prefix(a[:ps]).last_device_node
+    lower = tree.match_prefix(a).last_device_node
+    assert upper is not lower and upper.pending == op and lower.pending == op
+    host = tree._transfers.pending[op].dst["kv"].clone()
+    cache.controller.start_writing()
+    assert [ack.success for ack in tree.poll() if ack.op_id == op] == [True]
+    assert upper.pending is None and lower.pending is None
+    assert torch.equal(upper.host, host[:ps]) and torch.equal(lower.host, host[ps:])
+    tree.wait()
+    single = tree.match_prefix(branch).last_device_node
+    assert single.host is not None and single.pending is None
+    tree.check_integrity()
