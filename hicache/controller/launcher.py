@@ -90,13 +90,9 @@ class Launcher:
         try:
             direction, ops = batch.direction, batch.ops
             planner = self._planners[direction]
-            if len(ops) == 1:
-                op = ops[0]
-                src, one = op.src, op.one_root
-                pool_set = planner.pool_sets[frozenset(src)] if one is None else planner.one_root[one[0]]
-            else:
-                src = merge(ops, "src")
-                pool_set = planner.pool_sets[frozenset(src)]
+            src = ops[0].src if len(ops) == 1 else merge(ops, "src")
+            one = ops[0].one_root if len(ops) == 1 else None  # a tree backup: its pool set by name
+            pool_set = planner.pool_sets[frozenset(src)] if one is None else planner.one_root[one[0]]
             if not pool_set.lanes:  # only pools without data (an anchor of sliding-window layers)
                 if direction == "h2d":
                     self._layer_done.record_all(batch.consumer)
@@ -149,10 +145,9 @@ class Launcher:
         runtime.record(batch.event, self._streams[batch.direction])
 
     def recycle(self, batch: Batch) -> None:
-        """``batch`` was acked: its event (completed) serves a later batch."""
-        if batch.event is not None:
-            self._spare_events.append(batch.event)
-            batch.event = None
+        """``batch`` was acked and has an event (CUDA): the event (completed) serves a later batch."""
+        self._spare_events.append(batch.event)
+        batch.event = None
 
 
 def _route(backend: CopyBackend, pool_set: PoolSet, device: torch.device) -> Route | str:

@@ -222,20 +222,13 @@ class Transfers:
     # ---- acks ---------------------------------------------------------------------------
     def apply(self, acks: list[Ack]) -> None:
         """Apply every ack of this tree's ops, each on its own (module docstring)."""
-        pending = self.pending
         for ack in acks:
-            rec = pending.pop(ack.op_id, None)
+            rec = self.pending.pop(ack.op_id, None)
             if rec is not None:
                 self._apply(rec, ack)
 
     def _apply(self, rec: PendingOp, ack: Ack) -> None:
-        node, op = rec.node, ack.op_id
-        parent = node.parent
-        if node.pending == op and (parent is None or parent.pending != op):  # a chain of one node
-            node.pending = None  # (not split meanwhile): `_unfreeze`'s answer without its loop
-            chain = [node]
-        else:
-            chain = _unfreeze(node, op)
+        chain = _unfreeze(rec.node, ack.op_id)
         if rec.kind == "load":
             unlock(rec.node)
         if not ack.success:
@@ -319,6 +312,10 @@ def _host_chain(node: TreeNode) -> list[TreeNode]:
 
 def _unfreeze(node: TreeNode, op: int) -> list[TreeNode]:
     """The chain of op ``op`` (walking up while ``pending == op``), unfrozen, top-down."""
+    parent = node.parent
+    if node.pending == op and (parent is None or parent.pending != op):  # one node (not split
+        node.pending = None  # meanwhile), the common case: no walk
+        return [node]
     chain = []
     while node is not None and node.pending == op:
         node.pending = None
