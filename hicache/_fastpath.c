@@ -374,69 +374,113 @@ done:
 }
 
 
-/* walk(node, kb, page_bytes) -> (path, partial)
+/* The child of a node's ``children`` filed under the page at ``p`` (``pb`` bytes, at least
+ * 8), borrowed, or NULL (an error set, or none filed): the child filed under its first
+ * token, whose first page the caller compares, or the one of that page. The layout
+ * (hicache.radix.node): keyed by the bytes of the page's first token id; where children
+ * share a first token, that key holds a dict of them keyed by the bytes of their first page. */
+static PyObject *child_at(PyObject *children, const char *p, Py_ssize_t pb)
+{
+    PyObject *tok = PyBytes_FromStringAndSize(p, 8);
+    if (tok == NULL)
+        return NULL;
+    PyObject *found = PyDict_GetItemWithError(children, tok); /* borrowed */
+    Py_DECREF(tok);
+    if (found == NULL || !PyDict_CheckExact(found))
+        return found;
+    PyObject *page = PyBytes_FromStringAndSize(p, pb);
+    if (page == NULL)
+        return NULL;
+    found = PyDict_GetItemWithError(found, page);
+    Py_DECREF(page);
+    return found;
+}
+
+/* walk(node, key, page_bytes, hint) -> (path, partial)
  *
- * The radix walk of HiRadixCache below ``node``: ``kb`` is a whole key's bytes from the
- * root (int64 token ids), each node's ``children`` dict is keyed by the bytes of its
- * first page and its ``key`` holds its tokens' bytes. ``path`` lists the nodes matched in
- * full; ``partial`` is the next node when its key matches only in part (the caller finds
- * how much), else None.
+ * The radix walk of HiRadixCache below ``node``: ``key`` is a whole key from the root
+ * (int64 token ids: an int64 array or its bytes, whole pages), a node's ``children`` are
+ * filed as `child_at` reads them and its ``key`` holds its tokens' bytes. ``path`` lists
+ * the nodes matched in full; ``partial`` is the next node when its key matches only in
+ * part (the caller finds how much), else None. ``hint`` (a list or None) is an earlier
+ * walk's path from the same ``node`` in the tree as it stands: a hinted node whose key
+ * matches in full is taken without a lookup; from the first that does not, the walk
+ * looks up (a hint never changes the answer, only its cost).
  */
 static PyObject *walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !PyBytes_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "walk(node, kb: bytes, page_bytes)");
+    if (nargs != 4 || (args[3] != Py_None && !PyList_Check(args[3]))) {
+        PyErr_SetString(PyExc_TypeError, "walk(node, key, page_bytes, hint: list | None)");
         return NULL;
     }
-    const char *kb = PyBytes_AS_STRING(args[1]);
-    Py_ssize_t n = PyBytes_GET_SIZE(args[1]);
     Py_ssize_t pb = PyLong_AsSsize_t(args[2]);
     if (pb == -1 && PyErr_Occurred())
         return NULL;
-    if (pb < 1) {
-        PyErr_SetString(PyExc_ValueError, "page_bytes: must be >= 1");
+    if (pb < 8 || pb % 8) {
+        PyErr_SetString(PyExc_ValueError, "page_bytes: must be a positive multiple of 8");
         return NULL;
     }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[1], &view, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    const char *kb = (const char *)view.buf;
+    Py_ssize_t n = view.len, hinted = args[3] == Py_None ? 0 : PyList_GET_SIZE(args[3]);
+    PyObject *path = NULL, *children = NULL, *partial = Py_None, *out = NULL;
+    Py_INCREF(partial);
     PyObject *end = PyObject_GetAttr(args[0], s_end);
     if (end == NULL)
-        return NULL;
+        goto done;
     Py_ssize_t off = PyLong_AsSsize_t(end);
     Py_DECREF(end);
     if (off == -1 && PyErr_Occurred())
-        return NULL;
+        goto done;
     off *= 8;
-    PyObject *path = PyList_New(0);
-    PyObject *children = PyObject_GetAttr(args[0], s_children);
-    PyObject *partial = Py_None;
-    Py_INCREF(partial);
+    path = PyList_New(0);
+    children = PyObject_GetAttr(args[0], s_children);
     if (path == NULL || children == NULL)
-        goto fail;
-    while (off < n) {
+        goto done;
+    for (Py_ssize_t level = 0; off + 8 <= n; level++) {
         if (!PyDict_Check(children)) {
             PyErr_SetString(PyExc_TypeError, "walk: a node's children must be a dict");
-            goto fail;
+            goto done;
         }
-        PyObject *page = PyBytes_FromStringAndSize(kb + off, off + pb <= n ? pb : n - off);
-        if (page == NULL)
-            goto fail;
-        PyObject *child = PyDict_GetItemWithError(children, page); /* borrowed */
-        Py_DECREF(page);
+        /* the hinted node first (while the hint holds), else the lookup */
+        PyObject *child = level < hinted ? PyList_GET_ITEM(args[3], level) : NULL; /* borrowed */
+        Py_ssize_t m = 0;
+        int full = 0;
+        for (int tries = 0; tries < 2 && !full; tries++) {
+            if (child == NULL) {
+                hinted = 0;
+                child = child_at(children, kb + off, off + pb <= n ? pb : n - off);
+                if (child == NULL)
+                    break;
+            }
+            PyObject *ck = PyObject_GetAttr(child, s_key);
+            if (ck == NULL)
+                goto done;
+            if (!PyBytes_Check(ck)) {
+                Py_DECREF(ck);
+                PyErr_SetString(PyExc_TypeError, "walk: a node's key must be bytes");
+                goto done;
+            }
+            m = PyBytes_GET_SIZE(ck);
+            full = m > 0 && off + m <= n && memcmp(kb + off, PyBytes_AS_STRING(ck), (size_t)m) == 0;
+            if (!full && hinted == 0) {  /* looked up: a partial match if its first page matches */
+                Py_ssize_t page = pb < m ? pb : m;
+                if (off + page > n || memcmp(kb + off, PyBytes_AS_STRING(ck), (size_t)page) != 0)
+                    child = NULL;  /* only its first token: no child for this page */
+                Py_DECREF(ck);
+                break;
+            }
+            Py_DECREF(ck);
+            if (!full)
+                child = NULL;  /* the key leaves the hinted path here: look up */
+        }
         if (child == NULL) {
             if (PyErr_Occurred())
-                goto fail;
+                goto done;
             break;
         }
-        PyObject *ck = PyObject_GetAttr(child, s_key);
-        if (ck == NULL)
-            goto fail;
-        if (!PyBytes_Check(ck)) {
-            Py_DECREF(ck);
-            PyErr_SetString(PyExc_TypeError, "walk: a node's key must be bytes");
-            goto fail;
-        }
-        Py_ssize_t m = PyBytes_GET_SIZE(ck);
-        int full = off + m <= n && memcmp(kb + off, PyBytes_AS_STRING(ck), (size_t)m) == 0;
-        Py_DECREF(ck);
         if (!full) {
             Py_DECREF(partial);
             partial = child;
@@ -444,23 +488,19 @@ static PyObject *walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             break;
         }
         if (PyList_Append(path, child) < 0)
-            goto fail;
+            goto done;
         off += m;
-        Py_DECREF(children);
-        children = PyObject_GetAttr(child, s_children);
+        Py_SETREF(children, PyObject_GetAttr(child, s_children));
         if (children == NULL)
-            goto fail;
+            goto done;
     }
-    Py_XDECREF(children);
-    PyObject *out = PyTuple_Pack(2, path, partial);
-    Py_DECREF(path);
-    Py_DECREF(partial);
-    return out;
-fail:
+    out = PyTuple_Pack(2, path, partial);
+done:
     Py_XDECREF(path);
     Py_XDECREF(children);
     Py_DECREF(partial);
-    return NULL;
+    PyBuffer_Release(&view);
+    return out;
 }
 
 /* rows(slots, tokens_per_row, out) -> None
@@ -553,7 +593,7 @@ static PyMethodDef methods[] = {
     {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL,
      "gather(nodes, count, out): the device slots of the first count nodes, one after another, into out."},
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL,
-     "walk(node, kb, page_bytes) -> (fully matched nodes, partly matched node or None)."},
+     "walk(node, key, page_bytes, hint) -> (fully matched nodes, partly matched node or None)."},
     {"same_bytes", (PyCFunction)(void (*)(void))same_bytes, METH_FASTCALL,
      "same_bytes(a, b) -> bool: equal lengths and bytes of two C-contiguous buffers."},
     {"fresh_pages", (PyCFunction)(void (*)(void))fresh_pages, METH_FASTCALL,

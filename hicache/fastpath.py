@@ -13,8 +13,10 @@ answers:
                             (the caller's slow path then names the broken rule);
                             ``are_fresh``: whether it would, no pages made
     hold(slots, ps, held, d)  held[page] += d for the pages of the tree's own slots
-    walk(node, kb, pb)      the nodes below ``node`` matching the key bytes ``kb`` in full,
-                            and the next node if it matches only in part
+    walk(node, key, pb, hint)  the nodes below ``node`` matching the key (int64 ids or their
+                            bytes) in full, and the next node if it matches only in part;
+                            ``hint``: an earlier walk's path, taken without lookups while
+                            the key follows it
     touch(nodes, clock, hits)  last_access = clock (hit_count += 1 if hits) on each node of
                             a path; returns how many hold a device copy
     gather(nodes, k, out)   the device slots of the first k nodes, one after another, into
@@ -84,15 +86,26 @@ def _hold(slots: np.ndarray, page_size: int, held: np.ndarray, delta: int) -> No
     held[slots if page_size == 1 else slots[::page_size] // page_size] += delta
 
 
-def _walk(node, kb: bytes, page_bytes: int) -> tuple[list, object]:
+def _child_at(children: dict, page: bytes):
+    found = children.get(page[:8])
+    if type(found) is dict:
+        return found.get(page)
+    return found if found is not None and found.key[:len(page)] == page else None
+
+
+def _walk(node, key, page_bytes: int, hint: list | None) -> tuple[list, object]:
+    kb = key if type(key) is bytes else memoryview(key).cast("B").tobytes()
     off, path, n = node.end << 3, [], len(kb)
-    children = node.children
-    while off < n:
-        child = children.get(kb[off:off + page_bytes])
-        if child is None:
-            break
-        if not kb.startswith(child.key, off):  # a shorter or different key: a partial match
-            return path, child
+    children, hinted = node.children, len(hint) if hint is not None else 0
+    while off + 8 <= n:
+        child = hint[len(path)] if len(path) < hinted else None
+        if child is None or not child.key or not kb.startswith(child.key, off):
+            hinted = 0  # no hint (left): look up
+            child = _child_at(children, kb[off:off + page_bytes])
+            if child is None:
+                break
+            if not kb.startswith(child.key, off):  # a shorter or different key: a partial match
+                return path, child
         path.append(child)
         off += len(child.key)
         children = child.children

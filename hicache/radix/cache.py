@@ -154,8 +154,8 @@ class HiRadixCache:
             TypeError: ids that are not integers.
             ValueError: ``token_ids`` not 1-D, or an id outside int64.
         """
-        kb = as_key(token_ids, self.page_size, strict=False).tobytes()
-        path, d, e, slots = self._index.match(kb, self.hybrid)  # slots: the caller's
+        key = as_key(token_ids, self.page_size, strict=False)
+        path, d, e, slots = self._index.match(key, self.hybrid)  # slots: the caller's
         root = self._index.root
         last_dev = path[d] if d >= 0 else root
         last_host = path[e] if e >= 0 else root

@@ -22,6 +22,8 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from hicache.radix.node import child_nodes, find_child
+
 
 def _fail(msg: str) -> None:
     raise RuntimeError(f"check_integrity: {msg}")
@@ -29,17 +31,17 @@ def _fail(msg: str) -> None:
 
 def tree_nodes(tree) -> list:
     """Every node of ``tree`` but the root (depth first)."""
-    out, stack = [], list(tree.root.children.values())
+    out, stack = [], child_nodes(tree.root)
     while stack:
         node = stack.pop()
         out.append(node)
-        stack.extend(node.children.values())
+        stack.extend(child_nodes(node))
     return out
 
 
 def _check_structure(tree, node) -> None:
     ps, parent = tree.page_size, node.parent
-    if node.dead or parent.children.get(node.key[:ps * 8]) is not node:
+    if node.dead or find_child(parent, node.key[:ps * 8]) is not node:
         _fail(f"{node!r} is dead or not filed under its first page in its parent")
     if node.num_tokens == 0 or node.num_tokens % ps or node.end != parent.end + node.num_tokens:
         _fail(f"{node!r}: length not whole pages of {ps} or end != parent.end + length ({parent.end})")

@@ -28,7 +28,7 @@ from collections import Counter
 from typing import Protocol
 
 from hicache.radix.index import RadixIndex
-from hicache.radix.node import TreeNode
+from hicache.radix.node import TreeNode, child_nodes
 from hicache.radix.policies import LRU, EvictionPolicy, Victims
 from hicache.radix.tiers import SlotLedger, Tier
 
@@ -144,7 +144,7 @@ class Evictor:
         gone, stack = [], [node]
         while stack:
             cur = stack.pop()
-            stack.extend(cur.children.values())
+            stack.extend(child_nodes(cur))
             self.ledger.release(cur)
             cur.dead = True
             gone.append(cur)

@@ -6,11 +6,11 @@ It knows nodes and keys, never which slots they hold or where: the tiers
 bump the epoch when they do. A match keeps its walk so that the insert of the same
 tokens that follows continues it instead of walking again:
 
-    match_prefix(tokens)   walk, keep (key bytes, path, epoch, the device slots, their
-                           tensor version)
+    match_prefix(tokens)   walk, keep (path, epoch, the device slots, their tensor version)
     ... a split, a deletion, a copy dropped or published: epoch += 1 (the kept walk is stale)
-    insert(tokens, ...)    same epoch and the key extends the kept one: continue from its
-                           last node; otherwise walk again from the root
+    insert(tokens, ...)    walk again from the root, along the kept path without lookups
+                           while the key matches its nodes (same epoch); the kept slots
+                           are the insert's hint when the walk went through the whole path
 
 The slots a match returns are never a node's tensor: the path's device slots are
 gathered once into a fresh array (`hicache.fastpath.gather`: one copy, no torch call but
@@ -32,7 +32,7 @@ import torch
 
 from hicache import fastpath
 from hicache.radix.hybrid import select_match_end
-from hicache.radix.node import EMPTY_SLOTS, TreeNode, common_pages, new_root
+from hicache.radix.node import EMPTY_SLOTS, TreeNode, common_pages, file_child, new_root, unfile_child
 
 Partial = tuple[TreeNode, int]  # a node matched only in part, and its matched tokens
 _NO_SLOTS = np.empty(0, np.int64)  # the hint of a match with no device hit
@@ -53,45 +53,47 @@ class RadixIndex:
 
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
-        self.page_bytes = page_size * 8  # a child's dict key: its first page as int64 bytes
+        self.page_bytes = page_size * 8  # a page of int64 token ids, in bytes
         self.root = new_root()
         self.clock = 0
         self.epoch = 0
-        # the last match's (key bytes, path, epoch, device slots (numpy), the caller's tensor
-        # over them and its version, or -1)
+        # the last match's (path, epoch, device slots (numpy), the caller's tensor over them
+        # and its version, or -1)
         self._kept: tuple | None = None
 
     # ---- walks -------------------------------------------------------------------------
-    def walk(self, kb: bytes, node: TreeNode | None = None) -> tuple[list[TreeNode], Partial | None]:
+    def walk(self, key: np.ndarray | bytes, node: TreeNode | None = None) -> tuple[list[TreeNode], Partial | None]:
         """Fully matched nodes below ``node`` (default: the root), and the node matched only
-        partly with its matched tokens. ``kb`` is the whole key's bytes from the root."""
+        partly with its matched tokens. ``key`` is the whole key from the root (an int64
+        array or its bytes)."""
         node = self.root if node is None else node
-        path, child = fastpath.walk(node, kb, self.page_bytes)
-        return path, self._partly(kb, path[-1] if path else node, child)
+        path, child = fastpath.walk(node, key, self.page_bytes, None)
+        return path, self._partly(key, path[-1] if path else node, child)
 
     def walk_key(self, key: np.ndarray) -> tuple[list[TreeNode], Partial | None]:
-        """`walk` of an int64 key array."""
-        return self.walk(key.tobytes())
+        """`walk` of an int64 key array from the root."""
+        return self.walk(key)
 
-    def _partly(self, kb: bytes, above: TreeNode, child: TreeNode | None) -> Partial | None:
-        """``child`` (below ``above``, matching ``kb`` only in part) with its matched tokens."""
+    def _partly(self, key: np.ndarray | bytes, above: TreeNode, child: TreeNode | None) -> Partial | None:
+        """``child`` (below ``above``, matching ``key`` only in part) with its matched tokens."""
         if child is None:
             return None
         off = above.end << 3
-        return child, common_pages(child.key, kb[off:off + len(child.key)], self.page_size)
+        mine = memoryview(key).cast("B")[off:off + len(child.key)].tobytes()
+        return child, common_pages(child.key, mine, self.page_size)
 
-    def match(self, kb: bytes, hybrid: bool) -> tuple[list[TreeNode], int, int, torch.Tensor]:
-        """The walk of a match: splits a partly matched node (non-hybrid), touches the
-        matched nodes (LRU) and keeps the walk. Returns (path, index of the last device
-        node, index of the match end, the device slots of the path up to the last device
-        node: a tensor of the caller's, never the tree's); -1 is the root."""
-        path, child = fastpath.walk(self.root, kb, self.page_bytes)
+    def match(self, key: np.ndarray, hybrid: bool) -> tuple[list[TreeNode], int, int, torch.Tensor]:
+        """The walk of a match of the int64 ``key``: splits a partly matched node
+        (non-hybrid), touches the matched nodes (LRU) and keeps the walk. Returns (path,
+        index of the last device node, index of the match end, the device slots of the path
+        up to the last device node: a tensor of the caller's, never the tree's); -1 is the root."""
+        path, child = fastpath.walk(self.root, key, self.page_bytes, None)
         if hybrid:
             d, e = select_match_end(path, True)
             self.touch(path[:e + 1])
         else:
             if child is not None:
-                path.append(self.split(*self._partly(kb, path[-1] if path else self.root, child)))
+                path.append(self.split(*self._partly(key, path[-1] if path else self.root, child)))
             self.clock += 1
             e = len(path) - 1
             # touched (LRU) and counted in one pass; device nodes are closed under parent
@@ -100,35 +102,28 @@ class RadixIndex:
             hint = np.empty(path[d].end, np.int64)
             fastpath.gather(path, d + 1, hint)
             slots = torch.from_numpy(hint)
-            self._kept = (kb, path, self.epoch, hint, slots, slots._version)
+            self._kept = (path, self.epoch, hint, slots, slots._version)
         else:
             slots = EMPTY_SLOTS.new_empty(0)
-            self._kept = (kb, path, self.epoch, _NO_SLOTS, slots, -1)
+            self._kept = (path, self.epoch, _NO_SLOTS, slots, -1)
         return path, d, e, slots
 
-    def continue_walk(self, key: np.ndarray) -> tuple[bytes, list[TreeNode], Partial | None, np.ndarray | None]:
-        """The key's bytes, its walk and the tree's device slots along the kept match (read
-        only), continuing that walk when ``key`` extends the kept key and the epoch did not
-        change since; else a new walk and ``None``. The same key as the match's reuses its
-        bytes (an insert after its match: one compare instead of a copy)."""
+    def continue_walk(self, key: np.ndarray) -> tuple[list[TreeNode], Partial | None, np.ndarray | None]:
+        """The walk of the int64 ``key`` from the root and the tree's device slots along the
+        kept match (read only), or ``None`` for them. The walk follows the kept match's path
+        without lookups while the key matches its nodes; the slots are given when the epoch
+        did not change since the match, the walk went through the match's whole path and
+        the caller did not edit the match's slots in place."""
         kept = self._kept
-        if kept is None or kept[2] != self.epoch:
-            kb = key.tobytes()
-            return (kb, *self.walk(kb), None)
-        kkb = kept[0]
-        if key.size << 3 == len(kkb) and fastpath.same_bytes(key, kkb):
-            kb = kkb
-        else:
-            kb = key.tobytes()
-            if not kb.startswith(kkb):
-                return (kb, *self.walk(kb), None)
-        path, matched = kept[1], kept[3]
-        start = path[-1] if path else self.root
-        more, child = fastpath.walk(start, kb, self.page_bytes)
-        path = path + more if more else path
-        if kept[5] >= 0 and kept[4]._version != kept[5]:
-            matched = None  # the caller edited the match's slots in place: no hint (checked in full)
-        return kb, path, self._partly(kb, path[-1] if path else start, child), matched
+        hint = kept[0] if kept is not None and kept[1] == self.epoch else None
+        path, child = fastpath.walk(self.root, key, self.page_bytes, hint)
+        partial = self._partly(key, path[-1] if path else self.root, child)
+        if hint is None:
+            return path, partial, None
+        k = len(hint)
+        if k > len(path) or (k and path[k - 1] is not hint[-1]) or (kept[4] >= 0 and kept[3]._version != kept[4]):
+            return path, partial, None  # another prefix, or slots edited in place (checked in full)
+        return path, partial, kept[2]
 
     # ---- changes -----------------------------------------------------------------------
     def changed(self) -> None:
@@ -145,11 +140,11 @@ class RadixIndex:
 
     def add_child(self, parent: TreeNode, node: TreeNode) -> None:
         """File ``node`` (its ``parent`` already set) under its first page."""
-        parent.children[node.key[:self.page_bytes]] = node
+        file_child(parent.children, node, self.page_bytes)
 
     def detach(self, node: TreeNode) -> None:
         """Remove ``node`` (and so its subtree) from its parent."""
-        del node.parent.children[node.key[:self.page_bytes]]
+        unfile_child(node.parent.children, node, self.page_bytes)
         self.epoch += 1
 
     def split(self, node: TreeNode, num_tokens: int) -> TreeNode:
@@ -173,8 +168,8 @@ class RadixIndex:
             pages = num_tokens // self.page_size
             upper.hashes, node.hashes = node.hashes[:pages], node.hashes[pages:]
         pb = self.page_bytes
-        parent.children[upper.key[:pb]] = upper
+        file_child(parent.children, upper, pb)  # in ``node``'s place: the same first page
         node.key = node.key[cut:]
         node.parent = upper
-        upper.children[node.key[:pb]] = node
+        file_child(upper.children, node, pb)
         return upper

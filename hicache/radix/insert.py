@@ -84,7 +84,7 @@ class Inserter:
         if slots.ndim != 1 or slots.size != key.size:
             raise ValueError(f"device_slots: need {key.size} slots (one per token), got shape {tuple(slots.shape)}")
         snap = self.snapshots.coerce(extra, key.size) if extra else {}
-        kb, path, partial, matched = self.index.continue_walk(key)
+        path, partial, matched = self.index.continue_walk(key)
         if partial is None and matched is not None and matched.size == (path[-1].end if path else 0):
             # the continued match reached the last node on the device, and nothing changed
             # since: every node is kept (what _plan_insert would find, without the loop)
@@ -96,7 +96,7 @@ class Inserter:
         if snap:
             end = path[-1] if partial is None and path and path[-1].end == key.size else None
             self.snapshots.refuse_held(snap, end)  # raises before anything changes
-        path, complete = self._apply_insert(plan, partial, kb, slots)
+        path, complete = self._apply_insert(plan, partial, key, slots)
         if to_free is not None:
             self.device_pool.free(torch.from_numpy(to_free))
         last = path[-1] if path else self.index.root
@@ -202,7 +202,7 @@ class Inserter:
                          self.page_size)
 
     # ---- apply ---------------------------------------------------------------------
-    def _apply_insert(self, plan: _Plan, partial: Partial | None, kb: bytes, slots: np.ndarray
+    def _apply_insert(self, plan: _Plan, partial: Partial | None, key: np.ndarray, slots: np.ndarray
                       ) -> tuple[list[TreeNode], bool]:
         """Carry out the plan; (path, reached the end of the key)."""
         path = plan.walked
@@ -218,11 +218,11 @@ class Inserter:
         if plan.revive:
             self.policy.regained("device", [path[i] for i, _, _ in plan.revive])
         if plan.drop:
-            return path, path[-1].end << 3 == len(kb)
+            return path, path[-1].end == key.size
         if plan.stop < slots.size:
             parent = path[-1] if path else self.index.root
             # positional (key, end, parent, children, _device): keywords cost a third more
-            node = TreeNode(kb[plan.stop << 3:], slots.size, parent, {}, self.ledger.take(slots[plan.stop:]))
+            node = TreeNode(key[plan.stop:].tobytes(), slots.size, parent, {}, self.ledger.take(slots[plan.stop:]))
             self.index.add_child(parent, node)
             self.policy.created(node)
             leaves.add(node)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from hicache.models import mha
 from hicache import fastpath
+from hicache.radix.node import child_nodes
 from tests.hicache.radix.test_cache import make, seq
 
 needs_compiled = pytest.mark.skipif(not fastpath.COMPILED, reason="hicache._fastpath is not built")
@@ -137,9 +138,12 @@ def test_the_tree_is_the_same_with_the_numpy_fallbacks(monkeypatch):
         for key in (seq(0, 1, 4), seq(0, 6, 4), seq(1000, 3, 4), np.concatenate([seq(0, 2, 4), seq(5, 1, 4)]),
                     seq(0, 8, 4)[:-2], seq(7000, 2, 4)):
             path, partial = tree._index.walk_key(key)  # whichever walk runs: same nodes either way
-            other = fastpath._walk(tree.root, key.tobytes(), tree._index.page_bytes)
             out.append(([n.end for n in path], partial and partial[1]))
-            assert other[0] == path and other[1] is (partial and partial[0])
+            for hint in (None, path, tree._index.walk_key(seq(0, 8, 4))[0], [tree.root]):  # a hint changes nothing
+                for walk in (fastpath.walk, fastpath._walk):
+                    other = walk(tree.root, key, tree._index.page_bytes, hint)
+                    assert other[0] == path and other[1] is (partial and partial[0])
+                    assert walk(tree.root, key.tobytes(), tree._index.page_bytes, hint)[0] == path
         return out
 
     compiled = run()
@@ -150,3 +154,36 @@ def test_the_tree_is_the_same_with_the_numpy_fallbacks(monkeypatch):
     monkeypatch.setattr(fastpath, "touch", fastpath._touch)
     monkeypatch.setattr(fastpath, "gather", fastpath._gather)
     assert run() == compiled
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_children_sharing_a_first_token_are_filed_apart(monkeypatch, compiled):
+    """Pages of 4 tokens that begin alike (the same first token, as a chat template's
+    turns do) are distinct children: walked, split, evicted and walked again exactly."""
+    if not compiled:
+        monkeypatch.setattr(fastpath, "walk", fastpath._walk)
+    cache, tree = make(mha(1, 1, 8, page_size=4), device_pages=64)
+    kv = cache.device_pools["kv"]
+    rng = np.random.default_rng(7)
+    keys = []
+    for i in range(6):  # first page: token 5, then distinct tails; then 2 pages of its own
+        tail = rng.integers(0, 1 << 62, 11)
+        tail[0] = i  # first pages differ at their second token only
+        keys.append(np.concatenate([[5], tail]).astype(np.int64))
+    for key in keys:
+        m = tree.match_prefix(key)
+        tree.insert(key, torch.cat([m.device_slots, kv.alloc(key.size - m.device_hit_length)]))
+    tree.wait()
+    assert len(tree.root.children) == 1 and len(child_nodes(tree.root)) == 6
+    for key in keys:
+        assert tree.match_prefix(key).device_hit_length == 12
+        assert tree.match_prefix(key[:8]).device_hit_length == 8  # splits the node
+    tree.check_integrity()
+    assert tree.evict(4 * 12) >= 4 * 12  # some of the six go (and their filing with them)
+    tree.check_integrity()
+    for key in keys:
+        m = tree.match_prefix(key)
+        tree.insert(key, torch.cat([m.device_slots, kv.alloc(key.size - m.device_hit_length)]))
+    tree.wait()
+    tree.check_integrity()
+    assert [tree.match_prefix(k).device_hit_length for k in keys] == [12] * 6

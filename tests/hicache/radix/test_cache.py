@@ -12,6 +12,7 @@ from hicache.config import EVICTION_POLICIES
 from hicache.models import mha, mla
 from hicache.radix import HiRadixCache
 from hicache.replay.content import ContentModel, prefix_hashes
+from hicache.radix.node import child_nodes
 from host_pools.memory import HostBudget
 from tests.hicache.controller.rollback import arm_later_group, landed_before
 from transfer_kernels import FaultyBackend
@@ -117,7 +118,7 @@ def test_split_shares_pages_and_frees_duplicate_slots():
     tree.insert(b, kv.alloc(4 * ps))
     # 3. the shared pages keep A's slots; B's copies went back to the allocator (6 pages held)
     assert kv.available() == kv.num_tokens - 6 * ps
-    assert [c.num_tokens for c in tree.root.children.values()] == [2 * ps]
+    assert [c.num_tokens for c in child_nodes(tree.root)] == [2 * ps]
     # 4. a query sharing 3 pages with A splits A's tail: the match ends on a node boundary
     q = np.concatenate([a[:3 * ps], seq(900, 1, ps)])
     m = tree.match_prefix(q)

@@ -7,6 +7,7 @@ import torch
 
 from hicache.models import mha
 from hicache.replay.content import ContentModel, prefix_hashes
+from hicache.radix.node import child_nodes
 from tests.hicache.radix.test_cache import make, seq
 
 PS = 4
@@ -17,7 +18,7 @@ def tree_state(tree) -> list:
     out, stack = [], [tree.root]
     while stack:
         node = stack.pop()
-        stack.extend(node.children.values())
+        stack.extend(child_nodes(node))
         tiers = [None if t is None else t.tolist() for t in (node.device, node.host)]
         out.append((node.end, node.tokens.tobytes(), *tiers, node.lock_ref, node.pending, node.hit_count))
     pools = (tree.device_pool, tree.host_pool)

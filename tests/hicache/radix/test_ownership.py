@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hicache.models import mha
-from hicache.radix.node import EMPTY_SLOTS
+from hicache.radix.node import EMPTY_SLOTS, child_nodes
 from hicache.storage import page_hashes
 from tests.hicache.radix.test_cache import make, seq
 from tests.hicache.radix.test_hybrid import PS as DS_PS
@@ -22,7 +22,7 @@ def tree_state(tree) -> list:
     out, stack = [], [tree.root]
     while stack:
         node = stack.pop()
-        stack.extend(node.children.values())
+        stack.extend(child_nodes(node))
         tiers = [None if t is None else t.tolist() for t in (node.device, node.host)]
         snaps = [None if s is None else {k: v.tolist() for k, v in s.items()}
                  for s in (node.state_device, node.state_host)]

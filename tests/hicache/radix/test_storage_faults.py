@@ -21,6 +21,7 @@ from hicache.radix.prefetch import PrefetchOutcome
 from hicache.radix.store import open_store
 from hicache.replay.content import ContentModel
 from hicache.storage import StorageUnavailableError, file_backend
+from hicache.radix.node import child_nodes
 from tests.hicache.radix.test_cache import BIG, seq
 from tests.hicache.radix.storage_env import (config, forget_all, make, poll_until_reading, serve, store_pages,
                                              stored)
@@ -100,7 +101,7 @@ def test_disk_full_writes_fail_and_serving_goes_on(tmp_path, monkeypatch, caplog
     serve(cache, tree, content, a)
     tree.drain_storage()
     assert tree.counters["storage_write_failed_pages"] == 3
-    assert not any(n.stored for n in tree.root.children.values())
+    assert not any(n.stored for n in child_nodes(tree.root))
     assert sum("No space left" in r.getMessage() for r in caplog.records) == 1
     monkeypatch.setattr(file_backend.os, "writev", os.writev)
     # nothing was stored, nothing is found; the tree still serves from device and host

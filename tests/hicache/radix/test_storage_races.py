@@ -17,6 +17,7 @@ from hicache.radix.prefetch import PrefetchOutcome
 from hicache.radix.store import TierStore
 from hicache.replay.content import ContentModel, prefix_hashes
 from hicache.storage import FileBackend, StorageIO, StorageNamespace
+from hicache.radix.node import child_nodes
 from tests.hicache.radix.storage_env import config, forget_all, make, serve, store_pages, stored
 from tests.hicache.radix.test_cache import BIG, seq
 from tests.hicache.radix.test_cache import make as make_plain
@@ -136,7 +137,7 @@ def test_two_trees_sharing_one_storage_io_get_their_own_results(tmp_path):
         t2.poll()
         t1.poll()
     assert p.done and p.result.outcome is PrefetchOutcome.COMPLETE
-    assert all(n.lock_ref == 0 for n in t1.root.children.values())
+    assert all(n.lock_ref == 0 for n in child_nodes(t1.root))
     t1.check_integrity()
     t2.check_integrity()
     t1.close()
