@@ -17,11 +17,11 @@ import pytest
 from hicache import build
 from hicache.models import mha
 from hicache.radix import HiRadixCache
+from hicache.radix.node import child_nodes
 from hicache.radix.prefetch import PrefetchOutcome
 from hicache.radix.store import open_store
 from hicache.replay.content import ContentModel
 from hicache.storage import StorageUnavailableError, file_backend
-from hicache.radix.node import child_nodes
 from tests.hicache.radix.test_cache import BIG, seq
 from tests.hicache.radix.storage_env import (config, forget_all, make, poll_until_reading, serve, store_pages,
                                              stored)

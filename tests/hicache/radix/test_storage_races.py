@@ -13,11 +13,11 @@ from hicache import build
 from hicache.cli import main
 from hicache.models import deepseek_v4, mha
 from hicache.radix import HiRadixCache
+from hicache.radix.node import child_nodes
 from hicache.radix.prefetch import PrefetchOutcome
 from hicache.radix.store import TierStore
 from hicache.replay.content import ContentModel, prefix_hashes
 from hicache.storage import FileBackend, StorageIO, StorageNamespace
-from hicache.radix.node import child_nodes
 from tests.hicache.radix.storage_env import config, forget_all, make, serve, store_pages, stored
 from tests.hicache.radix.test_cache import BIG, seq
 from tests.hicache.radix.test_cache import make as make_plain
