@@ -39,6 +39,20 @@ def tree_nodes(tree) -> list:
     return out
 
 
+def _check_filing(tree, node) -> None:
+    """``node.children`` as `hicache.radix.node` files them: under each child's first token
+    (its key's first 8 bytes), or a dict of two or more children sharing it, keyed by
+    their first page."""
+    pb = tree.page_size * 8
+    for tok, there in node.children.items():
+        group = there.items() if type(there) is dict else [(None, there)]
+        if type(there) is dict and (pb == 8 or len(there) < 2):
+            _fail(f"{node!r}: a dict of {len(there)} children under one first token (page of {pb // 8})")
+        for page, child in group:
+            if child.key[:8] != tok or (page is not None and child.key[:pb] != page) or child.parent is not node:
+                _fail(f"{child!r} is filed under another first token or page, or below another parent than {node!r}")
+
+
 def _check_structure(tree, node) -> None:
     ps, parent = tree.page_size, node.parent
     if node.dead or find_child(parent, node.key[:ps * 8]) is not node:
@@ -168,6 +182,8 @@ def check_tree(tree) -> None:
     controller op on these pools was queued by the tree.
     """
     nodes = tree_nodes(tree)
+    for node in (tree.root, *nodes):
+        _check_filing(tree, node)
     for node in nodes:
         _check_structure(tree, node)
         _check_tiers(tree, node)

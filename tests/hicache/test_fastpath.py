@@ -187,3 +187,8 @@ def test_children_sharing_a_first_token_are_filed_apart(monkeypatch, compiled):
     tree.wait()
     tree.check_integrity()
     assert [tree.match_prefix(k).device_hit_length for k in keys] == [12] * 6
+    shared = tree.root.children[keys[0][:1].tobytes()]
+    one = next(iter(shared.values()))
+    tree.root.children[keys[0][:1].tobytes()] = {one.key[:32]: one}  # a filing the layout never makes
+    with pytest.raises(RuntimeError, match="a dict of 1 children under one first token"):
+        tree.check_integrity()
