@@ -396,6 +396,27 @@ static PyObject *child_at(PyObject *children, const char *p, Py_ssize_t pb)
     return found;
 }
 
+/* How ``child``'s key meets the key ``kb`` (``n`` bytes) at byte ``off``: 2 in full, 1 in
+ * its first page (``pb`` bytes) only, 0 not even there, -1 on error; ``*m``: its length. */
+static int meet(PyObject *child, const char *kb, Py_ssize_t off, Py_ssize_t n, Py_ssize_t pb, Py_ssize_t *m)
+{
+    PyObject *ck = PyObject_GetAttr(child, s_key);
+    if (ck == NULL)
+        return -1;
+    if (!PyBytes_Check(ck)) {
+        Py_DECREF(ck);
+        PyErr_SetString(PyExc_TypeError, "walk: a node's key must be bytes");
+        return -1;
+    }
+    const char *c = PyBytes_AS_STRING(ck);
+    Py_ssize_t len = PyBytes_GET_SIZE(ck), first = pb < len ? pb : len;
+    int how = len > 0 && off + len <= n && memcmp(kb + off, c, (size_t)len) == 0 ? 2
+              : first > 0 && off + first <= n && memcmp(kb + off, c, (size_t)first) == 0;
+    Py_DECREF(ck);
+    *m = len;
+    return how;
+}
+
 /* walk(node, key, page_bytes, hint) -> (path, partial)
  *
  * The radix walk of HiRadixCache below ``node``: ``key`` is a whole key from the root
@@ -444,48 +465,29 @@ static PyObject *walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             PyErr_SetString(PyExc_TypeError, "walk: a node's children must be a dict");
             goto done;
         }
-        /* the hinted node first (while the hint holds), else the lookup */
-        PyObject *child = level < hinted ? PyList_GET_ITEM(args[3], level) : NULL; /* borrowed */
         Py_ssize_t m = 0;
-        int full = 0;
-        for (int tries = 0; tries < 2 && !full; tries++) {
-            if (child == NULL) {
-                hinted = 0;
-                child = child_at(children, kb + off, off + pb <= n ? pb : n - off);
-                if (child == NULL)
-                    break;
-            }
-            PyObject *ck = PyObject_GetAttr(child, s_key);
-            if (ck == NULL)
+        int how = 0;
+        /* the hinted node while the key matches it in full; else the lookup */
+        PyObject *child = level < hinted ? PyList_GET_ITEM(args[3], level) : NULL; /* borrowed */
+        if (child != NULL && (how = meet(child, kb, off, n, pb, &m)) != 2) {
+            if (how < 0)
                 goto done;
-            if (!PyBytes_Check(ck)) {
-                Py_DECREF(ck);
-                PyErr_SetString(PyExc_TypeError, "walk: a node's key must be bytes");
-                goto done;
-            }
-            m = PyBytes_GET_SIZE(ck);
-            full = m > 0 && off + m <= n && memcmp(kb + off, PyBytes_AS_STRING(ck), (size_t)m) == 0;
-            if (!full && hinted == 0) {  /* looked up: a partial match if its first page matches */
-                Py_ssize_t page = pb < m ? pb : m;
-                if (off + page > n || memcmp(kb + off, PyBytes_AS_STRING(ck), (size_t)page) != 0)
-                    child = NULL;  /* only its first token: no child for this page */
-                Py_DECREF(ck);
-                break;
-            }
-            Py_DECREF(ck);
-            if (!full)
-                child = NULL;  /* the key leaves the hinted path here: look up */
+            child = NULL;
         }
         if (child == NULL) {
-            if (PyErr_Occurred())
+            hinted = 0;
+            child = child_at(children, kb + off, off + pb <= n ? pb : n - off);
+            if (child == NULL && PyErr_Occurred())
                 goto done;
-            break;
-        }
-        if (!full) {
-            Py_DECREF(partial);
-            partial = child;
-            Py_INCREF(partial);
-            break;
+            how = child == NULL ? 0 : meet(child, kb, off, n, pb, &m);
+            if (how < 0)
+                goto done;
+            if (how == 0)  /* none filed, or one sharing only the first token */
+                break;
+            if (how == 1) {  /* its first page matches, not all of it */
+                Py_SETREF(partial, Py_NewRef(child));
+                break;
+            }
         }
         if (PyList_Append(path, child) < 0)
             goto done;

@@ -70,10 +70,6 @@ class RadixIndex:
         path, child = fastpath.walk(node, key, self.page_bytes, None)
         return path, self._partly(key, path[-1] if path else node, child)
 
-    def walk_key(self, key: np.ndarray) -> tuple[list[TreeNode], Partial | None]:
-        """`walk` of an int64 key array from the root."""
-        return self.walk(key)
-
     def _partly(self, key: np.ndarray | bytes, above: TreeNode, child: TreeNode | None) -> Partial | None:
         """``child`` (below ``above``, matching ``key`` only in part) with its matched tokens."""
         if child is None:

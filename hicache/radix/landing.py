@@ -47,7 +47,7 @@ class StorageEdits:
 
     def walk(self, key: np.ndarray) -> tuple[list[TreeNode], tuple[TreeNode, int] | None]:
         """The tree's walk of ``key`` (changes nothing)."""
-        return self.index.walk_key(key)
+        return self.index.walk(key)
 
     def lock(self, node: TreeNode) -> None:
         lock(node)
@@ -68,7 +68,7 @@ class StorageEdits:
             Tokens the tree gained.
         """
         self.ctrl.mark_host_written(host, snap)
-        path, partial = self.index.walk_key(key[:end])
+        path, partial = self.index.walk(key[:end])
         covered = (path[-1].end if path else 0) + (partial[1] if partial is not None else 0)
         if partial is not None and covered < end:
             parent = self.index.split(*partial)

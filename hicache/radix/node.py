@@ -64,7 +64,7 @@ class TreeNode:
         end: prefix length in tokens at the end of this node (its boundary).
         parent: ``None`` only for the root.
         children: child nodes filed by their first page (`file_child`; read them with
-            `child_nodes`, find one with `find_child`).
+            `child_nodes`).
         _device / _host: anchor token slots of the node's pages on each tier, or ``None``.
         _state_device / _state_host: snapshot slots at ``end`` per state root pool, or ``None``.
         lock_ref: users of the node (a lock covers the path to the root); locked nodes are
@@ -177,14 +177,6 @@ def unfile_child(children: dict, node: TreeNode, page_bytes: int) -> None:
     del there[node.key[:page_bytes]]
     if len(there) == 1:
         children[tok] = next(iter(there.values()))
-
-
-def find_child(node: TreeNode, page: bytes) -> TreeNode | None:
-    """The child of ``node`` whose first page is ``page`` (its bytes), or ``None``."""
-    there = node.children.get(page[:8])
-    if type(there) is dict:
-        return there.get(page)
-    return there if there is not None and there.key[:len(page)] == page else None
 
 
 def child_nodes(node: TreeNode) -> list[TreeNode]:

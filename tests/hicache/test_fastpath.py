@@ -137,9 +137,9 @@ def test_the_tree_is_the_same_with_the_numpy_fallbacks(monkeypatch):
         tree.check_integrity()
         for key in (seq(0, 1, 4), seq(0, 6, 4), seq(1000, 3, 4), np.concatenate([seq(0, 2, 4), seq(5, 1, 4)]),
                     seq(0, 8, 4)[:-2], seq(7000, 2, 4)):
-            path, partial = tree._index.walk_key(key)  # whichever walk runs: same nodes either way
+            path, partial = tree._index.walk(key)  # whichever walk runs: same nodes either way
             out.append(([n.end for n in path], partial and partial[1]))
-            for hint in (None, path, tree._index.walk_key(seq(0, 8, 4))[0], [tree.root]):  # a hint changes nothing
+            for hint in (None, path, tree._index.walk(seq(0, 8, 4))[0], [tree.root]):  # a hint changes nothing
                 for walk in (fastpath.walk, fastpath._walk):
                     other = walk(tree.root, key, tree._index.page_bytes, hint)
                     assert other[0] == path and other[1] is (partial and partial[0])

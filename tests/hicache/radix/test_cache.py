@@ -61,7 +61,7 @@ def assert_same(a: dict, b: dict) -> None:
 
 
 def backed_up(tree, tokens) -> bool:
-    path, _ = tree._index.walk_key(tokens)
+    path, _ = tree._index.walk(tokens)
     return bool(path) and all(n.host is not None for n in path)
 
 

@@ -43,7 +43,7 @@ def serve(cache, tree, tokens: np.ndarray, times: int = 1) -> None:
 
 
 def node_of(tree, tokens: np.ndarray):
-    path, _ = tree._index.walk_key(tokens)  # a walk that touches nothing (no LRU change)
+    path, _ = tree._index.walk(tokens)  # a walk that touches nothing (no LRU change)
     return path[-1] if path and path[-1].end == tokens.size else None
 
 
