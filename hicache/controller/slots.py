@@ -56,27 +56,25 @@ class Slots:
     # ---- ops -------------------------------------------------------------------------
     def backup(self, anchor: Any, extra: Mapping[str, Any] | None, trusted: bool) -> Op | None:
         """A write's op, its host pages taken (``None``: a host pool is short)."""
-        if trusted and not extra and anchor.numel():  # the radix tree's history alone: one pool
-            return self._anchor_backup(anchor)
         src = self._sources(anchor, extra, trusted, "device_indices", self._check_device_slots)
         got = alloc_pages_many(self._host_allocs, [src], lambda _, n: label("device_indices", n), "host")
         return None if got is None else Op(-1, "d2h", src, got.slots[0], got.stamps[0])
 
-    def _anchor_backup(self, anchor: torch.Tensor) -> Op | None:
-        """`backup` of trusted anchor slots alone (the tree's step): `alloc_pages_many`'s
-        work for one op and one pool, without its generality."""
+    def anchor_backup(self, anchor: torch.Tensor, tokens: int) -> Op | None:
+        """`backup` of trusted anchor slots alone, ``tokens`` of them (not none; the tree's
+        backups): `alloc_pages_many`'s work for one op and one pool, without its generality."""
         name = self._anchor
         alloc = self._host_allocs[name]
-        count, rest = divmod(anchor.numel(), alloc.page_size)
+        count, rest = divmod(tokens, alloc.page_size)
         if rest:
-            raise ValueError(f"{label('device_indices', name)}: {anchor.numel()} slots are not whole "
+            raise ValueError(f"{label('device_indices', name)}: {tokens} slots are not whole "
                              f"host pages of {alloc.page_size}")
         got = alloc.alloc_page_slots(count)
         if got is None:
             return None
         # positional: a keyword costs this hot call a third more
         return Op(-1, "d2h", {name: anchor}, {name: torch.from_numpy(got[2])}, {name: got[:2]}, None,
-                  (name, count * alloc.page_size))
+                  (name, tokens))
 
     def load(self, anchor: Any, extra: Mapping[str, Any] | None, trusted: bool) -> Op | None:
         """A load's op, its device slots taken (``None``: a device pool is short)."""

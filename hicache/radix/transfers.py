@@ -80,7 +80,6 @@ class Transfers:
         self.ctrl, self.index, self.ledger, self.counters = ctrl, index, ledger, counters
         self.policy, self.host_enabled = policy, host_enabled
         self.anchor = ledger.anchor
-        self._host_allocator = ledger.host_pool.allocator
         self.pending: dict[int, PendingOp] = {}
         self.make_room: Callable[..., None] = lambda tier, tokens, with_state: None
         self.poll: Callable[[], object] = lambda: self.apply(self.ctrl.poll())
@@ -120,8 +119,8 @@ class Transfers:
         for n in path:  # top-down: a node only after its parent (prefix invariant)
             if n._host is not None and (n._state_device is None or n._state_host is not None):
                 continue  # backed up already (most of a path): needs_backup's check, inlined
-            if n.hit_count < threshold or not self.needs_backup(n):
-                continue
+            if n.hit_count < threshold or n.pending is not None or n._device is None:
+                continue  # the rest of needs_backup, inlined
             parent = n.parent
             parent_ok = parent._host is not None or (parent.pending is not None and
                                                      self.pending[parent.pending].kind == "backup")
@@ -134,14 +133,18 @@ class Transfers:
         When the host is short, host leaves (then host snapshots) are evicted first; if a
         snapshot still does not fit, the history is backed up without it.
         """
-        anchor, tokens = (node._device, node.num_tokens) if node._host is None else (EMPTY_SLOTS, 0)
+        anchor, tokens = (node._device, len(node.key) >> 3) if node._host is None else (EMPTY_SLOTS, 0)
         state = node._state_device if node._state_host is None else None
-        if state is not None or tokens > self._host_allocator.available():
+        write = self.ctrl.write
+        # the tree's own slots, checked at insert; the history alone is tried first (the
+        # host is rarely short), a snapshot makes its room first
+        dst = None if state is not None else write(anchor, None, trusted=True)
+        if dst is None:
             self.make_room(self.ledger.host, tokens, state is not None)
-        dst = self.ctrl.write(anchor, state, trusted=True)  # the tree's own slots, checked at insert
+            dst = write(anchor, state, trusted=True)
         if dst is None and state is not None and tokens:
             state = None
-            dst = self.ctrl.write(anchor, None, trusted=True)
+            dst = write(anchor, None, trusted=True)
         if dst is None:
             self.counters["backups_refused"] += 1
             return None
