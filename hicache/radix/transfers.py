@@ -130,14 +130,13 @@ class Transfers:
     def backup(self, node: TreeNode) -> int | None:
         """Queue a backup of ``node``'s device-only history and snapshot; its op id, or None.
 
-        When the host is short, host leaves (then host snapshots) are evicted first; if a
-        snapshot still does not fit, the history is backed up without it.
+        Host room (host leaves evicted, then host snapshots) is made before a backup with a
+        snapshot, and for the history alone only when its write is refused, which is then
+        tried again; if a snapshot still does not fit, the history goes without it.
         """
         anchor, tokens = (node._device, len(node.key) >> 3) if node._host is None else (EMPTY_SLOTS, 0)
         state = node._state_device if node._state_host is None else None
-        write = self.ctrl.write
-        # the tree's own slots, checked at insert; the history alone is tried first (the
-        # host is rarely short), a snapshot makes its room first
+        write = self.ctrl.write  # the tree's own slots, checked at insert
         dst = None if state is not None else write(anchor, None, trusted=True)
         if dst is None:
             self.make_room(self.ledger.host, tokens, state is not None)
