@@ -139,13 +139,8 @@ class HybridCacheController:
                 own-indexed pool of the stack. Nothing changes.
             RuntimeError: the controller is closed.
         """
-        if self.closed:
-            self._check_open()
-        tokens = device_indices.numel() if trusted and not extra else 0
-        if tokens:  # the radix tree's history alone
-            op = self._slots.anchor_backup(device_indices, tokens)
-        else:
-            op = self._slots.backup(device_indices, extra, trusted)
+        self._check_open()
+        op = self._slots.backup(device_indices, extra, trusted)
         if op is None:
             return None
         dst = self._queue.enqueue(op)  # the op's own dict: a trusted caller leaves it unchanged

@@ -56,11 +56,14 @@ class Slots:
     # ---- ops -------------------------------------------------------------------------
     def backup(self, anchor: Any, extra: Mapping[str, Any] | None, trusted: bool) -> Op | None:
         """A write's op, its host pages taken (``None``: a host pool is short)."""
+        tokens = anchor.numel() if trusted and not extra else 0
+        if tokens:  # the radix tree's history alone: one pool
+            return self._anchor_backup(anchor, tokens)
         src = self._sources(anchor, extra, trusted, "device_indices", self._check_device_slots)
         got = alloc_pages_many(self._host_allocs, [src], lambda _, n: label("device_indices", n), "host")
         return None if got is None else Op(-1, "d2h", src, got.slots[0], got.stamps[0])
 
-    def anchor_backup(self, anchor: torch.Tensor, tokens: int) -> Op | None:
+    def _anchor_backup(self, anchor: torch.Tensor, tokens: int) -> Op | None:
         """`backup` of trusted anchor slots alone, ``tokens`` of them (not none; the tree's
         backups): `alloc_pages_many`'s work for one op and one pool, without its generality."""
         name = self._anchor

@@ -135,7 +135,7 @@ class SlotLedger:
 
     def take(self, slots: np.ndarray) -> torch.Tensor:
         """A node's own copy of a caller's device anchor slots, counted as held."""
-        fastpath.hold(slots, self.page_size, self.held, 1)  # `hold`'s work, without its hop
+        self.hold(slots, 1)
         return torch.from_numpy(slots.copy())
 
     def _free_device(self, name: str, slots: torch.Tensor) -> None:

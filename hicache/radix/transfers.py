@@ -119,8 +119,8 @@ class Transfers:
         for n in path:  # top-down: a node only after its parent (prefix invariant)
             if n._host is not None and (n._state_device is None or n._state_host is not None):
                 continue  # backed up already (most of a path): needs_backup's check, inlined
-            if n.hit_count < threshold or n.pending is not None or n._device is None:
-                continue  # the rest of needs_backup, inlined
+            if n.hit_count < threshold or not self.needs_backup(n):
+                continue
             parent = n.parent
             parent_ok = parent._host is not None or (parent.pending is not None and
                                                      self.pending[parent.pending].kind == "backup")
