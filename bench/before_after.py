@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import harness  # noqa: E402
+from bounded_input import read_json  # noqa: E402
 
 MODEL = "deepseek-v4-pro"
 BACKENDS = ("auto", "dma", "triton", "null")
@@ -70,7 +71,7 @@ def host_only(tree: Path, batches: int, tmp: Path) -> dict[str, float]:
            "--layouts", "page_first", "--pages", "16", "--ops", "1,16", "--directions", "h2d,d2h",
            "--backends", ",".join(BACKENDS), "--batches", str(batches), "--out", str(out)]
     subprocess.run(cmd, cwd=tree, env=_env(tree), check=True, capture_output=True, timeout=3600)
-    rows = json.loads(out.read_text())["rows"]
+    rows = read_json(out, "a results file", harness.RESULTS_MAX_BYTES)["rows"]
     return {f"{r['backend']} {r['dir']} {r['ops']} {r['mode']}": r["host_us"] for r in rows}
 
 
@@ -90,7 +91,7 @@ def controller(tree: Path, sglang: str, reps: int, tmp: Path) -> dict[str, float
            "--reps", str(reps), "--out", str(out)]
     subprocess.run(cmd, cwd=tree, env=_env(tree), check=True, capture_output=True, timeout=3600)
     found = {}
-    for row in json.loads(out.read_text())["versus_sglang"]["rows"]:
+    for row in read_json(out, "a results file", harness.RESULTS_MAX_BYTES)["versus_sglang"]["rows"]:
         case = f"controller {row['pages']}p x {row['ops']} ops"
         found[f"{case} sglang us"] = row["sglang_load_p50_us"]
         for label, ours in row["ours"].items():

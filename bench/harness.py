@@ -23,6 +23,7 @@ import torch
 
 PUBLISHED_DIR = Path(__file__).resolve().parent / "results"  # tracked: the README's numbers
 RESULTS_DIR = PUBLISHED_DIR / "local"  # git-ignored: where every run writes by default
+RESULTS_MAX_BYTES = 64 << 20  # a results file read back (--resume): the largest tracked one is 0.4 MB
 
 
 class Timing(NamedTuple):

@@ -50,7 +50,8 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from bench.harness import RESULTS_DIR, format_table, write_json  # noqa: E402
+from bench.harness import RESULTS_DIR, RESULTS_MAX_BYTES, format_table, write_json  # noqa: E402
+from bounded_input import read_json  # noqa: E402
 from hicache.cli import main  # noqa: E402
 
 PLOT = RESULTS_DIR / "replay_hit_rate.png"
@@ -137,10 +138,9 @@ def matrix_pair(name: str, host: str, policies: str, quick: bool) -> list[dict]:
 def matrix_main(argv: list[str]) -> int:
     """``--matrix``: every pair in turn, the JSON rewritten after each; ``--resume`` skips the
     pairs the JSON already has (a run refused for memory on a shared machine: run it again)."""
-    import json
     policies = argv[argv.index("--policies") + 1] if "--policies" in argv else "lru"
     out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else RESULTS_DIR / "replay_policies.json"
-    rows = json.loads(out.read_text())["rows"] if "--resume" in argv and out.exists() else []
+    rows = read_json(out, "a results file", RESULTS_MAX_BYTES)["rows"] if "--resume" in argv and out.exists() else []
     done = {(r["workload"], r["host"]) for r in rows}
     config = {"policies": policies, "quick": "--quick" in argv, "host_headroom_gib": HEADROOM_GIB}
     for name, host in itertools.product(MATRIX_WORKLOADS, MATRIX_HOSTS):

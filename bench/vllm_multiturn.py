@@ -48,6 +48,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench.harness import RESULTS_DIR, environment, format_table, gbps, time_fn  # noqa: E402
+from bounded_input import read_json  # noqa: E402
 from hicache import HiCacheConfig  # noqa: E402
 from hicache.integrations.vllm import VLLM_VERSION, env  # noqa: E402
 from hicache.integrations.vllm.client import VllmServer, free_port, log_causes  # noqa: E402
@@ -92,7 +93,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def kv_bytes_per_token(model_dir: Path) -> int:
     """KV bytes per token of every layer (bf16 K and V), from the model's config.json."""
-    c = json.loads((model_dir / "config.json").read_text())
+    c = read_json(model_dir / "config.json", "a model config")
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     return c["num_hidden_layers"] * 2 * c.get("num_key_value_heads", c["num_attention_heads"]) * head_dim * 2
 

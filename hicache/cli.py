@@ -10,7 +10,8 @@ imported before it is needed:
 A new subcommand is one `SUBCOMMANDS` entry: the module that adds its flags (keep it free
 of torch, numpy-heavy modules and servers, so its ``--help`` is fast) and the function
 that runs it (imported only to run). User mistakes are one line (exit 2), never a
-traceback; Ctrl-C exits 130.
+traceback; Ctrl-C exits 130, and SIGTERM stops a subcommand the same way (its clean-ups
+run: temporary folders, a store's writes in flight) with 143.
 """
 from __future__ import annotations
 
@@ -116,7 +117,8 @@ def run_bench(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand; returns the exit status (1: a failed check, 2: a bad flag or input, 130: Ctrl-C)."""
+    """Run one subcommand; returns the exit status (1: a failed check, 2: a bad flag or input, 130: Ctrl-C,
+    143: SIGTERM)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = chosen_command(argv)
     parser = build_parser(command)
@@ -128,13 +130,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                            f"(see hicache {args.command} --help)\n")
     except SystemExit as exc:  # --help (0) or a usage error, already printed on one line (2)
         return int(exc.code or 0)
+    from hicache.tmpdirs import Terminated, sigterm_unwinds  # after parsing: --help stays light
     try:
         run = load(spec.run)
-        return run(args, extra) if spec.passes_extra else run(args)
+        with sigterm_unwinds(like_ctrl_c=True):  # SIGTERM stops a subcommand as Ctrl-C does (serve-vllm: its own)
+            return run(args, extra) if spec.passes_extra else run(args)
     except ValueError as exc:  # bad flags and refusals: one clear line, no traceback
         print(f"hicache {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
+        if isinstance(exc, Terminated):
+            print(f"hicache {args.command}: stopped by SIGTERM", file=sys.stderr)
+            return exc.status
         print(f"hicache {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
 

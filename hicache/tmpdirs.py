@@ -24,7 +24,10 @@ from typing import Iterator
 
 import psutil
 
+from bounded_input import read_json
+
 OWNER_FILE = ".hicache-owner"
+OWNER_MAX_BYTES = 4096  # a record is ~80 bytes
 START_SLACK_S = 1.0  # psutil derives start times from the boot time: allow for its rounding
 PENDING = "pending"  # the group while a child is being started (unknown: keep the folder)
 
@@ -82,7 +85,7 @@ def sweep(prefix: str, parent: str | os.PathLike | None = None) -> list[Path]:
         try:
             if path.is_symlink() or not path.is_dir() or path.stat().st_uid != os.getuid():
                 continue
-            record = json.loads((path / OWNER_FILE).read_text())
+            record = read_json(path / OWNER_FILE, "an owner record", OWNER_MAX_BYTES)
         except (OSError, ValueError):
             continue
         if isinstance(record, dict) and owner_gone(record):
@@ -126,18 +129,28 @@ class OwnedDir:
         self.remove()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM raised as Ctrl-C's exception (`sigterm_unwinds` with ``like_ctrl_c``): every
+    handler of Ctrl-C stops the same way for it; the status is 143, not 130."""
+
+    status = 128 + signal.SIGTERM
+
+
 @contextmanager
-def sigterm_unwinds() -> Iterator[None]:
-    """Within the block, SIGTERM raises ``SystemExit(143)`` so that ``finally`` blocks and
-    context managers (a temporary folder's removal) run; Python's default would end the
-    process at once. Changes nothing off the main thread or where a handler is installed."""
+def sigterm_unwinds(like_ctrl_c: bool = False) -> Iterator[None]:
+    """Within the block, SIGTERM raises ``SystemExit(143)`` (or `Terminated` with
+    ``like_ctrl_c``) so that ``finally`` blocks and context managers (a temporary folder's
+    removal, a store's writes in flight) run; Python's default would end the process at
+    once. Only the first SIGTERM raises: later ones, while those clean-ups run, are ignored.
+    Changes nothing off the main thread or where a handler is installed."""
     if threading.current_thread() is not threading.main_thread() \
             or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         yield
         return
 
     def unwind(sig: int, _frame) -> None:
-        raise SystemExit(128 + sig)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop: a second SIGTERM must not cut the clean-up
+        raise Terminated() if like_ctrl_c else SystemExit(128 + sig)
 
     signal.signal(signal.SIGTERM, unwind)
     try:

@@ -10,6 +10,7 @@ import math
 import os
 from pathlib import Path
 
+from bounded_input import STALL_S
 from hicache.config import (EVICTION_POLICIES, HOST_DTYPES, IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES, HiCacheConfig,
                             add_storage_args)
 
@@ -77,6 +78,12 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
                    help="GiB of host memory left free, as a server's flag (default min(10 GiB, 10%% of RAM)); "
                         "lower it to replay on a small machine")
     p.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, metavar="N",
+                   help="refuse a trace whose input_length passes N tokens, or what the sweep's largest cache "
+                        "(device + host + storage) holds, before anything is allocated (default 1,048,576)")
+    p.add_argument("--trace-stall-timeout", type=float, default=None, metavar="SECONDS",
+                   help=f"refuse a trace that gives no request for this long: a FIFO with no writer, a pipe gone "
+                        f"quiet, only blank lines (default {STALL_S:g})")
     p.add_argument("--seed", type=int, default=0, help="seed of the built-in workload")
     p.add_argument("--allow-device-only", action="store_true",
                    help="accept a replay in which nothing came back from host or storage (default: exit 1, "
@@ -92,7 +99,7 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.epilog = ("exit status: 0 done, 1 a byte mismatch, a run whose every transfer failed, a run that could not "
                 "get its memory, or nothing restored from host or storage (unless --allow-device-only), "
-                "2 a bad flag or input, 130 Ctrl-C")
+                "2 a bad flag or input, 130 Ctrl-C, 143 SIGTERM")
     add_replay_storage_args(p)
 
 

@@ -22,7 +22,8 @@ last line, ``--json``'s ``verdict``) and the exit status:
     FAILED       1    a run's every transfer failed (some failed transfers are a warning)
     MISMATCH     1    a byte differs: the run stops there
     NO MEMORY    1    a run could not get its host or device memory (other processes took it)
-    INTERRUPTED  130  Ctrl-C
+    INTERRUPTED  130  Ctrl-C; 143 for SIGTERM, which stops the same way (the run's store
+                      writes in flight end before the exit; a second SIGTERM is ignored)
 
 Whatever stops the sweep, the rows of the runs that finished are printed (and are in
 ``--json``) before the one line that says why. Every flag is checked before the first run
@@ -39,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from bounded_input import STALL_S
 from hicache.build import build, check_backend_device, check_backend_usable
 from hicache.cli_checks import check_device_tokens, check_fits_device, check_sweep, parse_device, stack_from_flags
 from hicache.config import HiCacheConfig, check_storage_flags
@@ -49,25 +51,28 @@ from hicache.replay.content import ReplayMismatch
 from hicache.replay.plot import check_plot_path, draw
 from hicache.replay.progress import Progress, line_break
 from hicache.replay.report import Verdict, format_table, json_row, summary, verdict
-from hicache.replay.run import Replayer, RunStats
+from hicache.replay.run import Replayer, RunStats, tier_tokens
 from hicache.replay.storage import fill_storage_defaults, open_run_store, probe_storage, storage_config
-from hicache.replay.workload import Request, load_trace
+from hicache.replay.workload import MAX_PROMPT_TOKENS, Request, TraceLimits, load_trace
 from hicache.sizing import plan_sizes
+from hicache.tmpdirs import Terminated
 from host_pools.memory import HostMemoryError
 
 __all__ = ["add_replay_args", "replay_one", "run_replay"]
 
 MAX_THREADS = 1024  # torch takes a C int; more threads than any machine's cores is a typo
+MAX_STALL_S = 24 * 3600.0  # --trace-stall-timeout: a day; more is a typo (poll takes an int of milliseconds)
 
 
-def _workload(args: argparse.Namespace) -> tuple[list[Request], str]:
-    """The requests and what they are (the summary's words)."""
+def _workload(args: argparse.Namespace, capacity_tokens: int) -> tuple[list[Request], str]:
+    """The requests and what they are (the summary's words); a trace's prompts at most
+    ``--max-prompt-tokens`` and ``capacity_tokens`` (the sweep's largest cache) long."""
     if args.max_requests is not None and args.max_requests < 1:
         raise ValueError(f"--max-requests: must be >= 1, got {args.max_requests}")
     if args.trace:
         if args.workload:
             raise ValueError(f"--workload {args.workload}: not with --trace (the trace is the workload)")
-        return load_trace(args.trace, args.max_requests), Path(args.trace).name
+        return load_trace(args.trace, args.max_requests, _trace_limits(args, capacity_tokens)), Path(args.trace).name
     workload = WORKLOADS[args.workload or "chat"]
     reqs = workload.make(args.seed)
     return (reqs[:args.max_requests] if args.max_requests else reqs), f"{workload.description}, seed {args.seed}"
@@ -99,10 +104,28 @@ def replay_one(args: argparse.Namespace, stack, requests: list[Request], ratio: 
         cache.close()
 
 
-def _check_sizes(args: argparse.Namespace, stack, device_tokens: int, device: torch.device) -> None:
-    """Every run of the sweep fits the host budget and the device, before the first one starts."""
+def _trace_limits(args: argparse.Namespace, capacity_tokens: int) -> TraceLimits:
+    """``--max-prompt-tokens`` and ``--trace-stall-timeout`` checked; the prompt limit is the
+    smaller of the flag and what the sweep's largest cache holds."""
+    limit = MAX_PROMPT_TOKENS if args.max_prompt_tokens is None else args.max_prompt_tokens
+    if limit < 1:
+        raise ValueError(f"--max-prompt-tokens: must be >= 1, got {limit}")
+    stall_s = STALL_S if args.trace_stall_timeout is None else args.trace_stall_timeout
+    if not 0 < stall_s <= MAX_STALL_S:
+        raise ValueError(f"--trace-stall-timeout: must be in (0, {MAX_STALL_S:g}] seconds, got {stall_s:g}")
+    if capacity_tokens < limit:
+        return TraceLimits(capacity_tokens, "the most the largest cache of this sweep holds (device + host "
+                           "+ storage anchor tokens; a longer prompt could never be served)", stall_s)
+    return TraceLimits(limit, "the limit of --max-prompt-tokens", stall_s)
+
+
+def _check_sizes(args: argparse.Namespace, stack, device_tokens: int, device: torch.device) -> int:
+    """Every run of the sweep fits the host budget and the device, before the first one
+    starts; returns the largest run's capacity in anchor tokens (`tier_tokens`)."""
+    largest = 0
     for ratio in [0.0, *args.hicache_ratio]:
-        plan = plan_sizes(stack, device_tokens, _config(args, ratio))
+        config = _config(args, ratio)
+        plan = plan_sizes(stack, device_tokens, config)
         if not plan.fits:
             gib = 1 << 30
             raise ValueError(f"--hicache-ratio {ratio:g}: the host pools need {plan.host_bytes_total / gib:.2f} GiB, "
@@ -110,6 +133,16 @@ def _check_sizes(args: argparse.Namespace, stack, device_tokens: int, device: to
                              f"({plan.budget.describe()}); lower --hicache-ratio, --device-tokens or "
                              "--hicache-host-headroom")
         check_fits_device(plan, device)
+        largest = max(largest, _capacity(plan, stack, config))
+    return largest
+
+
+def _capacity(plan, stack, config: HiCacheConfig) -> int:
+    """A run's anchor tokens on every tier, from its plan (nothing allocated)."""
+    anchor = next(p for p in plan.pools if p.name == stack.anchor.name)
+    per_row = stack.anchor.tokens_per_row
+    storage = None if config.storage_backend == "none" else config.storage_capacity_bytes
+    return tier_tokens(anchor.device_rows * per_row, anchor.host_rows * per_row, plan.host_bytes_total, storage)
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -152,9 +185,9 @@ def _run(args: argparse.Namespace) -> int:
     device_tokens = check_device_tokens(args.device_tokens if args.device_tokens is not None
                                         else (1 << 20 if args.trace else 32768), stack)
     plot_path = check_plot_path(args.plot)  # the path, matplotlib and the format, before any run
-    requests, what = _workload(args)  # every trace line is checked before anything replays
     fill_storage_defaults(args, stack)
-    _check_sizes(args, stack, device_tokens, device)  # bad flag values fail before the first run
+    capacity = _check_sizes(args, stack, device_tokens, device)  # bad flag values fail before the first run
+    requests, what = _workload(args, capacity)  # every trace line is checked before anything replays
     check_storage_flags(args)  # after the values' own checks, which name a bad value first
     check_backend_usable(args.io_backend)  # a backend that cannot run here, before any run (build checks too)
     storage = probe_storage(args, stack, _config(args, 0.0))
@@ -168,9 +201,11 @@ def _run(args: argparse.Namespace) -> int:
             progress.finish()
     except ReplayMismatch as exc:
         return out.stop(sweep.runs, Verdict("MISMATCH", f"hicache replay: MISMATCH: {exc}"), 1)
-    except KeyboardInterrupt:  # Ctrl-C: what finished is still worth printing
-        line = f"{line_break()}hicache replay: interrupted (Ctrl-C) {sweep.stopped()}"
-        return out.stop(sweep.runs, Verdict("INTERRUPTED", line), 130)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (Terminated): what finished is still worth printing
+        stop, status = ("stopped by SIGTERM", exc.status) if isinstance(exc, Terminated) else \
+            ("interrupted (Ctrl-C)", 130)
+        line = f"{line_break()}hicache replay: {stop} {sweep.stopped()}"
+        return out.stop(sweep.runs, Verdict("INTERRUPTED", line), status)
     except Exception as exc:
         if not _out_of_memory(exc):
             out.rows(sweep.runs)  # the finished rows, whatever the error (the CLI prints it next)

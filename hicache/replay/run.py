@@ -36,6 +36,22 @@ if TYPE_CHECKING:
     from hicache.radix.store import TierStore
 
 
+def tier_tokens(device_tokens: int, host_tokens: int, host_bytes: int, storage_bytes: int | None) -> int:
+    """Anchor tokens of a device, a host and a storage tier together (a run's capacity).
+
+    The storage tier counts at the host format's bytes per anchor token (``host_bytes``
+    over ``host_tokens``: every pool's share), so no run exceeds its Belady bound.
+
+    Args:
+        storage_bytes: the store's capacity; 0: unlimited (`UNLIMITED_TOKENS`); None: no store.
+    """
+    tokens = device_tokens + host_tokens
+    if storage_bytes is None:
+        return tokens
+    per_token = host_bytes / max(1, host_tokens)
+    return tokens + (int(storage_bytes / per_token) if storage_bytes else UNLIMITED_TOKENS)
+
+
 @dataclass(slots=True)
 class RunStats:
     """Totals of one replay (tokens are prompt tokens)."""
@@ -100,19 +116,13 @@ class Replayer:
         self._instrument()
 
     def _capacity_tokens(self, host_tier: bool, storage: bool) -> int:
-        """Anchor tokens the run's tiers hold: the bounds' capacity. A storage tier adds its
-        capacity at the host format's bytes per anchor token (every pool's share; an
-        unlimited store: `UNLIMITED_TOKENS`), so no run exceeds its Belady bound."""
+        """Anchor tokens the run's tiers hold: the bounds' capacity (`tier_tokens`)."""
         host = self.cache.host_group.pools[self.anchor].allocator
         tokens = self.cache.device_pools[self.anchor].num_tokens
         if not host_tier or host is None:
             return tokens
-        tokens += host.num_slots
-        if storage:
-            cap = self.cache.config.storage_capacity_bytes
-            per_token = self.cache.host_group.nbytes / max(1, host.num_slots)
-            tokens += int(cap / per_token) if cap else UNLIMITED_TOKENS
-        return tokens
+        return tier_tokens(tokens, host.num_slots, self.cache.host_group.nbytes,
+                           self.cache.config.storage_capacity_bytes if storage else None)
 
     def _instrument(self) -> None:
         """Time the launches to completion (CPU mode copies synchronously inside them; on

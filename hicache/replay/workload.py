@@ -11,28 +11,41 @@ it), ``input_length`` prompt tokens, ``output_length`` generated tokens.
              0                      512                     1024   input_length
     pages    |  p0  |  p1  |  p2  |  p3  |  p4  |  p5  |  p6  |  (drop the partial page)
 
-A trace is read with a bound (`hicache.bounded`): a line over `MAX_LINE_BYTES`, or a file
-passing `MAX_TRACE_BYTES` (decompressed), is refused naming the line and the limit, so
-``--trace /dev/zero`` or a FIFO that never ends costs one line of memory, not the machine.
-The built-in workloads live in `hicache.replay.builtin`.
+A trace is read with bounds (`bounded_input`), each refusal one line naming the line and
+the limit, before anything is allocated for it:
+
+    bytes    a line over `MAX_LINE_BYTES`, a run of blank lines over the same, or a file
+             passing `MAX_TRACE_BYTES` (decompressed): ``--trace /dev/zero`` or a FIFO
+             that never ends costs one line of memory, not the machine
+    time     no request for `TraceLimits.stall_s` seconds (``--trace-stall-timeout``): a
+             FIFO with no writer, a pipe gone quiet or a bomb of blank lines ends in seconds
+    JSON     deeper than 64 levels, a number of more than 64 digits (`bounded_input.parse_json`)
+    prompt   ``input_length`` over `TraceLimits.prompt_tokens` (``--max-prompt-tokens``, or
+             what the largest cache of the sweep holds): a 1 MiB line of ``hash_ids``
+             describes a 268 M-token prompt, which would take gigabytes of token ids
+
+``hash_ids`` past the prompt (past ``input_length``) are checked and dropped: no request
+holds more ids than its prompt has blocks. The built-in workloads live in
+`hicache.replay.builtin`.
 """
 from __future__ import annotations
 
 import gzip
-import json
 import lzma
+from contextlib import ExitStack
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 import numpy as np
 
-from hicache.bounded import capped_lines
+from bounded_input import STALL_S, Deadline, capped_lines, open_source, parse_json
 
 BLOCK_TOKENS = 512
 VOCAB = 1 << 17
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 MAX_LINE_BYTES = 1 << 20  # one request: ~100k hash_ids, a 50 M-token prompt (the shipped trace's longest: 2.7 KB)
 MAX_TRACE_BYTES = 256 << 20  # a whole trace, decompressed: ~900k requests (the shipped one: 1.1 MB)
+MAX_PROMPT_TOKENS = 1 << 20  # --max-prompt-tokens: the longest context of the presets (DeepSeek-V4: 1M tokens)
 
 
 class Request(NamedTuple):
@@ -42,6 +55,14 @@ class Request(NamedTuple):
     input_length: int
     output_length: int
     hash_ids: tuple[int, ...]
+
+
+class TraceLimits(NamedTuple):
+    """What a trace may ask for (module docstring)."""
+
+    prompt_tokens: int = MAX_PROMPT_TOKENS  # a longer input_length is refused
+    prompt_why: str = "the limit of --max-prompt-tokens"  # what sets prompt_tokens, named in the refusal
+    stall_s: float = STALL_S  # seconds the trace may give no request (--trace-stall-timeout)
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -77,23 +98,24 @@ def _int_field(rec: dict, name: str, lineno: int, path: str) -> int:
     return value
 
 
-def parse_line(line: str, lineno: int, path: str = "<trace>") -> Request:
+def parse_line(line: str | bytes, lineno: int, path: str = "<trace>", limits: TraceLimits = TraceLimits()) -> Request:
     """One trace line as a `Request`.
 
     Raises:
-        ValueError: naming the line: not a JSON object, a missing field, a non-integer or
-            negative length, bad ``hash_ids``, or blocks not covering ``input_length``.
+        ValueError: naming the line: not JSON within `bounded_input.parse_json`'s bounds, not
+            an object, a missing field, a non-integer or negative length, bad ``hash_ids``,
+            blocks not covering ``input_length``, or a prompt over ``limits.prompt_tokens``.
     """
-    try:
-        rec = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise _bad(lineno, path, f"not valid JSON ({exc.msg})") from None
+    rec = parse_json(line, f"--trace {path}", lineno)
     if not isinstance(rec, dict):
         raise _bad(lineno, path, "must be a JSON object")
     missing = [f for f in FIELDS if f not in rec]
     if missing:
         raise _bad(lineno, path, f"missing field(s) {missing}; need {list(FIELDS)}")
     ts, n_in, n_out = (_int_field(rec, f, lineno, path) for f in FIELDS[:3])
+    if n_in > limits.prompt_tokens:
+        raise _bad(lineno, path, f"input_length {n_in:,} is over {limits.prompt_tokens:,} tokens, "
+                                 f"{limits.prompt_why}; refused before anything is allocated for it")
     ids = rec["hash_ids"]
     if not isinstance(ids, list) or any(isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < 1 << 64
                                         for h in ids):
@@ -101,50 +123,47 @@ def parse_line(line: str, lineno: int, path: str = "<trace>") -> Request:
     if len(ids) * BLOCK_TOKENS < n_in:
         raise _bad(lineno, path, f"{len(ids)} hash_ids cover {len(ids) * BLOCK_TOKENS} tokens, "
                                  f"fewer than input_length={n_in}")
-    return Request(ts, n_in, n_out, tuple(ids))
+    return Request(ts, n_in, n_out, tuple(ids[:-(-n_in // BLOCK_TOKENS)]))  # the prompt's blocks, no more
 
 
-def _decode(raw: bytes, lineno: int, path: str) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise _bad(lineno, path, f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
-                                 "a trace is JSON lines") from None
-
-
-def _open_trace(path: str):
-    """A binary reader of the trace: ``.xz`` and ``.gz`` files are decompressed on the fly
-    (the repository ships its trace as ``data/mooncake_synthetic_trace.jsonl.xz``)."""
+def _open_trace(path: str, deadline: Deadline, files: ExitStack) -> BinaryIO:
+    """A binary reader of the trace, closed with ``files``: ``.xz`` and ``.gz`` files are
+    decompressed on the fly (the repository ships its trace as
+    ``data/mooncake_synthetic_trace.jsonl.xz``); a FIFO or pipe is read against ``deadline``."""
+    raw = files.enter_context(open_source(path, deadline))
     if path.endswith(".xz"):
-        return lzma.open(path, "rb")
+        return files.enter_context(lzma.open(raw, "rb"))
     if path.endswith(".gz"):
-        return gzip.open(path, "rb")
-    return open(path, "rb")
+        return files.enter_context(gzip.open(raw, "rb"))
+    return raw
 
 
-def load_trace(path: str | Path, max_requests: int | None = None) -> list[Request]:
+def load_trace(path: str | Path, max_requests: int | None = None, limits: TraceLimits = TraceLimits()) -> list[Request]:
     """Parse a Mooncake JSONL trace (blank lines skipped); all lines checked before any replay.
 
     Args:
         path: a ``.jsonl`` file, or one compressed as ``.jsonl.xz`` / ``.jsonl.gz``.
         max_requests: stop after this many requests (None: all).
+        limits: the longest prompt and the longest stall accepted (`TraceLimits`).
     Returns:
         The requests in file order.
     Raises:
         ValueError: a file that cannot be read or decompressed, a line that is not UTF-8 or
-            is bad (its number in the message), a line over `MAX_LINE_BYTES` or a file over
-            `MAX_TRACE_BYTES` (refused without reading further), or a file with no requests.
+            is bad (its number in the message), a line or a run of blank lines over
+            `MAX_LINE_BYTES`, a file over `MAX_TRACE_BYTES` (refused without reading
+            further), no request for ``limits.stall_s`` seconds, or a file with no requests.
     """
     path = str(path)
     out: list[Request] = []
     try:
-        with _open_trace(path) as f:
-            for lineno, raw in capped_lines(f, f"--trace {path}", MAX_LINE_BYTES, MAX_TRACE_BYTES):
+        with ExitStack() as files:
+            deadline = Deadline(limits.stall_s)
+            f = _open_trace(path, deadline, files)
+            for lineno, raw in capped_lines(f, f"--trace {path}", MAX_LINE_BYTES, MAX_TRACE_BYTES, deadline,
+                                            "--trace-stall-timeout"):
                 if max_requests is not None and len(out) >= max_requests:
                     break
-                line = _decode(raw, lineno, path)
-                if line.strip():
-                    out.append(parse_line(line, lineno, path))
+                out.append(parse_line(raw, lineno, path, limits))
     except OSError as exc:  # missing, a folder, no permission, not gzip data...
         raise ValueError(f"--trace {path}: cannot read it ({exc.strerror or exc})") from None
     except (lzma.LZMAError, EOFError) as exc:  # not xz data, or cut short

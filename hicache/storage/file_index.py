@@ -32,20 +32,25 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from hicache.storage.base import capacity_flag
-from hicache.storage.file_layout import clear_entry, is_our_namespace_dir, is_regular, unlink_quiet
+from hicache.storage.base import LogOnce, capacity_flag, log
+from hicache.storage.file_layout import clear_entry, is_regular, scan_root, unlink_quiet
 from hicache.storage.file_ledger import Ledger, Reservation, abandon, close_reservation, reserve, scan_namespace
 
 
 class FileIndex:
     """Object paths in least-recently-used order, and the directory's shared total (thread-safe).
 
+    A namespace directory whose marker is damaged is skipped by every scan (its pages are
+    neither counted nor evicted here), with one warning per directory; a namespace this
+    process opened warns through its own backend, which rebuilds the marker.
+
     Args:
         root: the storage directory (checked by `file_layout.open_root`).
         capacity_bytes: bytes of objects and writes in flight allowed under ``root``; 0 = unlimited.
+        namespace: the digest (hex) of the namespace whose opening makes the index.
     """
 
-    def __init__(self, root: Path, capacity_bytes: int) -> None:
+    def __init__(self, root: Path, capacity_bytes: int, namespace: str = "") -> None:
         self.root, self.capacity_bytes = root, int(capacity_bytes)
         self.pid = os.getpid()
         self._lru: OrderedDict[str, int] = OrderedDict()
@@ -57,6 +62,8 @@ class FileIndex:
         self._dirs: set[str] = set()  # namespace directories scanned
         self._open: dict[str, list[int]] = {}  # open namespace -> [bytes of one object, backends]
         self._ledger = Ledger(root)
+        self._opened = {namespace[:32]}  # directory names of the namespaces opened here (their backends warn)
+        self._damage = LogOnce(log, f"file storage [{root}]")
         with self._locked():
             self._rescan()
 
@@ -97,8 +104,11 @@ class FileIndex:
 
     def _rescan(self) -> int:
         """Rebuild the LRU and the shared total from the disk (lock held); the total."""
-        with os.scandir(self.root) as entries:
-            dirs = [e.path for e in entries if is_our_namespace_dir(e)]
+        dirs, damaged = scan_root(self.root)
+        for ns_dir, why in damaged:
+            if os.path.basename(ns_dir) not in self._opened:
+                self._damage(ns_dir, f"{why}; that namespace is skipped (its pages are neither counted nor evicted "
+                                     "by this process)")
         found, reserved = [], 0
         for ns_dir in dirs:
             objects, held = scan_namespace(ns_dir)
@@ -286,7 +296,7 @@ def open_index(root: Path, capacity_bytes: int, namespace: str = "", object_byte
         index, refs = _OPEN.get(key, (None, 0))
         fresh = index is None or index.pid != os.getpid()  # a forked child opens its own
         if fresh:
-            index, refs = FileIndex(Path(key), capacity_bytes), 0
+            index, refs = FileIndex(Path(key), capacity_bytes, namespace), 0
         capacity = int(capacity_bytes) or index.capacity_bytes
         need = index.smallest_useful(namespace, object_bytes)
         if capacity and capacity < need:
@@ -296,6 +306,7 @@ def open_index(root: Path, capacity_bytes: int, namespace: str = "", object_byte
                              f"of every pool open on {key} ({need:,} B); the smallest useful capacity is "
                              f"{capacity_flag(need)} (GB), or 0 for unlimited")
         index.capacity_bytes = capacity
+        index._opened.add(namespace[:32])
         entry = index._open.setdefault(namespace, [object_bytes, 0])
         entry[1] += 1
         _OPEN[key] = (index, refs + 1)

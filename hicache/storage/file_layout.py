@@ -20,13 +20,12 @@ checked with ``lstat`` (a real directory owned by this user).
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import stat
 from pathlib import Path
 
-from hicache.bounded import over_limit
+from bounded_input import over_limit, parse_json
 from hicache.storage.base import StorageUnavailableError
 from hicache.storage.keys import describe_digest
 
@@ -270,31 +269,45 @@ def advance(views: list[memoryview], nbytes: int) -> list[memoryview]:
 
 def read_marker(ns_dir: str) -> dict | str | None:
     """The namespace a directory's ``namespace.json`` describes; ``None`` if there is none;
-    else why it cannot be used (a string naming the file: not a regular file, not UTF-8
-    JSON, or not matching the directory's name)."""
+    else why it cannot be used (a string naming the file: not a regular file, over
+    `MARKER_MAX_BYTES`, not UTF-8, not JSON within `bounded_input.parse_json`'s depth and
+    digit bounds, not an object, or not matching the directory's name). Never raises for
+    what the file holds: a damaged marker is a miss, whatever the damage."""
     path = os.path.join(ns_dir, NAMESPACE_FILE)
     try:
         fd = open_regular(path)
+        if fd is None:
+            return None
+        try:
+            raw = os.read(fd, MARKER_MAX_BYTES + 1)
+        finally:
+            os.close(fd)
     except OSError as e:
         return f"{path} is {e.strerror}" if isinstance(e, NotAFile) else f"{path}: {e.strerror or e}"
-    if fd is None:
-        return None
-    try:
-        raw = os.read(fd, MARKER_MAX_BYTES + 1)
-    finally:
-        os.close(fd)
     if len(raw) > MARKER_MAX_BYTES:
         return str(over_limit(path, raw, MARKER_MAX_BYTES, "a namespace marker"))
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        return f"{path} is damaged ({type(e).__name__}: {e})"
+        doc = parse_json(raw, path)
+    except ValueError as e:  # names the file and the line
+        return str(e)
     if not isinstance(doc, dict) or describe_digest(doc).hex()[:32] != os.path.basename(ns_dir):
-        return f"{path} describes another namespace than its directory's name"
+        return f"{path} describes another namespace than its directory's name"  # a wrong type included
     return doc
 
 
-def is_our_namespace_dir(entry: os.DirEntry) -> bool:
-    """A namespace directory of ours: the name, a real directory, and a valid marker."""
-    return (NS_DIR_RE.fullmatch(entry.name) is not None and entry.is_dir(follow_symlinks=False)
-            and isinstance(read_marker(entry.path), dict))
+def scan_root(root: str | os.PathLike) -> tuple[list[str], list[tuple[str, str]]]:
+    """The namespace directories of ours under ``root`` (a name, a real directory, a valid
+    marker), and (directory, why) for each one with a namespace's name whose marker is
+    damaged (`read_marker`: a miss, never an error). A directory without a marker yet
+    (another process creating it) is in neither list."""
+    ours, damaged = [], []
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if NS_DIR_RE.fullmatch(entry.name) is None or not entry.is_dir(follow_symlinks=False):
+                continue
+            found = read_marker(entry.path)
+            if isinstance(found, dict):
+                ours.append(entry.path)
+            elif found is not None:
+                damaged.append((entry.path, found))
+    return ours, damaged

@@ -157,7 +157,7 @@ def test_env_names_the_table_and_refuses_a_bad_one(tmp_path, monkeypatch):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     monkeypatch.setenv(auto_table.ENV, str(bad))
-    with pytest.raises(ValueError, match="^" + re.escape(f"HICACHE_AUTO_TABLE: {bad}: not a readable JSON")):
+    with pytest.raises(ValueError, match="^" + re.escape(f"HICACHE_AUTO_TABLE: {bad}: line 1: not valid JSON")):
         AutoBackend()
 
 

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from bounded_input import read_json
 from transfer_kernels import tuning
 
 FORMAT, VERSION = "hicache-auto-table", 1
@@ -155,30 +156,19 @@ def load(path: str | Path) -> AutoTable:
         The table.
 
     Raises:
-        ValueError: the file cannot be read or parsed, or a field is wrong; the message
-            starts with the path and names the field (``rules[2].use``).
+        ValueError: the file cannot be read, is over `MAX_TABLE_BYTES`, stalls (a FIFO
+            with no writer), is not JSON within `bounded_input.parse_json`'s bounds (the
+            line named), or a field is wrong; the message starts with the path and names
+            the line or the field (``rules[2].use``).
     """
     try:
-        doc = json.loads(_read_capped(path))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = read_json(path, "an auto table file", MAX_TABLE_BYTES)
+    except OSError as exc:
         raise ValueError(f"{path}: not a readable JSON auto table ({exc})") from None
     try:
         return from_json(doc)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
-
-
-def _read_capped(path: str | Path) -> bytes:
-    """The file's bytes, at most `MAX_TABLE_BYTES`: never more than that + 1 read (a FIFO or
-    ``/dev/zero`` named by mistake is refused, not read until memory runs out). Own code,
-    not ``hicache.bounded``: transfer_kernels imports nothing of hicache."""
-    with open(path, "rb") as f:
-        data = f.read(MAX_TABLE_BYTES + 1)
-    if len(data) > MAX_TABLE_BYTES:
-        line = data[:MAX_TABLE_BYTES].count(b"\n") + 1
-        raise ValueError(f"{path}: line {line:,}: more than {MAX_TABLE_BYTES:,} bytes, the limit of an auto table "
-                         "file; refused without reading further")
-    return data
 
 
 def from_json(doc: Any) -> AutoTable:

@@ -19,7 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from bounded_input import MAX_JSON_BYTES, capped_lines, parse_json
 from hicache.integrations.vllm.process import ServerGroup
+
+MAX_STREAM_BYTES = 1 << 30  # one completion's event stream (a few MB for the longest runs here)
 
 
 def free_port() -> int:
@@ -136,12 +139,12 @@ class VllmServer:
         req = urllib.request.Request(f"{self.url}/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         started, first, ids, text, prompt_tokens = time.perf_counter(), None, [], [], 0
+        what = f"{self.url}/v1/completions stream"
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            for raw in resp:
-                line = raw.decode().strip()
-                if not line.startswith("data: ") or line == "data: [DONE]":
+            for lineno, raw in capped_lines(resp, what, MAX_JSON_BYTES + 6, MAX_STREAM_BYTES):
+                if not raw.startswith(b"data: ") or raw.strip() == b"data: [DONE]":
                     continue
-                chunk = json.loads(line[6:])
+                chunk = parse_json(raw[6:], what, lineno)
                 if chunk.get("usage"):
                     prompt_tokens = chunk["usage"]["prompt_tokens"]
                 for choice in chunk.get("choices", []):

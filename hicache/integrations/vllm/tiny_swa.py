@@ -11,11 +11,11 @@ Runs in the vLLM environment (transformers), once, from ``scripts/setup_vllm.sh`
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
 
+from bounded_input import read_json
 from hicache.integrations.vllm.smollm2 import fresh_folder, publish
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -28,7 +28,7 @@ def write(out: Path, tokenizer_dir: Path, window: int = 128) -> Path:
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     tmp = fresh_folder(out)
-    tok_config = json.loads((tokenizer_dir / "config.json").read_text())
+    tok_config = read_json(tokenizer_dir / "config.json", "a model config")
     config = Gemma3TextConfig(
         vocab_size=tok_config["vocab_size"], hidden_size=128, intermediate_size=256,
         num_hidden_layers=2 * len(LAYERS), num_attention_heads=2, num_key_value_heads=1,
