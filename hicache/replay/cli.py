@@ -119,13 +119,10 @@ def _trace_limits(args: argparse.Namespace, capacity_tokens: int) -> TraceLimits
     return TraceLimits(limit, "the limit of --max-prompt-tokens", stall_s)
 
 
-def _check_sizes(args: argparse.Namespace, stack, device_tokens: int, device: torch.device) -> int:
-    """Every run of the sweep fits the host budget and the device, before the first one
-    starts; returns the largest run's capacity in anchor tokens (`tier_tokens`)."""
-    largest = 0
+def _check_sizes(args: argparse.Namespace, stack, device_tokens: int, device: torch.device) -> None:
+    """Every run of the sweep fits the host budget and the device, before the first one starts."""
     for ratio in [0.0, *args.hicache_ratio]:
-        config = _config(args, ratio)
-        plan = plan_sizes(stack, device_tokens, config)
+        plan = plan_sizes(stack, device_tokens, _config(args, ratio))
         if not plan.fits:
             gib = 1 << 30
             raise ValueError(f"--hicache-ratio {ratio:g}: the host pools need {plan.host_bytes_total / gib:.2f} GiB, "
@@ -133,8 +130,13 @@ def _check_sizes(args: argparse.Namespace, stack, device_tokens: int, device: to
                              f"({plan.budget.describe()}); lower --hicache-ratio, --device-tokens or "
                              "--hicache-host-headroom")
         check_fits_device(plan, device)
-        largest = max(largest, _capacity(plan, stack, config))
-    return largest
+
+
+def _largest_capacity(args: argparse.Namespace, stack, device_tokens: int) -> int:
+    """The largest run's capacity in anchor tokens (`tier_tokens`), from the plans alone:
+    arithmetic, nothing allocated and nothing of this machine's memory checked."""
+    return max(_capacity(plan_sizes(stack, device_tokens, config), stack, config)
+               for config in (_config(args, ratio) for ratio in [0.0, *args.hicache_ratio]))
 
 
 def _capacity(plan, stack, config: HiCacheConfig) -> int:
@@ -186,8 +188,9 @@ def _run(args: argparse.Namespace) -> int:
                                         else (1 << 20 if args.trace else 32768), stack)
     plot_path = check_plot_path(args.plot)  # the path, matplotlib and the format, before any run
     fill_storage_defaults(args, stack)
-    capacity = _check_sizes(args, stack, device_tokens, device)  # bad flag values fail before the first run
+    capacity = _largest_capacity(args, stack, device_tokens)  # the longest prompt any run could serve
     requests, what = _workload(args, capacity)  # every trace line is checked before anything replays
+    _check_sizes(args, stack, device_tokens, device)  # bad flag values fail before the first run
     check_storage_flags(args)  # after the values' own checks, which name a bad value first
     check_backend_usable(args.io_backend)  # a backend that cannot run here, before any run (build checks too)
     storage = probe_storage(args, stack, _config(args, 0.0))

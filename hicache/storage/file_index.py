@@ -107,8 +107,8 @@ class FileIndex:
         dirs, damaged = scan_root(self.root)
         for ns_dir, why in damaged:
             if os.path.basename(ns_dir) not in self._opened:
-                self._damage(ns_dir, f"{why}; that namespace is skipped (its pages are neither counted nor evicted "
-                                     "by this process)")
+                self._damage(ns_dir, f"{why}; that namespace is skipped: its pages are neither counted nor "
+                                     "evicted here until a server of that namespace rebuilds the marker")
         found, reserved = [], 0
         for ns_dir in dirs:
             objects, held = scan_namespace(ns_dir)
