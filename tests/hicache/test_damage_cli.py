@@ -1,12 +1,15 @@
-"""Damage is one line (issue 37, items 5-7): `hicache replay` run as a user runs it, in a
-child process, on a trace or a table that cannot be parsed, asks too much, stalls, or is
-stopped by SIGTERM. Each ends with its exit status and one line naming the file and the
-line, never a traceback; SIGTERM leaves nothing behind.
+"""Damage is one line (issue 37, items 5-7): `hicache replay` run in a child process on a
+trace or a table that cannot be parsed, asks too much, stalls, or is stopped by SIGTERM.
+Each ends with its exit status and one line naming the file and the line, never a
+traceback; SIGTERM leaves nothing behind.
 
-The refusals' children all start at once (a module fixture) and each test waits for its
-own, so the cases cost about one start of the command, not six."""
+The refusals run in ONE child, one `hicache.cli.main` call each (its status and stderr
+kept per case, an escaped exception printed as the interpreter would), so the cases cost
+one start of the command, not six; a case that blocks (the FIFO's, before its bound) hangs
+that child and fails the test at `WAIT_S`."""
 from __future__ import annotations
 
+import json
 import lzma
 import os
 import signal
@@ -17,9 +20,27 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-WAIT_S = 300  # a child that has not answered by then hangs (the FIFO's, before its bound)
+WAIT_S = 300
 REQUEST = '{"timestamp": 0, "input_length": 700, "output_length": 5, "hash_ids": [1, 2]}\n'
 SMALL = ["--no-progress", "--layers", "1", "--device-tokens", "4096", "--hicache-ratio", "1", "--max-requests", "2"]
+
+# The child: per case, set its environment, run the command, report (status, stdout, stderr).
+CASES_CHILD = """
+import contextlib, io, json, os, sys, traceback
+from hicache.cli import main
+for name, argv, env in json.loads(sys.argv[1]):
+    os.environ.update(env)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except BaseException:  # what the interpreter would print, and its status
+            traceback.print_exc()
+            code = 1
+    for key in env:
+        del os.environ[key]
+    print(json.dumps([name, code, out.getvalue(), err.getvalue()]), flush=True)
+"""
 
 
 def _child(argv: list[str], env: dict | None = None, script: str | None = None) -> subprocess.Popen:
@@ -68,26 +89,25 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def refusals(tmp_path_factory):
+def refusals(tmp_path_factory) -> tuple[Path, dict[str, tuple[int, str, str]], str]:
     tmp = tmp_path_factory.mktemp("damage")
-    children = {name: _child(argv, env) for name, (argv, env) in _cases(tmp).items()}
-    yield tmp, children
-    for proc in children.values():
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
-
-
-@pytest.mark.parametrize("case", list(EXPECTED))
-def test_damaged_or_stalled_input_is_one_line_naming_the_file_and_the_line(refusals, case):
-    tmp, children = refusals
-    proc = children[case]
+    cases = [[name, argv, env] for name, (argv, env) in _cases(tmp).items()]
+    proc = _child([json.dumps(cases)], script=CASES_CHILD)
     try:
         out, err = proc.communicate(timeout=WAIT_S)
     except subprocess.TimeoutExpired:
         proc.kill()
-        pytest.fail(f"{case}: no answer in {WAIT_S} s (blocked on its input)")
-    assert proc.returncode == 2 and out == "", (proc.returncode, out, err)
+        out, err = proc.communicate()
+    results = {name: (code, o, e) for name, code, o, e in map(json.loads, out.splitlines())}
+    return tmp, results, err
+
+
+@pytest.mark.parametrize("case", list(EXPECTED))
+def test_damaged_or_stalled_input_is_one_line_naming_the_file_and_the_line(refusals, case):
+    tmp, results, child_err = refusals
+    assert case in results, f"{case}: no answer in {WAIT_S} s (blocked on its input?) {child_err[-2000:]}"
+    code, out, err = results[case]
+    assert code == 2 and out == "", (code, out, err)
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert err.strip().startswith("hicache replay: error: " + EXPECTED[case].format(tmp=tmp)), err
 
