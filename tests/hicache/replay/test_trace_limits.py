@@ -60,3 +60,10 @@ def test_the_limit_flags_are_checked_in_one_line(tmp_path, capsys, flag, value):
     assert main(["replay", "--trace", str(trace), flag, value, *SMALL]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"hicache replay: error: {flag}: must be") and "\n" not in err, err
+
+
+def test_the_help_states_the_defaults_the_code_uses(capsys):
+    from bounded_input import STALL_S
+    assert main(["replay", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"(default {MAX_PROMPT_TOKENS:,})" in text and f"(default {STALL_S:g})" in text
