@@ -11,12 +11,15 @@ from typing import Sequence
 import torch
 
 from host_pools.allocator import PageAllocator
-from host_pools.pools import OwnSlotsMixin
+from host_pools.own_slots import OwnSlots
 from host_pools.spec import PoolSpec
 
 
-class DevicePool(OwnSlotsMixin):
+class DevicePool:
     """Device buffers of one pool plus, when own-indexed, its slot allocator.
+
+    ``alloc`` / ``free`` / ``available`` (API) are its `OwnSlots` part's (``slots``): the
+    allocator's own calls, or a refusal naming the source for a sidecar.
 
     Args:
         spec: the pool.
@@ -34,6 +37,9 @@ class DevicePool(OwnSlotsMixin):
         self.allocator: PageAllocator | None = None
         if spec.indices_from is None:
             self.allocator = PageAllocator(self.num_tokens, page_size or spec.tokens_per_row)
+        self.name, self.slots = spec.name, OwnSlots(spec, self.allocator)
+        self.alloc, self.free, self.available = self.slots.alloc, self.slots.free, self.slots.available
+        self.rows_of = spec.rows_of
         self._views: list[list[torch.Tensor]] | None = None
         self._table = None
 

@@ -15,50 +15,16 @@ from __future__ import annotations
 import torch
 
 from host_pools.allocator import PageAllocator
+from host_pools.own_slots import OwnSlots
 from host_pools.spec import PoolKind, PoolSpec
 
 LAYOUTS = ("page_first", "layer_first")
 
 
-class OwnSlotsMixin:
-    """Slot allocation of a pool that may own an allocator (own-indexed) or borrow (sidecar).
-
-    Needs ``self.spec`` and ``self.allocator`` (``None`` for a sidecar). Thread-safe
-    through the allocator.
-    """
-
-    spec: PoolSpec
-    allocator: PageAllocator | None
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    def _own(self) -> PageAllocator:
-        if self.allocator is None:
-            raise ValueError(f"pool {self.name!r} borrows indices from {self.spec.indices_from!r}; "
-                             "allocate from its source")
-        return self.allocator
-
-    def alloc(self, num_tokens: int) -> torch.Tensor | None:
-        """Whole-page token slots from this pool's allocator, or ``None`` when short."""
-        return self._own().alloc(num_tokens)
-
-    def free(self, slots: torch.Tensor) -> int:
-        """Give slots back; ``ValueError`` on unaligned, out-of-range or double frees (nothing changes)."""
-        return self._own().free(slots)
-
-    def available(self) -> int:
-        """Free token slots."""
-        return self._own().available()
-
-    def rows_of(self, slots: torch.Tensor) -> torch.Tensor:
-        """Rows of aligned runs of this pool's token slots."""
-        return self.spec.rows_of(slots)
-
-
-class LogicalHostPool(OwnSlotsMixin):
+class LogicalHostPool:
     """The data-less anchor (DeepSeek-V4): page-aligned host token slots, no tensor.
+
+    ``alloc`` / ``free`` / ``available`` are its allocator's, through its `OwnSlots` part.
 
     Args:
         num_tokens: host token slots; a positive multiple of ``page_size``.
@@ -70,8 +36,11 @@ class LogicalHostPool(OwnSlotsMixin):
     layout = "none"
 
     def __init__(self, num_tokens: int, page_size: int, name: str = "kv") -> None:
-        self.spec = PoolSpec(name, PoolKind.ANCHOR, 0, (), tokens_per_row=1)
+        self.spec, self.name = PoolSpec(name, PoolKind.ANCHOR, 0, (), tokens_per_row=1), name
         self.allocator = PageAllocator(num_tokens, page_size)
+        self.slots = OwnSlots(self.spec, self.allocator)
+        self.alloc, self.free, self.available = self.slots.alloc, self.slots.free, self.slots.available
+        self.rows_of = self.spec.rows_of
         self.num_tokens = int(num_tokens)
         self.num_rows = self.num_tokens
 
@@ -80,8 +49,11 @@ class LogicalHostPool(OwnSlotsMixin):
         return 0
 
 
-class HostPool(OwnSlotsMixin):
+class HostPool:
     """Host mirror of one device pool: one uint8 tensor, optionally with its own allocator.
+
+    ``alloc`` / ``free`` / ``available`` are its `OwnSlots` part's (``slots``): the
+    allocator's own calls, or a refusal for a sidecar.
 
     Args:
         spec: the pool's spec (must hold data).
@@ -116,6 +88,9 @@ class HostPool(OwnSlotsMixin):
         if spec.indices_from is None:
             ps = spec.tokens_per_row if page_size is None else page_size
             self.allocator = PageAllocator(self.num_tokens, ps)
+        self.name, self.slots = spec.name, OwnSlots(spec, self.allocator)
+        self.alloc, self.free, self.available = self.slots.alloc, self.slots.free, self.slots.available
+        self.rows_of = spec.rows_of
         self._views: list[list[torch.Tensor]] | None = None
 
     @staticmethod
