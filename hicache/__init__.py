@@ -23,6 +23,17 @@ _LAZY = {
 }
 
 
+def capabilities(config: HiCacheConfig | None = None) -> dict:
+    """The client-hint capability report (API) of a cache built from ``config`` (default:
+    the defaults): the actions it takes, why not the others, and its limits
+    (`hicache.radix.hints.envelope.capabilities`; `HiRadixCache.capabilities` is a built
+    tree's own, which knows whether it has a host tier)."""
+    from hicache.radix.hints.envelope import capabilities as report
+    config = HiCacheConfig() if config is None else config
+    unavailable = {"persist": "no storage tier"} if config.storage_backend == "none" else {}
+    return report(config.max_retained_ratio, config.max_hint_ttl_s, unavailable)
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
@@ -44,5 +55,5 @@ def __dir__() -> list[str]:
 __all__ = [
     "Ack", "DevicePool", "HiCache", "HiCacheConfig", "HiRadixCache", "HybridCacheController",
     "LayerDoneCounter",
-    "add_hicache_args", "build",
+    "add_hicache_args", "build", "capabilities",
 ]

@@ -43,6 +43,7 @@ MAX_HOST_GB = 1e9
 MAX_HICACHE_RATIO = 1e6
 MAX_RANKS = 1 << 16  # --hicache-ranks-per-host, --hicache-tp-size: past any deployment
 MAX_PREFETCH_TIMEOUT_S = 86400.0  # a day; a thread's wait takes no more than ~2^31 s
+MAX_HINT_TTL_CEILING_S = 365 * 86400.0  # --hicache-max-hint-ttl's own bound: a year
 
 # field -> flag, so every error names what the user typed
 FLAGS = {
@@ -69,6 +70,8 @@ FLAGS = {
     "storage_model_id": "--hicache-storage-model-id",
     "tp_rank": "--hicache-tp-rank",
     "tp_size": "--hicache-tp-size",
+    "max_retained_ratio": "--hicache-max-retained-ratio",
+    "max_hint_ttl_s": "--hicache-max-hint-ttl",
 }
 # a model id (a weights path, or a hub name and revision): PATH_MAX bytes. Every storage
 # namespace carries it, and the file store's marker (namespace.json) must stay within its read limit.
@@ -140,6 +143,9 @@ class HiCacheConfig:
         tp_rank: this process's tensor-parallel rank, 0 <= tp_rank < tp_size (in every
             storage namespace: ranks hold different slices of each page).
         tp_size: tensor-parallel size, >= 1.
+        max_retained_ratio: the share of each tier's pages that client hints may retain,
+            in [0, 1] (0: no retain is ever accepted; `hicache.radix.hints`).
+        max_hint_ttl_s: the longest retain a client may ask for, seconds (> 0, a year at most).
     """
 
     enable_hierarchical_cache: bool = False
@@ -165,6 +171,8 @@ class HiCacheConfig:
     tp_rank: int = 0
     tp_size: int = 1
     host_dtype: str = "auto"
+    max_retained_ratio: float = 0.5
+    max_hint_ttl_s: float = 86400.0
 
     def __post_init__(self) -> None:
         for field, kind in _FIELD_KINDS.items():
@@ -193,6 +201,13 @@ class HiCacheConfig:
             raise _bad("host_headroom_gb", f"must be >= 0, got {self.host_headroom_gb}")
         self._check_max_copy_programs()
         self._check_storage()
+        self._check_hints()
+
+    def _check_hints(self) -> None:
+        if not 0 <= self.max_retained_ratio <= 1:
+            raise _bad("max_retained_ratio", f"must be in [0, 1] (a share of each tier), got {self.max_retained_ratio}")
+        if not 0 < self.max_hint_ttl_s <= MAX_HINT_TTL_CEILING_S:
+            raise _bad("max_hint_ttl_s", f"must be in (0, {MAX_HINT_TTL_CEILING_S:g}] seconds, got {self.max_hint_ttl_s}")
 
     def _check_max_copy_programs(self) -> None:
         value = self.max_copy_programs
@@ -321,6 +336,11 @@ def add_hicache_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                    help="this process's tensor-parallel rank (storage namespaces carry it)")
     g.add_argument("--hicache-tp-size", dest="tp_size", type=int, default=d.tp_size,
                    help="tensor-parallel size (default %(default)s)")
+    g.add_argument("--hicache-max-retained-ratio", dest="max_retained_ratio", type=float,
+                   default=d.max_retained_ratio,
+                   help="share of each tier's pages client hints may retain, 0-1 (default %(default)s)")
+    g.add_argument("--hicache-max-hint-ttl", dest="max_hint_ttl_s", type=float, default=d.max_hint_ttl_s,
+                   help="longest retain a client may ask for, seconds (default %(default)g: a day)")
     add_storage_args(parser.add_argument_group("hierarchical cache: storage tier"))
     return parser
 

@@ -31,6 +31,9 @@ their state and talk through a few calls (composition; each part a module):
     StorageSide (optional)  store, prefetches, queued writes       hicache.radix.storage
                             -> changes the tree only through       hicache.radix.landing
                                StorageEdits, at poll
+    Hints                   client hints: retains, releases, the   hicache.radix.hints
+                            async demote / prefetch / persist;
+                            eviction's one filter (its HintBook)
 
 The storage tier's public calls (``prefetch``, ``stop_prefetch``, ``wait_prefetch``,
 ``drain_storage``, ``close``) are thin methods here that forward to the `StorageSide`.
@@ -44,13 +47,15 @@ to the insert that follows).
 """
 from __future__ import annotations
 
+import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
 from hicache.radix.check import check_tree
 from hicache.radix.evict import Evictor, NothingBelow
+from hicache.radix.hints import HintTicket, build_hints
 from hicache.radix.hybrid import snapshot_sizes
 from hicache.radix.index import RadixIndex
 from hicache.radix.insert import Inserter
@@ -76,6 +81,8 @@ class HiRadixCache:
         storage: the storage tier below the host: a `TierStore` (the tree closes it in
             `close`), ``None`` for none, or ``"config"`` (default) to open what
             ``cache.config`` asks for (``--hicache-storage-*``; needs the host tier).
+        clock: the client hints' clock in seconds (retain deadlines; default ``time.monotonic``;
+            a replay passes its trace's time).
     Raises:
         ValueError: a stack with an own-indexed pool other than the anchor that is not a
             STATE pool.
@@ -85,7 +92,7 @@ class HiRadixCache:
     """
 
     def __init__(self, cache: Any, *, host_tier: bool | None = None,
-                 storage: TierStore | str | None = "config") -> None:
+                 storage: TierStore | str | None = "config", clock: Callable[[], float] | None = None) -> None:
         self.cache, self.stack, self.ctrl = cache, cache.stack, cache.controller
         self.page_size = self.stack.page_size
         self.policy = cache.config.write_policy
@@ -108,6 +115,8 @@ class HiRadixCache:
         self._transfers.on_loaded = order.regained
         self._evictor.below["device"] = self._transfers
         self._insert = Inserter(self._index, self._ledger, self._transfers, cache.device_pools, self.counters, order)
+        self._storage = None
+        self._hints = build_hints(self, clock or time.monotonic, self._step)
         if storage == "config":  # the storage layer is imported only when a store is configured
             storage = None
             if self.host_enabled and cache.config.storage_backend != "none":
@@ -126,6 +135,8 @@ class HiRadixCache:
         self._evictor.below["host"] = NothingBelow() if side is None else side
         self._ledger.route_host_frees(None if side is None else side.free_host)
         self._transfers.on_backed_up = None if side is None else side.queue_store
+        if side is not None:
+            side.on_written = self._hints.work.written
 
     @property
     def root(self) -> TreeNode:
@@ -280,7 +291,14 @@ class HiRadixCache:
         self._transfers.apply(acks)
         if self._storage is not None:
             self._storage.poll()
+        self._hints.poll()
         return acks
+
+    def _step(self) -> None:
+        """One scheduler step for a hint's ``wait``: launch what is queued, then poll."""
+        self.ctrl.start_writing()
+        self.ctrl.start_loading()
+        self.poll()
 
     def wait(self, ops=None) -> None:
         """Launch what ``ops`` need and poll until they are acked (default: every op of this tree).
@@ -296,6 +314,40 @@ class HiRadixCache:
     def pending_ops(self) -> int:
         """Controller operations of this tree in flight."""
         return len(self._transfers.pending)
+
+    # ---- client hints (hicache.radix.hints) -----------------------------------------------
+    def hint(self, token_ids: Any, action: str, *, ttl_s: float | None = None, priority: int | None = None,
+             to: str | None = None) -> HintTicket:
+        """A client's hint on the cached prefix of ``token_ids`` (a partial last page ignored).
+
+        Actions: ``retain`` (``ttl_s`` required, ``priority`` 0-100, default 50): the prefix
+        stays in its tiers until ``ttl_s`` after the hint or its last hit, within
+        ``--hicache-max-retained-ratio`` of each tier; ``demote``: device -> host now;
+        ``prefetch`` (``to="device"`` or ``"host"``): up from storage or the host;
+        ``persist``: into the storage tier now; ``release``: the prefix goes first.
+        A node matched in part is split (not on a hybrid stack). Mutates the tree; demote,
+        prefetch and persist queue copies (launched by ``start_writing`` / ``start_loading``)
+        and finish at `poll`. Not thread-safe.
+
+        Returns:
+            A `HintTicket`: ACCEPTED (DONE when its pages are in place), DONE at once (a
+            release, a no-op: nothing of the prefix cached), or REFUSED with the reason
+            (a bad argument, an action this cache cannot take, over a budget, too many
+            hints this step); a refused hint changes nothing.
+        Raises:
+            TypeError / ValueError: token ids that are not a 1-D integer sequence within int64.
+        """
+        return self._hints.hint(token_ids, action, ttl_s, priority, to)
+
+    def hint_envelope(self, token_ids: Any, envelope: Any) -> list[HintTicket]:
+        """The hints of one envelope (``{"retain_s": 600, "priority": 5, ...}``:
+        `hicache.radix.hints.envelope`) on the prompt ``token_ids``, one ticket each (a
+        malformed envelope: one REFUSED ticket, nothing applied). As `hint` otherwise."""
+        return self._hints.envelope(token_ids, envelope)
+
+    def capabilities(self) -> dict:
+        """The hint actions this tree takes (and why not the others) and its limits."""
+        return self._hints.capabilities()
 
     # ---- storage (forwarded to the StorageSide; nothing without a tier) -----------------
     def prefetch(self, token_ids: Any) -> Prefetch | None:

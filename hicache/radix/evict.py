@@ -18,6 +18,9 @@ losing it), and each eviction filters the set, so no pass walks the whole tree:
     host: below = storage (`StorageSide`, writes back under its ``write_back``) or nothing.
 
 What lies below a tier is a `Below`: the evictor asks it three things and nothing else.
+Client hints (`hicache.radix.hints`) reach eviction through one filter, where a tier's
+victims are chosen (`Hinted.victims`): released leaves first, retained ones last, and a
+retained leaf only ever goes down a tier (saved below first, never deleted).
 Snapshots are evicted on their own too (``evict_states``), in the same order: the
 history chain stays. The policy hears of every copy dropped and every node deleted.
 """
@@ -50,6 +53,32 @@ class Below(Protocol):
         """Save the snapshots of ``nodes`` below before they are dropped here."""
 
 
+class Hinted(Protocol):
+    """What eviction asks of the client hints (`hicache.radix.hints.HintBook`)."""
+
+    def victims(self, policy: EvictionPolicy, tier: str, nodes: list[TreeNode]) -> tuple[Victims, frozenset]:
+        """The candidates in the order they go, and the retained (protected) ones among them."""
+
+    def kept(self, tier: str) -> frozenset:
+        """The nodes ``tier`` protects."""
+
+    def went_down(self, tier: str, node: TreeNode) -> None:
+        """A protected ``node`` gave up its copy on ``tier`` to a running request."""
+
+
+class NoHints:
+    """No client hints: the policy's candidates as they are."""
+
+    def victims(self, policy: EvictionPolicy, tier: str, nodes: list[TreeNode]) -> tuple[Victims, frozenset]:
+        return policy.victims(tier, nodes), frozenset()
+
+    def kept(self, tier: str) -> frozenset:
+        return frozenset()
+
+    def went_down(self, tier: str, node: TreeNode) -> None:
+        return None
+
+
 class NothingBelow:
     """The host tier without a storage tier: nothing is saved, a host leaf is deleted."""
 
@@ -75,6 +104,7 @@ class Evictor:
         policy: the eviction order (default LRU).
     Attributes:
         below: what lies below each tier, keyed by tier name (set by the tree).
+        hints: the client hints' filter (set by the tree; default none).
     """
 
     def __init__(self, index: RadixIndex, ledger: SlotLedger, counters: Counter,
@@ -82,6 +112,7 @@ class Evictor:
         self.index, self.ledger, self.counters = index, ledger, counters
         self.policy = LRU() if policy is None else policy
         self.below: dict[str, Below] = {"device": NothingBelow(), "host": NothingBelow()}
+        self.hints: Hinted = NoHints()
 
     def evict(self, tier: Tier, num_tokens: int) -> int:
         """Free at least ``num_tokens`` anchor slots of ``tier`` if the unlocked tree allows
@@ -89,48 +120,54 @@ class Evictor:
         fall short)."""
         freed = 0
         while freed < num_tokens:
-            victims = self._victims(tier)
+            victims, kept = self._victims(tier)
             if not victims:
                 break
-            gained, staged = self._evict_round(tier, victims, num_tokens - freed)
-            freed += gained
+            gained, staged = self._evict_round(tier, victims, kept, num_tokens - freed)
             if staged:
-                freed += self._write_back(tier, staged)
-            elif gained == 0:
+                gained += self._write_back(tier, staged, kept)
+            freed += gained
+            if gained == 0:  # what is left is in use, or retained with nowhere below to go
                 break
         self.counters[f"{tier.name}_evicted_tokens"] += freed
         return freed
 
-    def _evict_round(self, tier: Tier, victims: Victims, need: int) -> tuple[int, list[TreeNode]]:
+    def _evict_round(self, tier: Tier, victims: Victims, kept: frozenset,
+                     need: int) -> tuple[int, list[TreeNode]]:
         freed, staged, staged_tokens = 0, [], 0
         below = self.below[tier.name]
         write_back = below.writes_back
         while victims and freed + staged_tokens < need:
             node = victims.pop()
-            if write_back and not below.holds(node):
+            if (write_back or node in kept) and not below.holds(node):  # retained: saved below first
                 staged.append(node)
                 staged_tokens += node.num_tokens
                 continue
-            freed += self._drop(tier, node)
+            freed += self._drop(tier, node, kept)
             parent = node.parent
             if tier.is_leaf(parent) and parent.evictable:
                 victims.push(parent)
         return freed, staged
 
-    def _victims(self, tier: Tier) -> Victims:
+    def _victims(self, tier: Tier) -> tuple[Victims, frozenset]:
         keep = {n for n in tier.leaves if tier.is_leaf(n)}
         tier.leaves = keep
-        return self.policy.victims(tier.name, [n for n in keep if n.evictable])
+        return self.hints.victims(self.policy, tier.name, [n for n in keep if n.evictable])
 
-    def _write_back(self, tier: Tier, nodes: list[TreeNode]) -> int:
+    def _write_back(self, tier: Tier, nodes: list[TreeNode], kept: frozenset = frozenset()) -> int:
         """Back ``nodes`` up to the tier below, then drop their copies here (or the nodes)."""
         self.below[tier.name].save(nodes)
-        return sum(self._drop(tier, n) for n in nodes if not n.dead and tier.is_leaf(n) and n.evictable)
+        return sum(self._drop(tier, n, kept) for n in nodes if not n.dead and tier.is_leaf(n) and n.evictable)
 
-    def _drop(self, tier: Tier, node: TreeNode) -> int:
-        """Give back ``tier``'s copy of a leaf; delete the node if no other tier holds its history."""
+    def _drop(self, tier: Tier, node: TreeNode, kept: frozenset = frozenset()) -> int:
+        """Give back ``tier``'s copy of a leaf; delete the node if no other tier holds its
+        history. A retained (``kept``) node only goes down: 0 when nothing below holds it."""
         tokens = node.num_tokens
         others = [t for t in self.ledger.tiers if t is not tier and getattr(node, t.attr) is not None]
+        if node in kept:
+            if not others and not self.below[tier.name].holds(node):
+                return 0
+            self.hints.went_down(tier.name, node)
         if not others:
             self.policy.deleted(tier.name, self.delete_subtree(node))
         else:
@@ -163,7 +200,9 @@ class Evictor:
         per = next(iter(self.ledger.state_sizes.values()))
         entry = self.policy.entry
         name = tier.name
-        heap = heapq.nsmallest(-(-num_slots // per), (entry(name, n) for n in tier.states if n.evictable))
+        kept = self.hints.kept(name)  # a retained prefix keeps its snapshot
+        heap = heapq.nsmallest(-(-num_slots // per), (entry(name, n) for n in tier.states
+                                                      if n.evictable and n not in kept))
         victims = [e[-1] for e in heap]
         below = self.below[tier.name]
         if below.writes_back:
@@ -172,6 +211,14 @@ class Evictor:
             self.ledger.free_snapshot(tier, node)
         self.counters["states_evicted"] += len(victims)
         return len(victims) * per
+
+    def demote(self, node: TreeNode) -> int:
+        """Drop ``node``'s device copy now (a client's demote): a device leaf not in use whose
+        history the host holds. Returns the tokens freed (0 when it is not one)."""
+        tier = self.ledger.device
+        if node.dead or not node.evictable or not tier.is_leaf(node) or not self.below["device"].holds(node):
+            return 0
+        return self._drop(tier, node)
 
     def make_room(self, tier: Tier, anchor_tokens: int, with_state: bool) -> None:
         """Evict on ``tier`` until ``anchor_tokens`` (and, with state, one snapshot) fit."""

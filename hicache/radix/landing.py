@@ -125,15 +125,21 @@ class StorageEdits:
             host_tier.free(name, slots)
 
     def mark_written(self, segments: list[tuple[TreeNode, int, bool]], page_ok: list[bool],
-                     snap_ok: list[bool]) -> None:
+                     snap_ok: list[bool]) -> list[bool]:
         """A write finished: ``segments`` (node, history tokens written, with its snapshot)
-        in the write's order, ``page_ok`` per history page, ``snap_ok`` per snapshot."""
+        in the write's order, ``page_ok`` per history page, ``snap_ok`` per snapshot.
+        Returns per segment whether all it wrote (pages and snapshot) is stored."""
         off = snap = 0
+        out = []
         for node, tokens, with_snap in segments:
             pages = tokens // self.page_size
+            ok = all(page_ok[off:off + pages])
             if tokens and not node.dead and node.num_tokens == tokens:  # split meanwhile: unknown
-                node.stored = all(page_ok[off:off + pages])
+                node.stored = ok
             off += pages
             if with_snap:
+                ok = ok and snap_ok[snap]
                 node.state_stored = snap_ok[snap] and not node.dead
                 snap += 1
+            out.append(ok)
+        return out

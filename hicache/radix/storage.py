@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
@@ -61,6 +61,8 @@ class StorageSide:
         self.prefetches = Prefetches(store, edits, self.node_hashes, host_pools, state_sizes, counters)
         self._to_store: list[tuple[TreeNode, bool]] = []  # (node, with its host snapshot)
         self._has_history = bool(store.history)  # pages with data to write (else only snapshots)
+        # told of every finished write: (segments, each one's success); the client hints' persist
+        self.on_written: Callable[[list, list[bool]], None] | None = None
 
     def node_hashes(self, node: TreeNode) -> list[str]:
         """Page hashes of ``node``'s pages (chained from the root; cached on the nodes)."""
@@ -135,8 +137,10 @@ class StorageSide:
         res, store = job.results, self.store
         page_ok = _all_ok(res, store.history)
         snap_ok = _all_ok(res, store.state)
-        self.edits.mark_written(job.owner, page_ok, snap_ok)
+        ok = self.edits.mark_written(job.owner, page_ok, snap_ok)
         self.counters["storage_write_failed_pages"] += page_ok.count(False)
+        if self.on_written is not None:
+            self.on_written(job.owner, ok)
 
     # ---- polling -------------------------------------------------------------------------
     def poll(self) -> None:

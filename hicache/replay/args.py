@@ -14,7 +14,8 @@ from bounded_input import STALL_S
 from hicache.config import (EVICTION_POLICIES, HOST_DTYPES, IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES, HiCacheConfig,
                             add_storage_args)
 
-WORKLOAD_NAMES = ("chat", "shared-prompts", "agents")  # = hicache.replay.builtin.WORKLOADS (kept free of numpy here)
+WORKLOAD_NAMES = ("chat", "shared-prompts", "agents", "agents-hinted")  # = builtin.WORKLOADS (no numpy here)
+HINT_MODES = ("on", "off", "wrong")  # --hints: the trace's hints, none, a bad client's (hicache.replay.hintplay)
 
 
 DEFAULT_CAPACITY_GB = 16.0  # the README's storage replay (2 ratios of DeepSeek-V4 Flash) writes ~10 GB
@@ -38,14 +39,24 @@ def ratios(text: str) -> list[float]:
     return values
 
 
+def _names(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    """A comma-separated list of names, each one of ``allowed``, without repeats."""
+    names = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    bad = [n for n in names if n not in allowed]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(map(repr, bad)) or repr(text)}; "
+                                         f"give one or more of {', '.join(allowed)}, comma-separated")
+    return names
+
+
 def policies(text: str) -> list[str]:
     """``--hicache-eviction-policy``: ``"lru,lfu"`` -> ["lru", "lfu"], each one of `EVICTION_POLICIES`."""
-    names = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
-    bad = [n for n in names if n not in EVICTION_POLICIES]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown policy {', '.join(map(repr, bad)) or repr(text)}; "
-                                         f"give one or more of {', '.join(EVICTION_POLICIES)}, comma-separated")
-    return names
+    return _names(text, EVICTION_POLICIES, "policy")
+
+
+def hint_modes(text: str) -> list[str]:
+    """``--hints``: ``"off,on"`` -> ["off", "on"], each one of `HINT_MODES`."""
+    return _names(text, HINT_MODES, "mode")
 
 
 def add_replay_args(p: argparse.ArgumentParser) -> None:
@@ -54,7 +65,8 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", default=None, choices=WORKLOAD_NAMES,
                    help="a built-in workload instead of --trace (default chat): chat (multi-turn conversations), "
                         "shared-prompts (many users on a few long system prompts, short private tails), agents "
-                        "(agents re-reading a growing context)")
+                        "(agents re-reading a growing context), agents-hinted (agent sessions between tool calls, "
+                        "with other traffic, carrying an agent framework's hints)")
     p.add_argument("--model", default="deepseek-v3", help="preset name (default %(default)s)")
     p.add_argument("--layers", type=int, default=None,
                    help="use only the first N layers (default 4 for deepseek-v4-* presets, which covers "
@@ -67,6 +79,12 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hicache-eviction-policy", dest="eviction_policies", type=policies, default=[default_policy],
                    help=f"which leaf the device and host tiers evict first, or a list to sweep side by side: "
                         f"{', '.join(EVICTION_POLICIES)} (default {default_policy})")
+    p.add_argument("--hints", dest="hint_modes", type=hint_modes, default=["on"],
+                   help="the trace's client hints (a line's optional 'hints'): on (sent), off (ignored), wrong (a "
+                        "bad client's: retains and releases swapped), or a list to sweep side by side (default on)")
+    p.add_argument("--hicache-max-retained-ratio", dest="max_retained_ratio", type=float,
+                   default=HiCacheConfig().max_retained_ratio,
+                   help="share of each tier client hints may retain, 0-1 (default %(default)s)")
     p.add_argument("--hicache-write-policy", dest="write_policy", default="write_through", help=", ".join(WRITE_POLICIES))
     p.add_argument("--hicache-io-backend", dest="io_backend", default="auto", help=", ".join(IO_BACKENDS))
     p.add_argument("--hicache-mem-layout", dest="mem_layout", default="page_first", help=", ".join(MEM_LAYOUTS))

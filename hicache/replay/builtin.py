@@ -2,7 +2,8 @@
 
 Each is a list of `Request`s as a Mooncake trace would hold them: ``hash_ids`` name
 512-token blocks, equal ids at equal depth are the same content, and every new prompt's
-private part gets fresh ids. Three shapes, each a different eviction problem:
+private part gets fresh ids. Three shapes, each a different eviction problem (and a
+fourth with client hints, ``agents-hinted``: `hicache.replay.hinted`):
 
     chat            64 conversations of 2-8 turns from 4 shared 2-block system prompts; a
                     turn's prompt is the previous one plus its answer and a new message
@@ -23,9 +24,11 @@ from __future__ import annotations
 import random
 from typing import Callable, NamedTuple
 
+from hicache.replay.hinted import agents_hinted_workload
 from hicache.replay.workload import BLOCK_TOKENS, Request
 
-__all__ = ["WORKLOADS", "Workload", "agents_workload", "chat_workload", "shared_prompts_workload"]
+__all__ = ["WORKLOADS", "Workload", "agents_hinted_workload", "agents_workload", "chat_workload",
+           "shared_prompts_workload"]
 
 
 class _Ids:
@@ -149,4 +152,6 @@ WORKLOADS: dict[str, Workload] = {
     "shared-prompts": Workload(shared_prompts_workload, "the built-in shared system prompts (200 users on 40 "
                                                         "prompts of skewed popularity, short private tails)"),
     "agents": Workload(agents_workload, "the built-in agents (16 agents re-reading a growing context, 3-12 steps)"),
+    "agents-hinted": Workload(agents_hinted_workload, "the built-in hinted agents (40 sessions, 6 at a time, between "
+                                                      "tool calls of stated lengths, other traffic all along)"),
 }

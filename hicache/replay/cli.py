@@ -44,6 +44,7 @@ from bounded_input import STALL_S
 from hicache.build import build, check_backend_device, check_backend_usable
 from hicache.cli_checks import check_device_tokens, check_fits_device, check_sweep, parse_device, stack_from_flags
 from hicache.config import HiCacheConfig, check_storage_flags
+from hicache.radix.hints.envelope import capabilities, capability_line
 from hicache.replay.args import add_replay_args
 from hicache.replay.bounds import TraceBounds
 from hicache.replay.builtin import WORKLOADS
@@ -85,17 +86,20 @@ def _config(args: argparse.Namespace, ratio: float, policy: str | None = None) -
                            swa_full_tokens_ratio=args.swa_full_tokens_ratio,
                            eviction_policy=policy or args.eviction_policies[0],
                            host_headroom_gb=getattr(args, "host_headroom_gb", None),
-                           host_dtype=getattr(args, "host_dtype", "auto"))
+                           host_dtype=getattr(args, "host_dtype", "auto"),
+                           max_retained_ratio=getattr(args, "max_retained_ratio", 0.5))
     return storage_config(config, args, ratio)
 
 
 def replay_one(args: argparse.Namespace, stack, requests: list[Request], ratio: float, device_tokens: int,
-               device: torch.device, progress: Progress | None = None, policy: str | None = None) -> RunStats:
+               device: torch.device, progress: Progress | None = None, policy: str | None = None,
+               hints: str = "on") -> RunStats:
     """Build a fresh cache for ``ratio`` (0 = no host tier, no storage tier) and eviction
-    ``policy`` (None: the first of ``--hicache-eviction-policy``), and replay ``requests`` on it."""
+    ``policy`` (None: the first of ``--hicache-eviction-policy``), and replay ``requests`` on
+    it with the trace's client hints as ``hints`` says (`hicache.replay.hintplay`)."""
     cache = build(stack, device_tokens, _config(args, ratio, policy), device=device)
     try:
-        replayer = Replayer(cache, ratio, storage=open_run_store(cache, ratio))
+        replayer = Replayer(cache, ratio, storage=open_run_store(cache, ratio), hints=hints)
         try:
             return replayer.run(requests, progress)
         finally:
@@ -164,13 +168,16 @@ class _Sweep:
     every policy; what finished, and the label of the run under way."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self.plan = [(r, p) for r in [0.0, *args.hicache_ratio] for p in args.eviction_policies]
+        modes = getattr(args, "hint_modes", ["on"])
+        self.plan = [(r, p, h) for r in [0.0, *args.hicache_ratio] for p in args.eviction_policies for h in modes]
         self.several = len(args.eviction_policies) > 1
+        self.modes = len(modes) > 1
         self.runs: list[RunStats] = []
 
     def label(self, i: int) -> str:
-        ratio, policy = self.plan[i]
-        return ("device only" if ratio == 0 else f"ratio {ratio:g}") + (f", {policy}" if self.several else "")
+        ratio, policy, hints = self.plan[i]
+        return (("device only" if ratio == 0 else f"ratio {ratio:g}") + (f", {policy}" if self.several else "")
+                + (f", hints {hints}" if self.modes else ""))
 
     def stopped(self) -> str:
         """The end of the one line that says why the sweep stopped."""
@@ -198,9 +205,10 @@ def _run(args: argparse.Namespace) -> int:
     sweep = _Sweep(args)
     out = _Output(args, stack, device, storage, bounds)
     try:
-        for i, (ratio, policy) in enumerate(sweep.plan):
+        for i, (ratio, policy, hints) in enumerate(sweep.plan):
             progress = Progress(len(requests), sweep.label(i), not args.no_progress)
-            sweep.runs.append(replay_one(args, stack, requests, ratio, device_tokens, device, progress, policy))
+            sweep.runs.append(replay_one(args, stack, requests, ratio, device_tokens, device, progress, policy,
+                                         hints))
             progress.finish()
     except ReplayMismatch as exc:
         return out.stop(sweep.runs, Verdict("MISMATCH", f"hicache replay: MISMATCH: {exc}"), 1)
@@ -247,8 +255,11 @@ def _finish(args: argparse.Namespace, out: "_Output", runs: list[RunStats], work
 
 def _describe(args: argparse.Namespace, stack, what: str, runs: list[RunStats], device_tokens: int) -> str:
     """The workload line of the summary: what was replayed and how large it is."""
-    return (f"workload: {runs[0].requests:,} requests of {what}, {runs[0].tokens_total:,} prompt tokens per run; "
-            f"{stack.model}, {stack.num_model_layers} layers, device {device_tokens:,} tokens")
+    hinted = sum(st.hints_sent for st in runs)
+    caps = capability_line(capabilities(getattr(args, "max_retained_ratio", 0.5), HiCacheConfig().max_hint_ttl_s))
+    sent = f"client hints sent per run: {', '.join(f'{st.hints_sent:,}' for st in runs)}; " if hinted else ""
+    return (f"{sent}{caps}\nworkload: {runs[0].requests:,} requests of {what}, {runs[0].tokens_total:,} prompt "
+            f"tokens per run; {stack.model}, {stack.num_model_layers} layers, device {device_tokens:,} tokens")
 
 
 def _transfer_status(runs: list[RunStats]) -> int:

@@ -12,7 +12,8 @@ JSON_KEYS = ("hicache_ratio", "eviction_policy", "hit_rate", "device_hit_rate", 
              "tokens_total", "tokens_recomputed", "bytes_h2d", "bytes_d2h", "bytes_storage_read",
              "bytes_storage_written", "storage_read_gbps", "storage_write_gbps", "transfers_failed", "mismatches",
              "host_dtype", "host_capacity_bytes", "peak_host_bytes", "capacity_tokens", "bound_lru", "bound_belady",
-             "bound_infinite")
+             "bound_infinite", "hints", "hints_sent", "hint_states")
+HINT_SUFFIX = {"on": "+h", "wrong": "+w"}  # a policy's column label with the trace's hints, or wrong ones
 BOUNDS_LEGEND = ("bounds, from the trace alone at each row's device + host (+ storage) tokens (hicache.replay.bounds): ideal LRU = "
                  "what LRU reaches without a server's constraints; Belady = no eviction policy can beat it; "
                  "infinite = no cache can")
@@ -45,7 +46,13 @@ def json_row(st: RunStats, bound: Bounds | None = None) -> dict:
             "transfers_failed": st.transfers_failed, "mismatches": st.mismatches, "host_dtype": st.host_dtype,
             "host_capacity_bytes": st.host_capacity_bytes, "peak_host_bytes": st.peak_host_bytes,
             "capacity_tokens": st.capacity_tokens, "bound_lru": bound and bound.lru,
-            "bound_belady": bound and bound.belady, "bound_infinite": bound and bound.infinite}
+            "bound_belady": bound and bound.belady, "bound_infinite": bound and bound.infinite,
+            "hints": st.hints, "hints_sent": st.hints_sent, "hint_states": dict(st.hint_states)}
+
+
+def run_label(st: RunStats) -> str:
+    """A run's policy, marked when client hints were sent to it (``lru+h``; wrong ones ``lru+w``)."""
+    return st.eviction_policy + (HINT_SUFFIX.get(st.hints, "") if st.hints_sent else "")
 
 
 def format_table(stack, runs: Sequence[RunStats], bounds: Sequence[Bounds], device: torch.device | str = "cpu",
@@ -53,7 +60,8 @@ def format_table(stack, runs: Sequence[RunStats], bounds: Sequence[Bounds], devi
     """The runs as a text table, then the storage table (with a storage tier: ``storage``
     says which) and the table of hit rates per policy against the bounds (one per run)."""
     with_storage = any(st.storage for st in runs)
-    head = (f"{'ratio':>6} {'policy':<8}{'hit':>7}{'device':>8}{'host':>8}" + (f"{'storage':>9}" if with_storage else "")
+    pw = max(8, 1 + max((len(run_label(st)) for st in runs), default=0))  # the policy column
+    head = (f"{'ratio':>6} {'policy':<{pw}}{'hit':>7}{'device':>8}{'host':>8}" + (f"{'storage':>9}" if with_storage else "")
             + f"{'recomputed':>12}{'pages h2d':>11}{'pages d2h':>11}"
             f"{'GB h2d':>9}{'GB d2h':>9}{'h2d GB/s':>10}{'d2h GB/s':>10}{'peak host GB':>14}{'wall s':>8}")
     dtypes = sorted({st.host_dtype for st in runs})
@@ -61,7 +69,7 @@ def format_table(stack, runs: Sequence[RunStats], bounds: Sequence[Bounds], devi
              f"{'/'.join(dtypes)} (transfer GB/s: launch to completion; GB are host-format bytes)", head, "-" * len(head)]
     for st in runs:
         r = json_row(st)
-        lines.append(f"{st.hicache_ratio:>6g} {st.eviction_policy:<8}{r['hit_rate']:>7.3f}{r['device_hit_rate']:>8.3f}"
+        lines.append(f"{st.hicache_ratio:>6g} {run_label(st):<{pw}}{r['hit_rate']:>7.3f}{r['device_hit_rate']:>8.3f}"
                      f"{r['host_hit_rate']:>8.3f}" + (f"{r['storage_hit_rate']:>9.3f}" if with_storage else "")
                      + f"{st.tokens_recomputed:>12,}{st.pages_h2d:>11,}{st.pages_d2h:>11,}{st.bytes_h2d / 1e9:>9.3f}"
                      f"{st.bytes_d2h / 1e9:>9.3f}{_gbps(st.bytes_h2d, st.seconds_h2d):>10.2f}"
@@ -92,18 +100,19 @@ def _storage_table(runs: Sequence[RunStats], storage: str) -> str:
 
 def bounds_table(runs: Sequence[RunStats], bounds: Sequence[Bounds]) -> str:
     """Per ratio: each policy's hit rate beside the bounds at that capacity."""
-    policies = list(dict.fromkeys(st.eviction_policy for st in runs))
-    head = (f"{'ratio':>6}{'capacity tokens':>17}" + "".join(f"{p:>9}" for p in policies)
+    policies = list(dict.fromkeys(run_label(st) for st in runs))
+    width = max(9, 1 + max(len(p) for p in policies))
+    head = (f"{'ratio':>6}{'capacity tokens':>17}" + "".join(f"{p:>{width}}" for p in policies)
             + f" |{'ideal LRU':>10}{'Belady':>8}{'infinite':>10}")
     lines = ["hit rate per eviction policy against the bounds (" + BOUNDS_LEGEND.split(" (hicache", 1)[0] + ")",
              head, "-" * len(head)]
     rows: dict[float, dict] = {}
     for st, b in zip(runs, bounds):
         row = rows.setdefault(st.hicache_ratio, {"bound": b})
-        row[st.eviction_policy] = json_row(st)["hit_rate"]
+        row[run_label(st)] = json_row(st)["hit_rate"]
     for ratio, row in rows.items():
         b = row["bound"]
-        hits = "".join(f"{row[p]:>9.3f}" if p in row else f"{'-':>9}" for p in policies)
+        hits = "".join(f"{row[p]:>{width}.3f}" if p in row else f"{'-':>{width}}" for p in policies)
         cap = "unlimited" if b.capacity_tokens >= UNLIMITED_TOKENS else f"{b.capacity_tokens:,}"
         lines.append(f"{ratio:>6g}{cap:>17}{hits} |{b.lru:>10.3f}{b.belady:>8.3f}{b.infinite:>10.3f}")
     return "\n".join(lines)

@@ -15,11 +15,15 @@ counted, or, in the chat workload, part of the next turn's prompt):
 Hybrid stacks: the "prefill" also saves a state snapshot at the prompt end and at the
 last 512-token block boundary inside the computed part, where the next request of a
 Mooncake session (whose hash_ids re-block the previous prompt) branches off.
+
+A request's client hints (`hicache.replay.hintplay`) go to the tree before its match
+(``when: before``) and after its insert (``after``), each time followed by a scheduler
+step (launch, poll); the hints' clock is the request's timestamp.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,6 +32,7 @@ from hicache.config import DEFAULT_EVICTION_POLICY
 from hicache.radix import HiRadixCache
 from hicache.radix.node import EMPTY_SLOTS
 from hicache.replay.content import ContentModel, ReplayMismatch, prefix_hashes, state_seed
+from hicache.replay.hintplay import HintPlayer
 from hicache.replay.workload import BLOCK_TOKENS, Request, request_tokens
 
 UNLIMITED_TOKENS = 1 << 40  # the capacity of an unlimited storage tier, in the bounds
@@ -86,6 +91,9 @@ class RunStats:
     host_capacity_bytes: int = 0  # bytes of the host pools (int8 ones counted as int8 + scales)
     eviction_policy: str = DEFAULT_EVICTION_POLICY  # --hicache-eviction-policy of the run
     capacity_tokens: int = 0  # device + host (+ storage) tokens of the anchor pool (the bounds' capacity)
+    hints: str = "on"  # --hints of the run: on, off or wrong
+    hints_sent: int = 0  # hints the tree got (one per action of an envelope)
+    hint_states: dict = field(default_factory=dict)  # tickets per state at the end (accepted: still in force)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -99,19 +107,23 @@ class Replayer:
         hicache_ratio: the label of this run (0 = device-only baseline: no host tier).
         verify_hits: also check device-hit pages, not only loaded ones.
         storage: the storage tier (`TierStore`, closed with the tree by `close`), or ``None``.
+        hints: ``--hints`` (`hicache.replay.hintplay`).
     """
 
     def __init__(self, cache, hicache_ratio: float, verify_hits: bool = True,
-                 storage: TierStore | None = None) -> None:
+                 storage: TierStore | None = None, hints: str = "on") -> None:
         self.cache, self.ctrl, self.stack = cache, cache.controller, cache.stack
-        self.tree = HiRadixCache(cache, host_tier=hicache_ratio > 0, storage=storage)
+        self.now = 0.0  # the hints' clock: the request's timestamp, in seconds
+        self.tree = HiRadixCache(cache, host_tier=hicache_ratio > 0, storage=storage, clock=lambda: self.now)
+        self.hint_mode = hints
         self.content = ContentModel(cache)
         self.page = self.stack.page_size
         self.anchor = self.stack.anchor.name
         self.stats = RunStats(hicache_ratio, host_dtype=cache.config.host_dtype,
                               host_capacity_bytes=cache.host_group.nbytes,
                               eviction_policy=cache.config.eviction_policy,
-                              capacity_tokens=self._capacity_tokens(hicache_ratio > 0, storage is not None))
+                              capacity_tokens=self._capacity_tokens(hicache_ratio > 0, storage is not None),
+                              hints=hints)
         self.verify_hits = verify_hits
         self._instrument()
 
@@ -152,6 +164,7 @@ class Replayer:
     def run(self, requests: list[Request], progress=None, check_every: int = 250) -> RunStats:
         """Serve every request in order; raises `ReplayMismatch` on the first bad byte."""
         t0 = time.perf_counter()
+        self.hints = HintPlayer(self.tree, self.hint_mode, requests)
         for i, req in enumerate(requests):
             self.serve(i, req)
             if check_every and (i + 1) % check_every == 0:
@@ -162,6 +175,7 @@ class Replayer:
         self.tree.drain_storage()
         self.tree.check_integrity()
         self._collect_transfers()
+        self.stats.hints_sent, self.stats.hint_states = len(self.hints.tickets), self.hints.states()
         self.stats.wall_s = time.perf_counter() - t0
         return self.stats
 
@@ -175,6 +189,8 @@ class Replayer:
         st.tokens_total += req.input_length
         tokens = request_tokens(req, self.page)
         hashes = prefix_hashes(tokens, self.page) if tokens.size else []
+        self.now = req.timestamp / 1000
+        self._hint(req, tokens, "before")
         m, first_end = tree.match_and_prefetch(tokens)
         lock = m.last_host_node
         tree.inc_lock_ref(lock)
@@ -184,8 +200,16 @@ class Replayer:
         finally:
             tree.dec_lock_ref(lock)
         tree.poll()
+        self._hint(req, tokens, "after")
         st.tokens_recomputed += req.input_length - prefix.numel()
         st.peak_host_bytes = max(st.peak_host_bytes, self._host_bytes_used())
+
+    def _hint(self, req: Request, tokens, when: str) -> None:
+        """Send ``req``'s hints of ``when``, then a scheduler step (the copies they queued run)."""
+        if req.hints and self.hints.send(req, tokens, when):
+            self.ctrl.start_writing()
+            self.ctrl.start_loading()
+            self.tree.poll()
 
     # ---- the cached prefix ---------------------------------------------------------
     def _prefix(self, i: int, tokens, hashes: list[int], m, first_end: int) -> torch.Tensor:

@@ -27,6 +27,17 @@ the limit, before anything is allocated for it:
 ``hash_ids`` past the prompt (past ``input_length``) are checked and dropped: no request
 holds more ids than its prompt has blocks. The built-in workloads live in
 `hicache.replay.builtin`.
+
+A line may carry client hints on its prompt (optional field ``hints``): one envelope
+(`hicache.radix.hints.envelope`) or a list of at most `MAX_LINE_HINTS`, each with an
+optional ``"when"``: ``"after"`` (default: sent once the request is served, as an agent
+does when its tool call starts) or ``"before"`` (sent just before it, as a prefetch is):
+
+    {"timestamp": 61250, "input_length": 9000, "output_length": 120, "hash_ids": [...],
+     "hints": [{"when": "before", "prefetch": "device"}, {"retain_s": 45, "priority": 60}]}
+
+``timestamp`` is in milliseconds (Mooncake's unit): the hints' clock (retain deadlines)
+reads it.
 """
 from __future__ import annotations
 
@@ -34,11 +45,14 @@ import gzip
 import lzma
 from contextlib import ExitStack
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
 from bounded_input import STALL_S, Deadline, capped_lines, open_source, parse_json
+
+from hicache.config import MAX_HINT_TTL_CEILING_S
+from hicache.radix.hints.envelope import HintError, parse_envelope
 
 BLOCK_TOKENS = 512
 VOCAB = 1 << 17
@@ -48,13 +62,25 @@ MAX_TRACE_BYTES = 256 << 20  # a whole trace, decompressed: ~900k requests (the 
 MAX_PROMPT_TOKENS = 1 << 20  # --max-prompt-tokens: the longest context of the presets (DeepSeek-V4: 1M tokens)
 
 
+MAX_LINE_HINTS = 8  # envelopes on one trace line
+HINT_TIMES = ("after", "before")
+
+
+class TraceHint(NamedTuple):
+    """An envelope a trace line carries on its prompt, and when it is sent (``after`` or ``before``)."""
+
+    when: str
+    envelope: dict
+
+
 class Request(NamedTuple):
-    """One prompt of the workload (a Mooncake trace line)."""
+    """One prompt of the workload (a Mooncake trace line; ``hints``: its client hints)."""
 
     timestamp: int
     input_length: int
     output_length: int
     hash_ids: tuple[int, ...]
+    hints: tuple[TraceHint, ...] = ()
 
 
 class TraceLimits(NamedTuple):
@@ -123,7 +149,36 @@ def parse_line(line: str | bytes, lineno: int, path: str = "<trace>", limits: Tr
     if len(ids) * BLOCK_TOKENS < n_in:
         raise _bad(lineno, path, f"{len(ids)} hash_ids cover {len(ids) * BLOCK_TOKENS} tokens, "
                                  f"fewer than input_length={n_in}")
-    return Request(ts, n_in, n_out, tuple(ids[:-(-n_in // BLOCK_TOKENS)]))  # the prompt's blocks, no more
+    try:
+        hints = trace_hints(rec.get("hints"))
+    except HintError as exc:
+        raise _bad(lineno, path, str(exc)) from None
+    return Request(ts, n_in, n_out, tuple(ids[:-(-n_in // BLOCK_TOKENS)]), hints)  # the prompt's blocks, no more
+
+
+def trace_hints(value: Any) -> tuple[TraceHint, ...]:
+    """A trace line's ``hints`` field (module docstring), each envelope checked.
+
+    Raises:
+        HintError: not an object or a list of at most `MAX_LINE_HINTS` objects, a bad
+            ``when`` or a malformed envelope.
+    """
+    if value is None:
+        return ()
+    items = value if isinstance(value, list) else [value]
+    if not 1 <= len(items) <= MAX_LINE_HINTS:
+        raise HintError(f"hints: give one envelope or a list of 1 to {MAX_LINE_HINTS}, got {len(items)}")
+    out = []
+    for item in items:
+        if not isinstance(item, dict):
+            raise HintError(f"hints: each must be a JSON object, got {type(item).__name__}")
+        when = item.get("when", "after")
+        if when not in HINT_TIMES:
+            raise HintError(f"hints.when: must be one of {', '.join(HINT_TIMES)}, got {str(when)[:40]!r}")
+        envelope = {k: v for k, v in item.items() if k != "when"}
+        parse_envelope(envelope, max_ttl_s=MAX_HINT_TTL_CEILING_S)  # the run's own limit refuses past it
+        out.append(TraceHint(when, envelope))
+    return tuple(out)
 
 
 def _open_trace(path: str, deadline: Deadline, files: ExitStack) -> BinaryIO:

@@ -156,6 +156,21 @@ class VllmServer:
         return Completion(tuple(ids), "".join(text), (first or end) - started, end - started,
                           prompt_tokens)
 
+    def complete_with(self, model: str, prompt: str, max_tokens: int, kv_transfer_params: dict | None = None,
+                      timeout_s: float = 300.0) -> tuple[tuple[int, ...], dict | None]:
+        """Greedy completion of ``prompt`` carrying ``kv_transfer_params`` (a client hint:
+        ``{"hicache": {"retain_s": 600}}``), not streamed: (its token ids, the response's
+        ``kv_transfer_params``, where the plugin returns the hints' tickets)."""
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                "return_token_ids": True, "ignore_eos": True}
+        if kv_transfer_params is not None:
+            body["kv_transfer_params"] = kv_transfer_params
+        req = urllib.request.Request(f"{self.url}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            doc = json.loads(resp.read())
+        return tuple(doc["choices"][0].get("token_ids") or ()), doc.get("kv_transfer_params")
+
     def metrics(self) -> dict[str, float]:
         """Prometheus samples summed over labels: ``{"hicache:loaded_blocks_total": 72.0, ...}``."""
         text = urllib.request.urlopen(f"{self.url}/metrics", timeout=10).read().decode()

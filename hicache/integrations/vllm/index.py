@@ -92,6 +92,8 @@ class HostBlockIndex:
         self._entries: dict[Hashable, _Entry] = {}
         self._quarantine: list[list[int]] = [[] for _ in range(num_groups)]
         self.epoch = 0  # resets so far; a completion of an older one is ignored
+        # the keys of a group no eviction may take (client retains: hints.py), set by the manager
+        self.keep: Callable[[int], Collection[Hashable]] = lambda group: ()
         self.counters = {"stored": 0, "store_failed": 0, "loaded": 0, "evicted": 0,
                          "store_refused": 0, "demoted": 0, "stale_completions": 0}
 
@@ -167,7 +169,8 @@ class HostBlockIndex:
 
         Keys already present (READY or STORING) are skipped. All or nothing: ``None``
         (the capacity shortfall vLLM expects, no exception) when a group cannot free
-        enough idle chunks; then nothing changed. Keys of this call are never evicted.
+        enough idle chunks; then nothing changed. Keys of this call, and those ``keep``
+        names (retained by a client), are never evicted.
         """
         new = list(dict.fromkeys(k for k in keys if k not in self._entries))
         per_group = [0] * self.num_groups
@@ -177,7 +180,7 @@ class HostBlockIndex:
         victims: list[list[Hashable]] = []
         for g, need in enumerate(per_group):
             short = need - self._alloc[g].available()
-            pick = self._order[g].victims(short, protected) if short > 0 else []
+            pick = self._order[g].victims(short, _Either(protected, self.keep(g))) if short > 0 else []
             if len(pick) < short:
                 self.counters["store_refused"] += 1
                 return None
@@ -290,6 +293,18 @@ class HostBlockIndex:
             order = self._order[g].keys()
             if idle != order:
                 raise RuntimeError(f"group {g}: the eviction order has {len(order)} keys, {len(idle)} idle READY keys")
+
+
+class _Either:
+    """Membership in either of two collections, without building their union."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: Collection[Hashable], b: Collection[Hashable]) -> None:
+        self.a, self.b = a, b
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.a or key in self.b
 
 
 def _ids(chunks: list[int]):

@@ -38,6 +38,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from hicache.integrations.vllm.groups import HostLayout
+from hicache.integrations.vllm.hints import HostHints
 from hicache.integrations.vllm.index import HostBlockIndex, Lookup
 from hicache.integrations.vllm.window import TrailingWindows
 
@@ -57,6 +58,10 @@ _COUNTERS = {
     "hicache:demoted_blocks": ("demoted", "Sliding-window chunks that left their request's "
                                           "trailing window (evicted first)."),
 }
+_HINT_COUNTERS = {
+    "hicache:hints": ("hints", "Client hint actions received (kv_transfer_params['hicache'])."),
+    "hicache:hints_refused": ("hints_refused", "Client hints refused (malformed, unavailable, over the budget)."),
+}
 HIT_TOKENS = "hicache:hit_tokens"
 GROUP_LOADED = "hicache:group_loaded_chunks"
 USED, TOTAL = "hicache:host_blocks_used", "hicache:host_blocks_total"
@@ -68,7 +73,7 @@ _GROUP = ("group",)
 def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
     """Every metric the manager emits (vLLM registers them with Prometheus)."""
     defs: dict[str, OffloadingMetricMetadata] = {
-        name: OffloadingCounterMetadata(documentation=doc) for name, (_, doc) in _COUNTERS.items()}
+        name: OffloadingCounterMetadata(documentation=doc) for name, (_, doc) in (_COUNTERS | _HINT_COUNTERS).items()}
     defs[HIT_TOKENS] = OffloadingCounterMetadata(
         documentation="Prefix tokens loaded from the host tier, counted once however many KV cache "
                       "groups' chunks served them.")
@@ -148,11 +153,13 @@ class HiCacheOffloadingManager(OffloadingManager):
         layout: every group's tokens per chunk, window and host bytes.
         enable_events: record stored/removed events for vLLM's KV event stream.
         info: the ``config_info()`` labels.
+        hints: the client hints' limits, (``max_retained_ratio``, ``max_hint_ttl_s``).
     """
 
     def __init__(self, index: HostBlockIndex, layout: HostLayout, enable_events: bool = False,
-                 info: Mapping[str, Any] | None = None) -> None:
+                 info: Mapping[str, Any] | None = None, hints: tuple[float, float] = (0.5, 86400.0)) -> None:
         self.index, self.layout = index, layout
+        self.hints = HostHints(index, *hints)
         self.tokens_per_chunk = [g.tokens_per_chunk for g in layout.groups]
         self.windows = TrailingWindows([g.window for g in layout.groups])
         self.events: list[OffloadingEvent] | None = [] if enable_events else None
@@ -170,10 +177,14 @@ class HiCacheOffloadingManager(OffloadingManager):
         return nullcontext()
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        self.hints.start(req_context.req_id, req_context.kv_transfer_params, getattr(req_context, "kv_hints", None))
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        return _LOOKUP[self.index.lookup(key)]
+        found = self.index.lookup(key)
+        if found is not Lookup.MISS:
+            self.hints.saw(req_context.req_id, (key,))
+        return _LOOKUP[found]
 
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
         return CacheHitSource.HOST
@@ -194,6 +205,7 @@ class HiCacheOffloadingManager(OffloadingManager):
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.index.touch(keys)
+        self.hints.saw(req_context.req_id, keys)
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         jobs = self.jobs.take("load", req_context.req_id, keys)  # before a fence forgets their epochs
@@ -211,6 +223,7 @@ class HiCacheOffloadingManager(OffloadingManager):
         if plan is None:
             return None  # vLLM counts an allocation failure and retries later
         self.windows.commit(req_context.req_id, choice)
+        self.hints.saw(req_context.req_id, plan.keys)
         self.jobs.add("store", req_context.req_id, plan.keys, plan.epoch)
         self.index.demote(choice.demote)
         if plan.evicted:
@@ -228,6 +241,7 @@ class HiCacheOffloadingManager(OffloadingManager):
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         self.windows.finish(req_context.req_id)
+        self.hints.finish(req_context.req_id)
 
     def _event(self, keys: list, removed: bool) -> None:
         if self.events is not None:
@@ -261,6 +275,7 @@ class HiCacheOffloadingManager(OffloadingManager):
         self.jobs.forget_before(self.index.epoch)
 
     def on_schedule_end(self, context: Any) -> None:
+        self.hints.expire()
         if self._steps_since_reset is not None:
             self._steps_since_reset += 1
             if self._steps_since_reset >= 2:
@@ -273,6 +288,7 @@ class HiCacheOffloadingManager(OffloadingManager):
     def totals(self) -> dict[str, int]:
         """Counters since start-up: the ``hicache:*`` counter names -> values."""
         out = {name: self.index.counters[key] for name, (key, _) in _COUNTERS.items()}
+        out |= {name: self.hints.counters[key] for name, (key, _) in _HINT_COUNTERS.items()}
         out[HIT_TOKENS] = self.hit_tokens
         return out
 

@@ -44,6 +44,7 @@ from hicache.integrations.vllm.manager import (
     metric_definitions,
 )
 from hicache.integrations.vllm.worker import HiCacheOffloadingWorker
+from hicache.radix.hints.envelope import ENVELOPE_KEY, capability_line
 from transfer_kernels.quant.reference import QUANTIZABLE
 
 log = logging.getLogger("vllm.hicache")  # under vLLM's logger: printed with its own lines
@@ -55,7 +56,9 @@ _WINDOW_RULE_MODULES = ("vllm.distributed.kv_transfer.kv_connector.v1.offloading
 
 class HiCacheOffloadingConnector(OffloadingConnector):
     """vLLM's ``OffloadingConnector`` that shows the spec vLLM's ``kv_cache_config``
-    (device block count, each group's KV cache spec)."""
+    (device block count, each group's KV cache spec), and returns a request's client-hint
+    tickets in its response (``kv_transfer_params: {"hicache": {"hints": [...]}}``:
+    vLLM's own connector returns nothing there)."""
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         token = _KV_CACHE_CONFIG.set(kv_cache_config)
@@ -63,6 +66,15 @@ class HiCacheOffloadingConnector(OffloadingConnector):
             super().__init__(vllm_config, role, kv_cache_config)
         finally:
             _KV_CACHE_CONFIG.reset(token)
+
+    def request_finished(self, request: Any, *args: Any, **kwargs: Any) -> tuple[bool, dict[str, Any] | None]:
+        delay, params = super().request_finished(request, *args, **kwargs)
+        manager = getattr(getattr(self, "connector_scheduler", None), "manager", None)
+        if isinstance(manager, HiCacheOffloadingManager):
+            tickets = manager.hints.report(request.request_id)
+            if tickets:
+                params = {**(params or {}), ENVELOPE_KEY: {"hints": tickets}}
+        return delay, params
 
 
 def _window_rule():
@@ -199,9 +211,12 @@ class HiCacheOffloadingSpec(OffloadingSpec):
             index = HostBlockIndex(self.layout.chunks, len(self.config.groups), self._group_of,
                                    self.settings.hicache.eviction_policy)
             info = config_info(self.layout, self.settings.hicache.io_backend)
+            hi = self.settings.hicache
             self._manager = HiCacheOffloadingManager(
-                index, self.layout, self.kv_events_config.enable_kv_cache_events, info)
+                index, self.layout, self.kv_events_config.enable_kv_cache_events, info,
+                (hi.max_retained_ratio, hi.max_hint_ttl_s))
             log.info("hicache host tier: %s", self.layout.describe())
+            log.info("hicache %s", capability_line(self._manager.hints.capabilities()))
         return self._manager
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:

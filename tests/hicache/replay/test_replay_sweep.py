@@ -31,7 +31,7 @@ def fake_runs(monkeypatch, fail=None) -> list[tuple[float, str]]:
     """Replace the runs by records of (ratio, policy); ``fail(ratio, policy)`` may raise."""
     calls: list[tuple[float, str]] = []
 
-    def record(args, stack, requests, ratio, device_tokens, device, progress, policy):
+    def record(args, stack, requests, ratio, device_tokens, device, progress, policy, hints="on"):
         if fail is not None:
             fail(ratio, policy)
         calls.append((ratio, policy))
