@@ -31,9 +31,7 @@ their state and talk through a few calls (composition; each part a module):
     StorageSide (optional)  store, prefetches, queued writes       hicache.radix.storage
                             -> changes the tree only through       hicache.radix.landing
                                StorageEdits, at poll
-    Hints                   client hints: retains, releases, the   hicache.radix.hints
-                            async demote / prefetch / persist;
-                            eviction's one filter (its HintBook)
+    Hints                   client hints; eviction's one filter    hicache.radix.hints
 
 The storage tier's public calls (``prefetch``, ``stop_prefetch``, ``wait_prefetch``,
 ``drain_storage``, ``close``) are thin methods here that forward to the `StorageSide`.
@@ -318,31 +316,25 @@ class HiRadixCache:
     # ---- client hints (hicache.radix.hints) -----------------------------------------------
     def hint(self, token_ids: Any, action: str, *, ttl_s: float | None = None, priority: int | None = None,
              to: str | None = None) -> HintTicket:
-        """A client's hint on the cached prefix of ``token_ids`` (a partial last page ignored).
-
-        Actions: ``retain`` (``ttl_s`` required, ``priority`` 0-100, default 50): the prefix
-        stays in its tiers until ``ttl_s`` after the hint or its last hit, within
-        ``--hicache-max-retained-ratio`` of each tier; ``demote``: device -> host now;
-        ``prefetch`` (``to="device"`` or ``"host"``): up from storage or the host;
-        ``persist``: into the storage tier now; ``release``: the prefix goes first.
-        A node matched in part is split (not on a hybrid stack). Mutates the tree; demote,
-        prefetch and persist queue copies (launched by ``start_writing`` / ``start_loading``)
-        and finish at `poll`. Not thread-safe.
+        """A client's hint on the cached prefix of ``token_ids`` (`hicache.radix.hints`):
+        ``retain`` (``ttl_s``, ``priority`` 0-100), ``demote``, ``prefetch`` (``to="device"``
+        or ``"host"``), ``persist`` or ``release``. Mutates the tree (a node matched in part
+        is split, but on a hybrid stack); copies it queues run at the next launches and
+        finish at `poll`. Not thread-safe.
 
         Returns:
-            A `HintTicket`: ACCEPTED (DONE when its pages are in place), DONE at once (a
-            release, a no-op: nothing of the prefix cached), or REFUSED with the reason
-            (a bad argument, an action this cache cannot take, over a budget, too many
-            hints this step); a refused hint changes nothing.
+            A `HintTicket`: ACCEPTED (a retain in force; the others DONE once their pages
+            are in place), DONE at once (a release; a no-op: nothing of it cached) or
+            REFUSED with a one-line reason (a bad argument, an action this tree cannot
+            take, over a budget, too many this step), which changed nothing.
         Raises:
             TypeError / ValueError: token ids that are not a 1-D integer sequence within int64.
         """
         return self._hints.hint(token_ids, action, ttl_s, priority, to)
 
     def hint_envelope(self, token_ids: Any, envelope: Any) -> list[HintTicket]:
-        """The hints of one envelope (``{"retain_s": 600, "priority": 5, ...}``:
-        `hicache.radix.hints.envelope`) on the prompt ``token_ids``, one ticket each (a
-        malformed envelope: one REFUSED ticket, nothing applied). As `hint` otherwise."""
+        """The hints of one envelope (`hicache.radix.hints.envelope`) on the prompt
+        ``token_ids``, a ticket each (malformed: one REFUSED ticket, nothing applied)."""
         return self._hints.envelope(token_ids, envelope)
 
     def capabilities(self) -> dict:

@@ -124,10 +124,13 @@ class Evictor:
             if not victims:
                 break
             gained, staged = self._evict_round(tier, victims, kept, num_tokens - freed)
-            if staged:
-                gained += self._write_back(tier, staged, kept)
             freed += gained
-            if gained == 0:  # what is left is in use, or retained with nowhere below to go
+            if staged:
+                back = self._write_back(tier, staged, kept)
+                freed += back
+                if back == 0 and kept.issuperset(staged):  # retained, and nothing below takes them
+                    break
+            elif gained == 0:
                 break
         self.counters[f"{tier.name}_evicted_tokens"] += freed
         return freed

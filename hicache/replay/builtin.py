@@ -152,6 +152,6 @@ WORKLOADS: dict[str, Workload] = {
     "shared-prompts": Workload(shared_prompts_workload, "the built-in shared system prompts (200 users on 40 "
                                                         "prompts of skewed popularity, short private tails)"),
     "agents": Workload(agents_workload, "the built-in agents (16 agents re-reading a growing context, 3-12 steps)"),
-    "agents-hinted": Workload(agents_hinted_workload, "the built-in hinted agents (40 sessions, 6 at a time, between "
+    "agents-hinted": Workload(agents_hinted_workload, "the built-in hinted agents (40 sessions, 4 at a time, between "
                                                       "tool calls of stated lengths, other traffic all along)"),
 }

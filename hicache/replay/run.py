@@ -164,7 +164,7 @@ class Replayer:
     def run(self, requests: list[Request], progress=None, check_every: int = 250) -> RunStats:
         """Serve every request in order; raises `ReplayMismatch` on the first bad byte."""
         t0 = time.perf_counter()
-        self.hints = HintPlayer(self.tree, self.hint_mode, requests)
+        self.hints = HintPlayer(self.tree, self.hint_mode, requests, self._step)
         for i, req in enumerate(requests):
             self.serve(i, req)
             if check_every and (i + 1) % check_every == 0:
@@ -190,7 +190,7 @@ class Replayer:
         tokens = request_tokens(req, self.page)
         hashes = prefix_hashes(tokens, self.page) if tokens.size else []
         self.now = req.timestamp / 1000
-        self._hint(req, tokens, "before")
+        self.hints.send(req, tokens, "before")
         m, first_end = tree.match_and_prefetch(tokens)
         lock = m.last_host_node
         tree.inc_lock_ref(lock)
@@ -200,16 +200,9 @@ class Replayer:
         finally:
             tree.dec_lock_ref(lock)
         tree.poll()
-        self._hint(req, tokens, "after")
+        self.hints.send(req, tokens, "after")
         st.tokens_recomputed += req.input_length - prefix.numel()
         st.peak_host_bytes = max(st.peak_host_bytes, self._host_bytes_used())
-
-    def _hint(self, req: Request, tokens, when: str) -> None:
-        """Send ``req``'s hints of ``when``, then a scheduler step (the copies they queued run)."""
-        if req.hints and self.hints.send(req, tokens, when):
-            self.ctrl.start_writing()
-            self.ctrl.start_loading()
-            self.tree.poll()
 
     # ---- the cached prefix ---------------------------------------------------------
     def _prefix(self, i: int, tokens, hashes: list[int], m, first_end: int) -> torch.Tensor:
@@ -308,6 +301,12 @@ class Replayer:
         return snaps
 
     # ---- accounting ----------------------------------------------------------------
+    def _step(self) -> None:
+        """A scheduler step: launch what is queued, poll."""
+        self.ctrl.start_writing()
+        self.ctrl.start_loading()
+        self.tree.poll()
+
     def _host_bytes_used(self) -> int:
         host = self.cache.host_group.pools
         total = 0

@@ -1,9 +1,12 @@
 """Client hints on the tree: retain (budget, priority, deadline, hits), release, pressure
-pushing a retained prefix down a tier, no-ops, and every refusal changing nothing."""
+pushing a retained prefix down a tier, no-ops, every refusal changing nothing, and random
+operations with hints keeping every invariant."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hicache import HiCacheConfig, build
 from hicache.config import EVICTION_POLICIES
@@ -11,7 +14,8 @@ from hicache.models import mha
 from hicache.radix import HiRadixCache
 from hicache.radix.hints import MAX_HINTS_PER_STEP, HintState
 from hicache.radix.node import child_nodes
-from tests.hicache.radix.test_cache import BIG, seq
+from hicache.replay.content import ContentModel
+from tests.hicache.radix.test_cache import ALPHABET, BIG, OPS, PAGE, _tokens, seq, serve
 
 PS = 4  # tokens per page
 
@@ -292,3 +296,46 @@ def test_capabilities_list_the_actions_and_the_limits():
     assert caps["actions"] == ["retain", "release"]
     assert set(caps["unavailable"]) == {"demote", "prefetch", "persist"}
     assert caps["limits"]["max_retained_ratio"] == 0.5 and caps["limits"]["max_ttl_s"] == 3600.0
+
+
+HINT_OPS = st.one_of(
+    OPS,
+    st.tuples(st.just("retain"), st.tuples(st.lists(st.integers(0, ALPHABET - 1), min_size=1, max_size=6),
+                                           st.integers(1, 20), st.integers(0, 100))),
+    st.tuples(st.sampled_from(["release", "demote", "prefetch"]),
+              st.lists(st.integers(0, ALPHABET - 1), min_size=1, max_size=6)),
+    st.tuples(st.just("tick"), st.integers(1, 15)),
+)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=st.sampled_from(["write_through", "write_through_selective", "write_back"]),
+       eviction=st.sampled_from(EVICTION_POLICIES), ops=st.lists(HINT_OPS, min_size=1, max_size=14))
+def test_random_operations_with_hints_keep_every_invariant(policy, eviction, ops):
+    clock = Clock()
+    config = HiCacheConfig(hicache_ratio=2.0, write_policy=policy, io_backend="torch", eviction_policy=eviction)
+    cache = build(mha(1, 1, 2, page_size=PAGE), 6 * PAGE, config, device="cpu", budget=BIG, backend="torch")
+    tree = HiRadixCache(cache, clock=clock)
+    content, book = ContentModel(cache), tree._hints.book
+    for op, arg in ops:
+        if op == "retain":
+            tree.hint(_tokens(arg[0]), "retain", ttl_s=arg[1], priority=arg[2])
+        elif op in ("release", "demote", "prefetch"):
+            tree.hint(_tokens(arg), op).wait(timeout_s=30)
+        elif op == "tick":
+            clock.now += arg
+            tree.poll()
+        elif op == "serve":  # every byte of a served prefix is checked
+            serve(cache, tree, content, _tokens(arg))
+        elif op in ("evict", "evict_host"):
+            getattr(tree, op)(arg * PAGE)
+        tree.wait()
+        tree.check_integrity()
+        used = book.allotment().used
+        assert all(used[t] <= book.budget[t] for t in used), (used, book.budget)
+        assert not tree._hints.work.jobs  # every async hint ended (DONE or REFUSED)
+        stack = [tree.root]
+        while stack:  # no lock left behind (the root's own one aside)
+            n = stack.pop()
+            assert n.lock_ref == (1 if n.is_root else 0), n
+            stack.extend(child_nodes(n))
