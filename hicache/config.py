@@ -207,7 +207,8 @@ class HiCacheConfig:
         if not 0 <= self.max_retained_ratio <= 1:
             raise _bad("max_retained_ratio", f"must be in [0, 1] (a share of each tier), got {self.max_retained_ratio}")
         if not 0 < self.max_hint_ttl_s <= MAX_HINT_TTL_CEILING_S:
-            raise _bad("max_hint_ttl_s", f"must be in (0, {MAX_HINT_TTL_CEILING_S:g}] seconds, got {self.max_hint_ttl_s}")
+            raise _bad("max_hint_ttl_s",
+                       f"must be in (0, {MAX_HINT_TTL_CEILING_S:g}] seconds, got {self.max_hint_ttl_s}")
 
     def _check_max_copy_programs(self) -> None:
         value = self.max_copy_programs

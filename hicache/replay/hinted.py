@@ -94,44 +94,62 @@ def agents_hinted_workload(seed: int = 0, sessions: int = 40, concurrent: int = 
         prefixes.append(list(range(start, start + n)))
         start += n
     fresh = [start]
+    out = _agent_turns(rng, prefixes, fresh, sessions, concurrent, result_tokens, turns)
+    out += _other_traffic(rng, out[-1].timestamp if out else 0, fresh, other_every_ms, other_tokens)
+    out.sort(key=lambda r: r.timestamp)
+    return out
+
+
+def _agent_turns(rng: random.Random, prefixes: list[list[int]], fresh: list[int], sessions: int, concurrent: int,
+                 result_tokens: tuple[int, int], turns: tuple[int, int]) -> list[Request]:
+    """Every session's turns in time order, ``concurrent`` sessions at once."""
     events: list[tuple[int, int, _Session]] = []  # (time ms, order, session): the session's next turn
-    order = 0
     for i in range(min(concurrent, sessions)):
-        s = _Session(rng, prefixes[rng.randrange(kinds)], turns)
-        heapq.heappush(events, (i * 3000, order, s))
-        order += 1
-    started = min(concurrent, sessions)
+        heapq.heappush(events, (i * 3000, i, _Session(rng, prefixes[rng.randrange(len(prefixes))], turns)))
+    order = started = min(concurrent, sessions)
     out: list[Request] = []
     while events:
         t, _, s = heapq.heappop(events)
-        s.length += rng.randint(*result_tokens)  # the tool's result (the first turn: the task)
-        _ids_for(s, fresh)
-        out_tokens = rng.randint(50, 200)
-        s.turns_left -= 1
-        last = s.turns_left == 0
-        tool_s = rng.uniform(2, 10) if rng.random() < 0.6 else rng.uniform(LONG_TOOL_S, 150)
-        gen_s = out_tokens * GEN_MS_PER_TOKEN / 1000
-        out.append(Request(t, s.length, out_tokens, tuple(s.ids), _turn_hints(s, last, tool_s, gen_s)))
-        s.length += out_tokens
-        s.turn += 1
-        if not last:
-            heapq.heappush(events, (t + int((gen_s + tool_s) * 1000), order, s))
+        req, gap_ms = _turn(rng, s, t, fresh, result_tokens)
+        out.append(req)
+        if s.turns_left:
+            heapq.heappush(events, (t + gap_ms, order, s))
         elif started < sessions:
-            nxt = _Session(rng, prefixes[rng.randrange(kinds)], turns)
-            heapq.heappush(events, (t + int(gen_s * 1000) + rng.randint(500, 5000), order, nxt))
+            nxt = _Session(rng, prefixes[rng.randrange(len(prefixes))], turns)
+            heapq.heappush(events, (t + gap_ms + rng.randint(500, 5000), order, nxt))
             started += 1
         order += 1
-    end = out[-1].timestamp if out else 0
-    t = 0
-    while True:  # other traffic: one-off prompts, fresh ids
-        t += int(rng.expovariate(1 / other_every_ms))
+    return out
+
+
+def _turn(rng: random.Random, s: _Session, t: int, fresh: list[int],
+          result_tokens: tuple[int, int]) -> tuple[Request, int]:
+    """Session ``s``'s turn at ``t`` ms, and the ms to its next one (the answer, then a tool
+    call; after the last turn, the answer alone)."""
+    s.length += rng.randint(*result_tokens)  # the tool's result (the first turn: the task)
+    _ids_for(s, fresh)
+    out_tokens = rng.randint(50, 200)
+    s.turns_left -= 1
+    last = s.turns_left == 0
+    tool_s = rng.uniform(2, 10) if rng.random() < 0.6 else rng.uniform(LONG_TOOL_S, 150)
+    gen_s = out_tokens * GEN_MS_PER_TOKEN / 1000
+    req = Request(t, s.length, out_tokens, tuple(s.ids), _turn_hints(s, last, tool_s, gen_s))
+    s.length += out_tokens
+    s.turn += 1
+    return req, int(gen_s * 1000) if last else int((gen_s + tool_s) * 1000)
+
+
+def _other_traffic(rng: random.Random, end: int, fresh: list[int], every_ms: int,
+                   tokens: tuple[int, int]) -> list[Request]:
+    """One-off prompts (fresh ids) until ``end`` ms, ``every_ms`` apart on average."""
+    out, t = [], 0
+    while True:
+        t += int(rng.expovariate(1 / every_ms))
         if t > end:
-            break
+            return out
         ids: list[int] = []
-        length = rng.randint(*other_tokens)
+        length = rng.randint(*tokens)
         while len(ids) * BLOCK_TOKENS < length:
             ids.append(fresh[0])
             fresh[0] += 1
         out.append(Request(t, length, rng.randint(50, 300), tuple(ids)))
-    out.sort(key=lambda r: r.timestamp)
-    return out

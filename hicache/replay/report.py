@@ -61,7 +61,8 @@ def format_table(stack, runs: Sequence[RunStats], bounds: Sequence[Bounds], devi
     says which) and the table of hit rates per policy against the bounds (one per run)."""
     with_storage = any(st.storage for st in runs)
     pw = max(8, 1 + max((len(run_label(st)) for st in runs), default=0))  # the policy column
-    head = (f"{'ratio':>6} {'policy':<{pw}}{'hit':>7}{'device':>8}{'host':>8}" + (f"{'storage':>9}" if with_storage else "")
+    head = (f"{'ratio':>6} {'policy':<{pw}}{'hit':>7}{'device':>8}{'host':>8}"
+            + (f"{'storage':>9}" if with_storage else "")
             + f"{'recomputed':>12}{'pages h2d':>11}{'pages d2h':>11}"
             f"{'GB h2d':>9}{'GB d2h':>9}{'h2d GB/s':>10}{'d2h GB/s':>10}{'peak host GB':>14}{'wall s':>8}")
     dtypes = sorted({st.host_dtype for st in runs})

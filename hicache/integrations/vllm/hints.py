@@ -62,12 +62,14 @@ class HostHints:
     Args:
         index: the host chunk index (its ``keep`` is set to this object's protected keys).
         ratio: ``--hicache-max-retained-ratio``; max_ttl_s: ``--hicache-max-hint-ttl``.
+        tokens_per_chunk: per group, the prefix tokens one chunk holds (a ticket's ``tokens``).
         clock: seconds (deadlines).
     """
 
-    def __init__(self, index: HostBlockIndex, ratio: float, max_ttl_s: float,
+    def __init__(self, index: HostBlockIndex, ratio: float, max_ttl_s: float, tokens_per_chunk: list[int] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.index, self.ratio, self.max_ttl_s, self.clock = index, ratio, max_ttl_s, clock
+        self.tokens_per_chunk = tokens_per_chunk or [1] * index.num_groups
         self.budget = [int(ratio * n) for n in index.chunks_per_group]
         self.requests: dict[str, _Request] = {}
         self.retains: list[_Retain] = []
@@ -128,7 +130,8 @@ class HostHints:
             return []
         for h, ticket in req.hints:
             keys = [k for k in req.keys if self.index.lookup(k).value != "miss"]
-            ticket.tokens = len(keys)  # chunks, here
+            per_group = Counter(self.index.group(k) for k in keys)  # the prefix's tokens: its longest group's
+            ticket.tokens = max((n * self.tokens_per_chunk[g] for g, n in per_group.items()), default=0)
             if h.action == "release":
                 self.index.demote(keys)
                 ticket.settle(HintState.DONE)

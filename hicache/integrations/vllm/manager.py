@@ -159,8 +159,8 @@ class HiCacheOffloadingManager(OffloadingManager):
     def __init__(self, index: HostBlockIndex, layout: HostLayout, enable_events: bool = False,
                  info: Mapping[str, Any] | None = None, hints: tuple[float, float] = (0.5, 86400.0)) -> None:
         self.index, self.layout = index, layout
-        self.hints = HostHints(index, *hints)
         self.tokens_per_chunk = [g.tokens_per_chunk for g in layout.groups]
+        self.hints = HostHints(index, *hints, self.tokens_per_chunk)
         self.windows = TrailingWindows([g.window for g in layout.groups])
         self.events: list[OffloadingEvent] | None = [] if enable_events else None
         self.hit_tokens = 0

@@ -25,5 +25,5 @@ from hicache.radix.hints.ticket import HintState, HintTicket
 from hicache.radix.hints.work import HintWork
 
 __all__ = ["ACTIONS", "ENVELOPE_KEY", "MAX_HINTS_IN_FLIGHT", "MAX_HINTS_PER_STEP", "Hint", "HintBook", "HintError",
-           "HintState", "HintTicket", "HintWork", "Hints", "build_hints", "capabilities", "capability_line", "check_hint",
-           "parse_envelope"]
+           "HintState", "HintTicket", "HintWork", "Hints", "build_hints", "capabilities", "capability_line",
+           "check_hint", "parse_envelope"]

@@ -57,21 +57,28 @@ class Hint(NamedTuple):
     tokens: int | None = None
 
 
+def _shown(v: Any) -> str:
+    """A client's value in a refusal: its repr, cut to 60 characters (one line, bounded)."""
+    text = repr(v).replace("\n", " ")
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 def _ttl(ttl_s: Any, max_ttl_s: float, name: str) -> float:
     if not isinstance(ttl_s, numbers.Real) or isinstance(ttl_s, bool):
-        raise HintError(f"{name}: must be a number of seconds, got {ttl_s!r}")
+        raise HintError(f"{name}: must be a number of seconds, got {_shown(ttl_s)}")
     if not (math.isfinite(ttl_s) and 0 < ttl_s <= max_ttl_s):
-        raise HintError(f"{name}: must be in (0, {max_ttl_s:g}] seconds (--hicache-max-hint-ttl), got {ttl_s!r}")
+        raise HintError(f"{name}: must be in (0, {max_ttl_s:g}] seconds (--hicache-max-hint-ttl), "
+                        f"got {_shown(ttl_s)}")
     return float(ttl_s)
 
 
 def _priority(priority: Any, name: str) -> int:
     if not _is_int(priority) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise HintError(f"{name}: must be an integer in [{MIN_PRIORITY}, {MAX_PRIORITY}], got {priority!r}")
+        raise HintError(f"{name}: must be an integer in [{MIN_PRIORITY}, {MAX_PRIORITY}], got {_shown(priority)}")
     return int(priority)
 
 
@@ -84,7 +91,7 @@ def check_hint(action: Any, ttl_s: Any = None, priority: Any = None, to: Any = N
         HintError: an unknown action, a missing or bad argument, or one the action does not take.
     """
     if not isinstance(action, str) or action not in ACTIONS:
-        raise HintError(f"action: must be one of {', '.join(ACTIONS)}, got {action!r}")
+        raise HintError(f"action: must be one of {', '.join(ACTIONS)}, got {_shown(action)}")
     given = {k: v for k, v in (("ttl_s", ttl_s), ("priority", priority), ("to", to)) if v is not None}
     takes = {"retain": ("ttl_s", "priority"), "prefetch": ("to",)}.get(action, ())
     extra = [k for k in given if k not in takes]
@@ -97,7 +104,7 @@ def check_hint(action: Any, ttl_s: Any = None, priority: Any = None, to: Any = N
         return Hint("retain", _ttl(ttl_s, max_ttl_s, "ttl_s"), prio)
     if action == "prefetch":
         if to is not None and to not in PREFETCH_TO:
-            raise HintError(f"to: must be one of {', '.join(PREFETCH_TO)}, got {to!r}")
+            raise HintError(f"to: must be one of {', '.join(PREFETCH_TO)}, got {_shown(to)}")
         return Hint("prefetch", to=to or "device")
     return Hint(action)
 
@@ -109,30 +116,7 @@ def parse_envelope(value: Any, *, max_ttl_s: float) -> list[Hint]:
         HintError: not a JSON object, an unknown key or version, a bad value, no action,
             or actions that contradict each other (nothing is applied then).
     """
-    if not isinstance(value, Mapping):
-        raise HintError(f"hints: must be a JSON object with keys among {', '.join(ENVELOPE_KEYS)}, "
-                        f"got {type(value).__name__}")
-    unknown = [k for k in value if k not in ENVELOPE_KEYS]
-    if unknown:
-        raise HintError(f"hints: unknown key {str(unknown[0])[:40]!r}; allowed: {', '.join(ENVELOPE_KEYS)}")
-    if "version" in value and (not _is_int(value["version"]) or value["version"] != VERSION):
-        raise HintError(f"hints.version: this server speaks version {VERSION}, got {value['version']!r}")
-    tokens = value.get("tokens")
-    if tokens is not None and (not _is_int(tokens) or tokens < 1):
-        raise HintError(f"hints.tokens: must be an integer >= 1 (leading prompt tokens), got {tokens!r}")
-    flags = {k: value.get(k, False) for k in ("release", "demote", "persist")}
-    for k, v in flags.items():
-        if type(v) is not bool:
-            raise HintError(f"hints.{k}: must be true or false, got {v!r}")
-    to = value.get("prefetch")
-    if to is not None and to not in PREFETCH_TO:
-        raise HintError(f"hints.prefetch: must be one of {', '.join(PREFETCH_TO)}, got {to!r}")
-    if "priority" in value and "retain_s" not in value:
-        raise HintError("hints.priority: goes with retain_s (the priority of a retain)")
-    if "retain_s" in value and flags["release"]:
-        raise HintError("hints: retain_s and release contradict each other; send one")
-    if flags["demote"] and to == "device":
-        raise HintError("hints: demote and prefetch \"device\" contradict each other; send one")
+    tokens, flags, to = _checked_keys(value)
     out = []
     if "retain_s" in value:
         prio = _priority(value["priority"], "hints.priority") if "priority" in value else DEFAULT_PRIORITY
@@ -146,6 +130,36 @@ def parse_envelope(value: Any, *, max_ttl_s: float) -> list[Hint]:
     if not out:
         raise HintError("hints: no action; give one or more of retain_s, release, demote, prefetch, persist")
     return out
+
+
+def _checked_keys(value: Any) -> tuple[int | None, dict[str, bool], str | None]:
+    """An envelope's keys, version, ``tokens``, flags and ``prefetch`` checked (not the
+    retain's numbers): (tokens, the flags, prefetch's tier)."""
+    if not isinstance(value, Mapping):
+        raise HintError(f"hints: must be a JSON object with keys among {', '.join(ENVELOPE_KEYS)}, "
+                        f"got {type(value).__name__}")
+    unknown = [k for k in value if k not in ENVELOPE_KEYS]
+    if unknown:
+        raise HintError(f"hints: unknown key {str(unknown[0])[:40]!r}; allowed: {', '.join(ENVELOPE_KEYS)}")
+    if "version" in value and (not _is_int(value["version"]) or value["version"] != VERSION):
+        raise HintError(f"hints.version: this server speaks version {VERSION}, got {_shown(value['version'])}")
+    tokens = value.get("tokens")
+    if tokens is not None and (not _is_int(tokens) or tokens < 1):
+        raise HintError(f"hints.tokens: must be an integer >= 1 (leading prompt tokens), got {_shown(tokens)}")
+    flags = {k: value.get(k, False) for k in ("release", "demote", "persist")}
+    for k, v in flags.items():
+        if type(v) is not bool:
+            raise HintError(f"hints.{k}: must be true or false, got {_shown(v)}")
+    to = value.get("prefetch")
+    if to is not None and to not in PREFETCH_TO:
+        raise HintError(f"hints.prefetch: must be one of {', '.join(PREFETCH_TO)}, got {_shown(to)}")
+    if "priority" in value and "retain_s" not in value:
+        raise HintError("hints.priority: goes with retain_s (the priority of a retain)")
+    if "retain_s" in value and flags["release"]:
+        raise HintError("hints: retain_s and release contradict each other; send one")
+    if flags["demote"] and to == "device":
+        raise HintError("hints: demote and prefetch \"device\" contradict each other; send one")
+    return tokens, flags, to
 
 
 def capabilities(max_retained_ratio: float, max_ttl_s: float, unavailable: Mapping[str, str] | None = None) -> dict:

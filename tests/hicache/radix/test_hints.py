@@ -33,8 +33,8 @@ class Clock:
 def make(device_pages: int = 8, ratio: float = 2.0, eviction: str = "lru", policy: str = "write_through",
          retained: float = 0.5):
     clock = Clock()
-    config = HiCacheConfig(hicache_ratio=ratio or 1e-12, write_policy=policy, io_backend="torch", eviction_policy=eviction,
-                           max_retained_ratio=retained, max_hint_ttl_s=3600.0)
+    config = HiCacheConfig(hicache_ratio=ratio or 1e-12, write_policy=policy, io_backend="torch",
+                           eviction_policy=eviction, max_retained_ratio=retained, max_hint_ttl_s=3600.0)
     cache = build(mha(1, 1, 8, page_size=PS), device_pages * PS, config, device="cpu", budget=BIG, backend="torch")
     return cache, HiRadixCache(cache, host_tier=ratio > 0, clock=clock), clock
 
@@ -252,7 +252,8 @@ def test_a_malformed_envelope_is_one_refusal_and_changes_nothing(envelope, messa
 def test_an_envelope_applies_each_action_to_its_tokens():
     cache, tree, clock = make()
     a = np.concatenate([put(cache, tree, 0, 2), seq(50, 1, PS)])
-    tree.insert(a, np.concatenate([tree.match_prefix(a).device_slots.numpy(), cache.device_pools["kv"].alloc(PS).numpy()]))
+    more = cache.device_pools["kv"].alloc(PS).numpy()
+    tree.insert(a, np.concatenate([tree.match_prefix(a).device_slots.numpy(), more]))
     tree.wait()
     # 1. the first 5 tokens: one page (the partial one is dropped), in use below: not demoted
     retain, demote = tree.hint_envelope(a, {"retain_s": 30, "priority": 7, "demote": True, "tokens": 5})

@@ -206,3 +206,18 @@ def test_a_prefetch_to_the_host_lands_from_storage(tmp_path):
     assert on_device(tree, tokens) == 3 * PS
     tree.check_integrity()
     tree.close()
+
+
+def test_hints_on_a_hybrid_prefix_move_its_snapshot_with_it():
+    from tests.hicache.radix.test_hybrid import PS as DSV4_PAGE, dsv4, hit, insert
+    cache, tree = dsv4(policy="write_back", device_pages=8)
+    tokens = seq(0, 2, DSV4_PAGE)
+    node = insert(cache, tree, tokens).last_node
+    # 1. retained, then demoted: history and snapshot on the host, the match ends there
+    assert tree.hint(tokens, "retain", ttl_s=60).state is HintState.ACCEPTED
+    assert tree.hint(tokens, "demote").wait(timeout_s=30) is HintState.DONE
+    assert hit(tree, tokens) == (0, 2 * DSV4_PAGE) and node.state_host is not None and node.state_device is None
+    # 2. prefetched: both back on the device
+    assert tree.hint(tokens, "prefetch").wait(timeout_s=30) is HintState.DONE
+    assert hit(tree, tokens) == (2 * DSV4_PAGE, 0) and node.state_device is not None
+    tree.check_integrity()

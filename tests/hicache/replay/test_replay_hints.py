@@ -24,7 +24,8 @@ def write(tmp_path, *lines) -> str:
 def test_a_trace_line_carries_envelopes_before_and_after_its_request(tmp_path):
     hinted = {**LINE, "hints": [{"when": "before", "prefetch": "device"}, {"retain_s": 45, "priority": 60}]}
     (req,) = load_trace(write(tmp_path, hinted))
-    assert req.hints == (TraceHint("before", {"prefetch": "device"}), TraceHint("after", {"retain_s": 45, "priority": 60}))
+    assert req.hints == (TraceHint("before", {"prefetch": "device"}),
+                         TraceHint("after", {"retain_s": 45, "priority": 60}))
     (plain,) = load_trace(write(tmp_path, LINE))
     assert plain.hints == ()
 

@@ -21,7 +21,7 @@ class Clock:
 def make(chunks: int = 8, ratio: float = 0.5):
     index = HostBlockIndex(chunks, 1, lambda key: 0)
     clock = Clock()
-    return index, HostHints(index, ratio, 3600.0, clock), clock
+    return index, HostHints(index, ratio, 3600.0, clock=clock), clock
 
 
 def store(index, hints, req: str, keys: list) -> None:
@@ -46,7 +46,7 @@ def test_a_retained_request_keeps_its_host_chunks_through_pressure():
         # 1. request A stores 3 chunks; hinted, it asks for a 60 s retain
         report = serve(index, hints, "a", ["a1", "a2", "a3"], {"retain_s": 60, "priority": 5} if hinted else None)
         if hinted:
-            assert report == [{"id": report[0]["id"], "action": "retain", "state": "accepted", "tokens": 3}]
+            assert report == [{"id": report[0]["id"], "action": "retain", "state": "accepted", "tokens": 3}]  # 1 token a chunk here
         # 2. other requests store 8 more chunks through an 8-chunk host
         for i in range(4):
             serve(index, hints, f"o{i}", [f"o{i}a", f"o{i}b"])

@@ -91,6 +91,33 @@ def test_manager_store_load_evict_through_vllm_types():
     assert stats["hicache:host_bytes_per_token"][("0",)] == LAYERS * PAGE / TPB
 
 
+def test_a_request_s_hints_reach_the_manager_through_vllm_s_request_context():
+    spec = make_spec({"hicache_ratio": 0.5, "max_retained_ratio": 0.5})  # 6 chunks, 3 may be retained
+    mgr = spec.get_manager()
+    keys = [make_key(bytes([i]) * 8, 0) for i in range(9)]
+    # 1. a request carries a retain in kv_transfer_params (as vLLM's OpenAI server passes it)
+    ctx = vllm_base.ReqContext(req_id="a", kv_transfer_params={"hicache": {"retain_s": 600, "priority": 9}})
+    mgr.on_new_request(ctx)
+    mgr.complete_store(mgr.prepare_store(keys[:2], ctx).keys_to_store, ctx)
+    (ticket,) = mgr.hints.report("a")
+    assert (ticket["action"], ticket["state"], ticket["tokens"]) == ("retain", "accepted", 2 * TPB)
+    mgr.on_request_finished(ctx)
+    # 2. other requests store 6 more chunks: the retained ones stay
+    for i in range(3):
+        other = vllm_base.ReqContext(req_id=f"o{i}")
+        mgr.on_new_request(other)
+        mgr.complete_store(mgr.prepare_store(keys[2 + 2 * i:4 + 2 * i], other).keys_to_store, other)
+    assert all(mgr.lookup(k, ctx) is LookupResult.HIT for k in keys[:2])
+    # 3. a malformed envelope is one refusal in the report; the counters say so
+    bad = vllm_base.ReqContext(req_id="bad", kv_transfer_params={"hicache": {"retian_s": 5}})
+    mgr.on_new_request(bad)
+    (refused,) = mgr.hints.report("bad")
+    assert refused["state"] == "refused" and "unknown key 'retian_s'" in refused["reason"]
+    totals = mgr.totals()
+    assert totals["hicache:hints"] == 1 and totals["hicache:hints_refused"] == 1
+    mgr.index.check_integrity()
+
+
 @pytest.mark.parametrize("fenced", [True, False])
 def test_reset_never_hands_out_a_chunk_a_late_store_still_writes(gen, fenced, monkeypatch):
     # vLLM defers a store's copy to the next step; a cache reset in between used to free its
