@@ -9,7 +9,9 @@ sends (`hicache.radix.hints`). Seeded; timestamps in milliseconds (the hints' cl
 
 The hints each turn carries, as an agent framework would send them:
 
-    first turn     after   persist the shared system prompt (``tokens``: its length)
+    first turn     after   persist the shared system prompt (``tokens``: its length) and
+                           retain it for 5 minutes at a low priority (each turn through it
+                           restarts the retain): a release of a context stops below it
     not the last   after   retain the context for the tool's stated length (+ the answer's
                            time, a quarter more for slack) at a priority that falls as the
                            tool gets longer (a context back sooner is worth more); a long
@@ -31,6 +33,7 @@ from hicache.replay.workload import BLOCK_TOKENS, Request, TraceHint
 __all__ = ["agents_hinted_workload"]
 
 LONG_TOOL_S = 40.0  # a tool call this long or longer demotes the context
+SYSTEM_RETAIN_S = 300.0  # a system prompt's retain (each session's turn through it restarts it)
 GEN_MS_PER_TOKEN = 20  # the answer's generation time
 
 
@@ -59,8 +62,9 @@ def _turn_hints(s: _Session, last: bool, tool_s: float, gen_s: float) -> tuple[T
     hints = []
     if s.turn > 0:
         hints.append(TraceHint("before", {"prefetch": "device"}))
-    if s.turn == 0:
-        hints.append(TraceHint("after", {"persist": True, "tokens": s.system_tokens}))
+    if s.turn == 0:  # the shared system prompt: to storage, and kept while sessions use it
+        hints.append(TraceHint("after", {"persist": True, "retain_s": SYSTEM_RETAIN_S, "priority": 10,
+                                         "tokens": s.system_tokens}))
     if last:
         hints.append(TraceHint("after", {"release": True}))
     else:

@@ -137,11 +137,12 @@ class HintBook:
     # ---- release -----------------------------------------------------------------------------
     def release(self, node: TreeNode, ticket: HintTicket) -> int:
         """Mark the prefix ending at ``node`` first to go: ``node`` and its ancestors while
-        no other branch shares them; retains through ``node`` end. Returns the tokens marked."""
-        chain = private_chain(node)
-        ends = set(chain)
-        for r in [r for r in self.retains.values() if r.node in ends or node in path_of(r.node)]:
+        no other branch shares them and no retain names them (a shorter prefix the client
+        still retains, its system prompt); retains of ``node`` or longer prefixes through it
+        end. Returns the tokens marked."""
+        for r in [r for r in self.retains.values() if node in path_of(r.node)]:
             self._end(r, f"released by hint {ticket.id}")
+        chain = private_chain(node, self.retains)
         clock = self._lru_clock()
         for n in chain:
             self.released[n] = (clock, ticket if n is node else None)

@@ -43,7 +43,7 @@ def build_hints(tree: Any, clock: Callable[[], float], step: Callable[[], None])
                     capacity, config.max_retained_ratio, tree.page_size * 8, counters)
     tree._evictor.hints = book
     work = HintWork(tree._transfers, tree._evictor, index, lambda: tree._storage, tree._may_prefetch, tree.hybrid,
-                    counters)
+                    counters, book.retains)
 
     def unavailable() -> dict[str, str]:
         out = {} if tree.host_enabled else {"demote": "no host tier", "prefetch": "no host tier"}

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Iterable, Mapping, NamedTuple
+from typing import Container, Iterable, Mapping, NamedTuple
 
 from hicache.radix.hints.ticket import HintTicket
 from hicache.radix.node import TreeNode
@@ -84,14 +84,15 @@ def path_of(node: TreeNode) -> list[TreeNode]:
     return out
 
 
-def private_chain(node: TreeNode) -> list[TreeNode]:
+def private_chain(node: TreeNode, stop: Container[TreeNode] = ()) -> list[TreeNode]:
     """``node`` and its ancestors while no other branch shares them (a parent with one
-    child), deepest first: the part of a prefix a release or a demote acts on."""
+    child) and no retain names them (``stop``: a retained system prompt stays), deepest
+    first: the part of a prefix a release or a demote acts on."""
     chain = []
     while node.parent is not None:
         chain.append(node)
         parent = node.parent
-        if parent.parent is None or not _only_child(parent):
+        if parent.parent is None or parent in stop or not _only_child(parent):
             break
         node = parent
     return chain

@@ -22,7 +22,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Container
 
 import numpy as np
 
@@ -60,11 +60,14 @@ class HintWork:
         index: the node structure; storage: returns the `StorageSide` or ``None``.
         may_prefetch: whether a storage prefetch may start at a node (the tree's rule).
         hybrid: the stack has state snapshots; counters: the tree's counters.
+        retained: the retains' last nodes (a demote stops below a shorter retained prefix).
     """
 
     def __init__(self, transfers: Any, evictor: Any, index: Any, storage: Callable[[], Any],
-                 may_prefetch: Callable[[TreeNode], bool], hybrid: bool, counters: Counter) -> None:
+                 may_prefetch: Callable[[TreeNode], bool], hybrid: bool, counters: Counter,
+                 retained: Container[TreeNode] = ()) -> None:
         self.transfers, self.evictor, self.index, self.storage = transfers, evictor, index, storage
+        self.retained = retained
         self.may_prefetch, self.hybrid, self.counters = may_prefetch, hybrid, counters
         self.jobs: dict[HintTicket, Job] = {}
 
@@ -74,7 +77,7 @@ class HintWork:
     # ---- starting ------------------------------------------------------------------------------
     def demote(self, node: TreeNode, ticket: HintTicket) -> None:
         """Start a demote of the prefix ending at ``node`` (module docstring; the tree has a host tier)."""
-        chain = [n for n in private_chain(node) if n._device is not None]
+        chain = [n for n in private_chain(node, self.retained) if n._device is not None]
         if not chain:
             return _finish(ticket, "no-op: the prefix is not on the device", noop=True)
         if chain[0].has_device_child() or chain[0].lock_ref:

@@ -177,12 +177,21 @@ def test_a_released_prefix_goes_first_until_it_is_hit():
     tree.check_integrity()
 
 
-def test_a_release_ends_the_retains_through_its_prefix():
-    cache, tree, clock = make()
-    a = put(cache, tree, 0, 2)
+def test_a_release_ends_the_retains_through_its_prefix_and_stops_below_a_shorter_one():
+    cache, tree, clock = make(ratio=0)
+    system = put(cache, tree, 0, 1)
+    a = np.concatenate([system, seq(50, 2, PS)])
+    tree.insert(a, np.concatenate([tree.match_prefix(a).device_slots.numpy(),
+                                   cache.device_pools["kv"].alloc(2 * PS).numpy()]))
+    kept = tree.hint(system, "retain", ttl_s=60, priority=1)  # the system prompt, kept
     retain = tree.hint(a, "retain", ttl_s=60)
+    # 1. the release ends A's retain, not the system prompt's; only A's own pages are marked
     release = tree.hint(a, "release")
     assert retain.state is HintState.EXPIRED and f"hint {release.id}" in retain.reason
+    assert kept.state is HintState.ACCEPTED and tree.counters["hints_released_tokens"] == 2 * PS
+    # 2. pressure: A's pages go, the system prompt stays
+    put(cache, tree, 100, 7)
+    assert on_device(tree, a) == PS
 
 
 @pytest.mark.parametrize("action,kw", [("retain", {"ttl_s": 5}), ("release", {}), ("demote", {}),
@@ -258,11 +267,12 @@ def test_an_envelope_applies_each_action_to_its_tokens():
     # 1. the first 5 tokens: one page (the partial one is dropped), in use below: not demoted
     retain, demote = tree.hint_envelope(a, {"retain_s": 30, "priority": 7, "demote": True, "tokens": 5})
     assert (retain.action, retain.tokens, demote.action, demote.state) == ("retain", PS, "demote", HintState.REFUSED)
-    # 2. all 3 pages: retained, then off the device, on the host
+    # 2. all 3 pages: retained, then off the device, on the host, but for the first page
+    #    (still retained on its own: a demote stops below a shorter retained prefix)
     retain, demote = tree.hint_envelope(a, {"retain_s": 30, "priority": 7, "demote": True})
     assert retain.tokens == 3 * PS and demote.wait() is HintState.DONE
     m = tree.match_prefix(a)
-    assert (m.device_hit_length, m.host_hit_length) == (0, 3 * PS) and retain.state is HintState.ACCEPTED
+    assert (m.device_hit_length, m.host_hit_length) == (PS, 2 * PS) and retain.state is HintState.ACCEPTED
     tree.check_integrity()
 
 
