@@ -68,7 +68,16 @@ class HiCacheOffloadingConnector(OffloadingConnector):
             _KV_CACHE_CONFIG.reset(token)
 
     def request_finished(self, request: Any, *args: Any, **kwargs: Any) -> tuple[bool, dict[str, Any] | None]:
-        delay, params = super().request_finished(request, *args, **kwargs)
+        return self._with_tickets(request, super().request_finished(request, *args, **kwargs))
+
+    def request_finished_all_groups(self, request: Any, *args: Any,
+                                    **kwargs: Any) -> tuple[bool, dict[str, Any] | None]:
+        """What vLLM's scheduler calls for a connector that supports hybrid models (this one)."""
+        return self._with_tickets(request, super().request_finished_all_groups(request, *args, **kwargs))
+
+    def _with_tickets(self, request: Any, result: tuple[bool, dict[str, Any] | None]) -> tuple[bool, dict | None]:
+        """vLLM's result, with ``request``'s hint tickets in the params it returns."""
+        delay, params = result
         manager = getattr(getattr(self, "connector_scheduler", None), "manager", None)
         if isinstance(manager, HiCacheOffloadingManager):
             tickets = manager.hints.report(request.request_id)

@@ -118,6 +118,23 @@ def test_a_request_s_hints_reach_the_manager_through_vllm_s_request_context():
     mgr.index.check_integrity()
 
 
+@pytest.mark.parametrize("call", ["request_finished", "request_finished_all_groups"])
+def test_the_connector_returns_a_request_s_tickets_in_its_kv_transfer_params(call):
+    from types import SimpleNamespace
+
+    from hicache.integrations.vllm.spec import HiCacheOffloadingConnector
+    mgr = make_spec({"hicache_ratio": 0.5}).get_manager()
+    ctx = vllm_base.ReqContext(req_id="a", kv_transfer_params={"hicache": {"retain_s": 60}})
+    mgr.on_new_request(ctx)
+    mgr.prepare_store([make_key(b"a" * 8, 0)], ctx)
+    # the scheduler side alone (vLLM's connector would build it from a whole vLLM config)
+    conn = HiCacheOffloadingConnector.__new__(HiCacheOffloadingConnector)
+    conn.connector_scheduler = SimpleNamespace(manager=mgr, request_finished=lambda request: (False, None))
+    delay, params = getattr(conn, call)(SimpleNamespace(request_id="a"), ([0],))
+    assert delay is False and params["hicache"]["hints"][0]["state"] == "accepted"
+    assert getattr(conn, call)(SimpleNamespace(request_id="other"), ([0],)) == (False, None)
+
+
 @pytest.mark.parametrize("fenced", [True, False])
 def test_reset_never_hands_out_a_chunk_a_late_store_still_writes(gen, fenced, monkeypatch):
     # vLLM defers a store's copy to the next step; a cache reset in between used to free its
