@@ -30,7 +30,8 @@ def test_defaults():
         "max_copy_programs": None, "storage_backend": "none", "storage_dir": "",
         "storage_master": "127.0.0.1:50051", "storage_capacity_gb": 0.0, "storage_prefetch_policy": "timeout",
         "storage_prefetch_timeout_s": 2.0, "storage_write_policy": "write_through", "storage_optional": False,
-        "storage_model_id": "", "tp_rank": 0, "tp_size": 1, "host_dtype": "auto"}
+        "storage_model_id": "", "tp_rank": 0, "tp_size": 1, "host_dtype": "auto", "max_retained_ratio": 0.5,
+        "max_hint_ttl_s": 86400.0}
     assert c.host_headroom_bytes is None
     assert HiCacheConfig.from_args(_parse([])) == c
 
@@ -71,6 +72,10 @@ BAD = [
     ("tp_size", 0, "--hicache-tp-size"),
     ("tp_rank", -1, "--hicache-tp-rank"),
     ("tp_rank", 1, "--hicache-tp-rank"),
+    ("max_retained_ratio", 1.5, "--hicache-max-retained-ratio"),
+    ("max_retained_ratio", -0.1, "--hicache-max-retained-ratio"),
+    ("max_hint_ttl_s", 0.0, "--hicache-max-hint-ttl"),
+    ("max_hint_ttl_s", 1e9, "--hicache-max-hint-ttl"),
 ]
 
 

@@ -106,10 +106,13 @@ class Hints:
         return out
 
     def poll(self) -> None:
-        """A scheduler step: a new allowance of hints, deadlines checked, jobs advanced."""
+        """A scheduler step: a new allowance of hints, deadlines checked, jobs advanced
+        (nothing more when no retain and no job is in force: every step's poll calls this)."""
         self._sent = 0
-        self.book.poll()
-        self.work.poll()
+        if self.book.retains:
+            self.book.poll()
+        if self.work.jobs:
+            self.work.poll()
 
     # ---- internals ---------------------------------------------------------------------------
     def _take(self, n: int) -> bool:
