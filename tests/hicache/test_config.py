@@ -110,7 +110,8 @@ def test_every_flag_round_trips():
             "--hicache-storage-prefetch-policy", "wait_complete", "--hicache-storage-prefetch-timeout", "0.5",
             "--hicache-storage-write-policy", "write_back", "--hicache-storage-optional",
             "--hicache-storage-model-id", "org/model@rev", "--hicache-tp-rank", "1", "--hicache-tp-size", "2",
-            "--hicache-host-dtype", "int8", "--hicache-eviction-policy", "lfu"]
+            "--hicache-host-dtype", "int8", "--hicache-eviction-policy", "lfu",
+            "--hicache-max-retained-ratio", "0.25", "--hicache-max-hint-ttl", "600"]
     c = HiCacheConfig.from_args(_parse(argv))
     assert c == HiCacheConfig(enable_hierarchical_cache=True, hicache_ratio=3.5, hicache_size_gb=40.0,
                               write_policy="write_through_selective", io_backend="triton",
@@ -120,7 +121,8 @@ def test_every_flag_round_trips():
                               storage_prefetch_policy="wait_complete", storage_prefetch_timeout_s=0.5,
                               storage_write_policy="write_back", storage_optional=True,
                               storage_model_id="org/model@rev", tp_rank=1, tp_size=2,
-                              host_dtype="int8", eviction_policy="lfu")
+                              host_dtype="int8", eviction_policy="lfu", max_retained_ratio=0.25,
+                              max_hint_ttl_s=600.0)
     assert c.host_headroom_bytes == 6 << 30 and c.storage_capacity_bytes == 64 * 10 ** 9
     # every field has a flag, and every flag was given above
     assert set(FLAGS) == {f.name for f in dataclasses.fields(HiCacheConfig)}

@@ -4,9 +4,10 @@ evicts an unhinted one, and greedy outputs are identical whether the prefix came
 from the host or was computed.
 
 One server, a device cache of 16 blocks of 128 tokens and a host tier of as many chunks
-(``--hicache-ratio 1``: half of them may be retained). A (retained for 600 s) and B (no
-hint) are sent, then four other prompts of the same size (~6 blocks each) pass through
-device and host; A and B come back: A's prefix loads from the host, B's is recomputed. Skipped, with the
+(``--hicache-ratio 1``: half of them may be retained). A (retained for two hours: longer
+than the test, however slow the machine) and B (no hint) are sent, then three other
+prompts of the same size (~6 blocks each) pass through device and host; A and B come
+back: A's prefix loads from the host, B's is recomputed. Skipped, with the
 reason, when ``scripts/setup_vllm.sh`` could not build the vLLM environment here.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ SENTENCES, MAX_TOKENS, BLOCK = 40, 6, 128  # a prompt of ~6 blocks
 VLLM_ARGS = ["--host", "127.0.0.1", "--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "1536",
              "--num-gpu-blocks-override", "16", "--kv-cache-memory-bytes", str(128 << 20),
              "--disable-uvicorn-access-log"]
-RETAIN = {"hicache": {"retain_s": 600, "priority": 90}}
+RETAIN = {"hicache": {"retain_s": 7200, "priority": 90}}  # longer than the test on a loaded machine
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def run(tmp_path_factory):
         out = {"a": server.complete_with(model, document(1, SENTENCES), MAX_TOKENS, RETAIN),
                "b": server.complete_with(model, document(2, SENTENCES), MAX_TOKENS),
                "bad": server.complete_with(model, document(3, SENTENCES), MAX_TOKENS, {"hicache": {"retian_s": 5}})}
-        for i in range(3):  # with "bad": 4 x ~6 blocks more through a 16-block device and a 16-chunk host
+        for i in range(2):  # with "bad": 3 x ~6 blocks more through a 16-block device and a 16-chunk host
             server.complete_with(model, document(10 + i, SENTENCES), MAX_TOKENS)
         hits = [server.metrics().get("hicache:hit_tokens_total", 0.0)]
         for name, c in (("a2", 1), ("b2", 2)):
