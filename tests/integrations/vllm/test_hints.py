@@ -120,3 +120,19 @@ def test_capabilities_name_what_vllm_takes():
     index, hints, clock = make()
     caps = hints.capabilities()
     assert caps["actions"] == ["retain", "release"] and set(caps["unavailable"]) == {"demote", "prefetch", "persist"}
+
+
+def test_the_hint_limits_reach_the_plugin_as_extra_config_keys():
+    import json
+
+    from hicache import HiCacheConfig
+    from hicache.integrations.vllm.config import SpecConfig, kv_transfer_config
+    extra = json.loads(kv_transfer_config(HiCacheConfig(max_retained_ratio=0.25, max_hint_ttl_s=600)))
+    extra = extra["kv_connector_extra_config"]
+    assert (extra["max_retained_ratio"], extra["max_hint_ttl_s"]) == (0.25, 600)
+    hi = SpecConfig.from_extra(extra).hicache
+    assert (hi.max_retained_ratio, hi.max_hint_ttl_s) == (0.25, 600.0)
+    defaults = json.loads(kv_transfer_config(HiCacheConfig()))["kv_connector_extra_config"]
+    assert "max_retained_ratio" not in defaults and "max_hint_ttl_s" not in defaults
+    with pytest.raises(ValueError, match=r"max_retained_ratio \(--hicache-max-retained-ratio\)"):
+        SpecConfig.from_extra({"max_retained_ratio": 2})
