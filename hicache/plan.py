@@ -57,7 +57,7 @@ def run_plan(args: argparse.Namespace) -> int:
         ValueError: a bad flag (named), which the CLI prints as one line.
     """
     from hicache.build import check_backend_device
-    from hicache.cli_checks import check_device_tokens, stack_from_flags, tokens_from_gib
+    from hicache.cli.checks import check_device_tokens, stack_from_flags, tokens_from_gib
     from hicache.sizing import plan_sizes
 
     config = HiCacheConfig.from_args(args)

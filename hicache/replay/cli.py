@@ -42,7 +42,7 @@ import torch
 
 from bounded_input import STALL_S
 from hicache.build import build, check_backend_device, check_backend_usable
-from hicache.cli_checks import check_device_tokens, check_fits_device, check_sweep, parse_device, stack_from_flags
+from hicache.cli.checks import check_device_tokens, check_fits_device, check_sweep, parse_device, stack_from_flags
 from hicache.config import HiCacheConfig, check_storage_flags
 from hicache.radix.hints.envelope import capabilities, capability_line
 from hicache.replay.args import add_replay_args

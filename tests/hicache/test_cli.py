@@ -191,7 +191,7 @@ def test_sigint_during_a_replay_ends_it_with_the_finished_rows():
 
 # ---------------------------------------------------------------- start-up: no torch for --help
 
-HEAVY = ("torch", "numpy", "triton", "hicache.integrations.vllm.serve", "hicache.replay.cli", "hicache.cli_checks")
+HEAVY = ("torch", "numpy", "triton", "hicache.integrations.vllm.serve", "hicache.replay.cli", "hicache.cli.checks")
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["plan", "--help"], ["replay", "--help"], ["bench", "--help"],
@@ -257,7 +257,7 @@ def _run_main(argv: list[str]) -> tuple[int, str, str]:
 
 @pytest.mark.gpu
 def test_cuda_device_flag_names_an_index():
-    from hicache.cli_checks import parse_device
+    from hicache.cli.checks import parse_device
     dev = parse_device("cuda")
     assert dev.index is not None and torch.empty(1, device=dev).device == dev
     assert parse_device("cuda:0") == torch.device("cuda:0")

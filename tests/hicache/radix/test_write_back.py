@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hicache import HiCacheConfig, build
-from hicache.cli_checks import stack_from_flags
+from hicache.cli.checks import stack_from_flags
 from hicache.radix.store import open_store
 from hicache.replay.run import Replayer, RunStats
 from hicache.replay.builtin import chat_workload

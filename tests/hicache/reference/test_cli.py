@@ -53,7 +53,7 @@ def test_a_user_mistake_is_one_line_and_exit_2(capsys, argv, message):
 
 def test_the_subcommand_module_imports_no_torch():
     # hicache/__init__.py is bypassed (a bare package): only the modules the registration
-    # in hicache/cli.py pulls in are imported
+    # in hicache/cli/command.py pulls in are imported
     root = Path(hicache.__file__).parent
     code = ("import sys, types; pkg = types.ModuleType('hicache'); pkg.__path__ = [%r]; "
             "sys.modules['hicache'] = pkg; import hicache.reference.cli; "

@@ -1,4 +1,4 @@
-"""The `hicache` command: `plan`, `replay`, `bench`, `serve-vllm`, `verify-model` (and any subcommand in `SUBCOMMANDS`).
+"""The `hicache` command itself: `plan`, `replay`, `bench`, `serve-vllm`, `verify-model` (and any subcommand in `SUBCOMMANDS`).
 
 Start-up stays fast (``hicache --help`` well under a second) because nothing heavy is
 imported before it is needed:
@@ -40,7 +40,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "replay": Subcommand("replay a request trace through the cache, per host ratio",
                          "hicache.replay.args:add_replay_args", "hicache.replay.cli:run_replay"),
     "bench": Subcommand("run a benchmark of bench/ (source checkout)",
-                        "hicache.cli:add_bench_args", "hicache.cli:run_bench", passes_extra=True),
+                        "hicache.cli.command:add_bench_args", "hicache.cli.command:run_bench", passes_extra=True),
     "serve-vllm": Subcommand(
         "start vLLM's OpenAI server, with hicache as its host tier when enabled",
         "hicache.integrations.vllm.serve:add_serve_args", "hicache.integrations.vllm.serve:run_serve",
@@ -92,7 +92,7 @@ def build_parser(command: str | None = None, *, every: bool = False) -> argparse
 BENCHES = ("load_batch", "dma_plan", "h2d", "allocator", "controller", "tree", "tree_instructions", "replay",
            "storage", "triton_grid",
            "vllm_multiturn", "host_dtype_accuracy", "host_dtype_replay", "gpu_quick", "before_after")  # every runnable script of bench/ (a test keeps this list whole)
-BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -145,6 +145,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hicache {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())
