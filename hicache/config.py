@@ -44,6 +44,9 @@ MAX_HICACHE_RATIO = 1e6
 MAX_RANKS = 1 << 16  # --hicache-ranks-per-host, --hicache-tp-size: past any deployment
 MAX_PREFETCH_TIMEOUT_S = 86400.0  # a day; a thread's wait takes no more than ~2^31 s
 MAX_HINT_TTL_CEILING_S = 365 * 86400.0  # --hicache-max-hint-ttl's own bound: a year
+# --hicache-storage-admission: requests a prefix must have been in before storage takes its
+# pages; = hicache.radix.admission.MAX_COUNT (a one-byte counter; not imported: no numpy here)
+MAX_STORAGE_ADMISSION = 255
 
 # field -> flag, so every error names what the user typed
 FLAGS = {
@@ -66,6 +69,7 @@ FLAGS = {
     "storage_prefetch_policy": "--hicache-storage-prefetch-policy",
     "storage_prefetch_timeout_s": "--hicache-storage-prefetch-timeout",
     "storage_write_policy": "--hicache-storage-write-policy",
+    "storage_admission": "--hicache-storage-admission",
     "storage_optional": "--hicache-storage-optional",
     "storage_model_id": "--hicache-storage-model-id",
     "tp_rank": "--hicache-tp-rank",
@@ -136,6 +140,10 @@ class HiCacheConfig:
         storage_prefetch_policy: ``best_effort`` | ``wait_complete`` | ``timeout``.
         storage_prefetch_timeout_s: seconds a ``timeout`` prefetch may take (> 0).
         storage_write_policy: host -> storage: ``write_through`` | ``write_back`` (on host eviction).
+        storage_admission: requests a prefix must have been carried by before the storage tier
+            takes its pages, in [1, MAX_STORAGE_ADMISSION]; 1 = every page the host holds
+            (`hicache.radix.admission`: a prefix refused is offered again when it leaves the
+            host, and its count is remembered when it leaves the tree).
         storage_optional: start without the tier (warning) when the store is unreachable.
         storage_model_id: the served model's identity (weights path or revision) that every
             storage namespace carries; required with a storage backend, so that two models
@@ -166,6 +174,7 @@ class HiCacheConfig:
     storage_prefetch_policy: str = "timeout"
     storage_prefetch_timeout_s: float = 2.0
     storage_write_policy: str = "write_through"
+    storage_admission: int = 1
     storage_optional: bool = False
     storage_model_id: str = ""
     tp_rank: int = 0
@@ -227,6 +236,9 @@ class HiCacheConfig:
             if getattr(self, field) not in allowed:
                 raise _bad(field, f"must be one of {allowed}, got {getattr(self, field)!r}")
         self._check_capacity()
+        if not 1 <= self.storage_admission <= MAX_STORAGE_ADMISSION:
+            raise _bad("storage_admission", f"must be in [1, {MAX_STORAGE_ADMISSION}] (requests a prefix must have "
+                       f"been in before storage takes it; 1 = every page), got {self.storage_admission}")
         if not (math.isfinite(self.storage_prefetch_timeout_s) and self.storage_prefetch_timeout_s > 0):
             raise _bad("storage_prefetch_timeout_s", f"must be > 0 seconds, got {self.storage_prefetch_timeout_s}")
         if self.storage_backend == "file" and not self.storage_dir:
@@ -366,6 +378,9 @@ def add_storage_args(g: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
                    default=d.storage_prefetch_timeout_s, help="seconds, for the timeout policy")
     g.add_argument("--hicache-storage-write-policy", dest="storage_write_policy",
                    default=d.storage_write_policy, help=f"one of {', '.join(STORAGE_WRITE_POLICIES)}")
+    g.add_argument("--hicache-storage-admission", dest="storage_admission", type=int, default=d.storage_admission,
+                   help="requests a prefix must have been in before the storage tier takes its pages "
+                        f"(1-{MAX_STORAGE_ADMISSION}; 1 = every page the host holds; default %(default)s)")
     g.add_argument("--hicache-storage-optional", dest="storage_optional", action="store_true",
                    help="run without the storage tier if the store is unreachable at start")
     g.add_argument("--hicache-storage-model-id", dest="storage_model_id", default=d.storage_model_id,

@@ -38,8 +38,9 @@ class TierStore:
     Args:
         cache: the `hicache.HiCache` whose host pools the objects move through.
         backends: an open `StorageBackend` per data pool of the stack.
-        config: ``storage_prefetch_policy``, ``storage_prefetch_timeout_s`` and
-            ``storage_write_policy`` are read from it (default: ``cache.config``).
+        config: ``storage_prefetch_policy``, ``storage_prefetch_timeout_s``,
+            ``storage_write_policy`` and ``storage_admission`` are read from it (default:
+            ``cache.config``).
         io: the I/O threads (default: two of them, owned and closed by the store); one
             `StorageIO` may serve several stores: each polls only its own results.
         cache_salt: per-tenant salt of the page hash chain.
@@ -54,6 +55,7 @@ class TierStore:
         self.prefetch_policy = config.storage_prefetch_policy
         self.prefetch_timeout_s = config.storage_prefetch_timeout_s
         self.write_policy = config.storage_write_policy
+        self.admission = config.storage_admission  # requests a prefix needs (`hicache.radix.admission`)
         self.cache_salt = cache_salt
         self.page_size = self.stack.page_size
         anchor = self.stack.anchor.name
