@@ -193,17 +193,23 @@ class StorageSide:
         """Whether a store job or a prefetch is still running."""
         return self.store.busy() or bool(self.prefetches.active)
 
-    def drain(self, poll, timeout_s: float) -> None:
-        """Stop the prefetches, then ``poll`` until no store job is left (writes included).
+    def writing(self) -> bool:
+        """Whether a write is queued for the next poll or still running."""
+        return bool(self._to_store or self._writing)
+
+    def drain(self, poll, timeout_s: float, writes_only: bool = False) -> None:
+        """Stop the prefetches, then ``poll`` until no store job is left (writes included);
+        ``writes_only``: leave the prefetches running and wait for the writes alone.
 
         Raises:
             RuntimeError: the store did not finish within ``timeout_s``.
         """
-        for p in list(self.prefetches.active):
-            self.prefetches.stop(p)
+        if not writes_only:
+            for p in list(self.prefetches.active):
+                self.prefetches.stop(p)
         deadline = time.monotonic() + timeout_s
         self._flush()
-        while self.busy():
+        while self.writing() if writes_only else self.busy():
             if time.monotonic() > deadline:
                 raise RuntimeError(f"drain_storage: store jobs still running after {timeout_s} s")
             poll()

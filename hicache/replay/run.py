@@ -12,6 +12,12 @@ counted, or, in the chat workload, part of the next turn's prompt):
     prompt   |<- device hit ->|<- host hit ->|<- storage hit ->|<- recomputed ->|
              0                          first match end      loaded end      prompt end
 
+With a storage tier the store's writes finish between requests (`Replayer.serve`): a
+server computes while its I/O threads write, but the replay's requests take no time, so
+without it the writes would queue up behind each other, pages dropped by the host would
+still be on their way, and the hit rates would move with the machine's load. Lookups see
+writes still running in any case (`hicache.radix.store`).
+
 Hybrid stacks: the "prefill" also saves a state snapshot at the prompt end and at the
 last 512-token block boundary inside the computed part, where the next request of a
 Mooncake session (whose hash_ids re-block the previous prompt) branches off.
@@ -200,6 +206,8 @@ class Replayer:
         finally:
             tree.dec_lock_ref(lock)
         tree.poll()
+        if tree.storage is not None:  # the writes finish while a server would compute (module docstring)
+            tree.drain_storage(writes_only=True)  # a hint's prefetch keeps running
         self.hints.send(req, tokens, "after")
         st.tokens_recomputed += req.input_length - prefix.numel()
         st.peak_host_bytes = max(st.peak_host_bytes, self._host_bytes_used())
