@@ -21,7 +21,8 @@ store under every ``--hicache-storage-admission`` rule of `ADMISSIONS`: per run 
 rate, the storage hit rate, GB written to storage and bytes written per storage-hit token.
 JSON: bench/results/local/storage_admission.json.
 
-The eviction policy is the default (``hicache replay``'s). Each replay runs in this
+The eviction and write policies are the defaults (``hicache replay``'s) but where the
+matrix sets the write policy. Each replay runs in this
 process, one after another (a shared machine: no two at once).
 """
 from __future__ import annotations
@@ -55,7 +56,7 @@ HEADROOM_GIB = 0.25  # host memory left free: several jobs share this VM's memor
 # `make run`'s replay (scripts/run.sh) and the shipped trace, for the admission rules
 ADMISSION_RUNS = {"make run": ["--workload", "chat", "--model", "deepseek-v4-flash", "--layers", "4"],
                   "trace": ["--trace", str(TRACE), "--device-tokens", "262144", *MODEL]}
-ADMISSIONS = ("all", "count:2", "count:3", "count:4")
+ADMISSIONS = (1, 2, 3, 4)  # --hicache-storage-admission: 1 = every page
 
 
 def replay(argv: list[str], store_gb: float | None) -> list[dict]:
@@ -106,9 +107,9 @@ def matrix_rows(name: str, storage: bool, quick: bool) -> list[dict]:
     return rows
 
 
-def admission_rows(name: str, rule: str, quick: bool) -> list[dict]:
+def admission_rows(name: str, rule: int, quick: bool) -> list[dict]:
     """One admission rule on one workload, a row per ratio."""
-    argv = [*ADMISSION_RUNS[name], "--hicache-ratio", "1,2,4", "--hicache-storage-admission", rule,
+    argv = [*ADMISSION_RUNS[name], "--hicache-ratio", "1,2,4", "--hicache-storage-admission", str(rule),
             *(["--max-requests", "200"] if quick else [])]
     t0 = time.perf_counter()
     runs = replay(argv, STORE_GB.get(name, 1.0))

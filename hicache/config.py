@@ -20,6 +20,11 @@ from dataclasses import dataclass
 from hicache.fields import checked_value, field_kinds
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+# chosen by measurement (docs/RESULTS.md, "Write-back against write-through"): at least write-through's
+# hit rate on the shipped trace and every built-in workload at host ratios 1, 2, 4, with and without a
+# store (+0.01 to +0.35); its costs (a device eviction waits for its leaf's backup, and a dead process
+# loses the device's pages that never reached the host): docs/DESIGN.md 8b
+DEFAULT_WRITE_POLICY = "write_back"
 # eviction order of the device and host tiers (leaves only; hicache/radix/policies/,
 # whose NAMES it equals: not imported, the config stays free of torch)
 EVICTION_POLICIES = ("lru", "lfu", "adaptive", "lfuda", "tiered")
@@ -115,7 +120,9 @@ class HiCacheConfig:
         hicache_ratio: host anchor tokens per device anchor token (> 0); SWA host rows
             use the same ratio against device SWA rows.
         hicache_size_gb: host bytes in GB (1e9) per rank; 0 = size by ``hicache_ratio``.
-        write_policy: ``write_through`` | ``write_through_selective`` | ``write_back``.
+        write_policy: ``write_back`` (default, `DEFAULT_WRITE_POLICY`: a page reaches the host
+            when the device evicts it) | ``write_through`` (at insert) | ``write_through_selective``
+            (at its second insert).
         eviction_policy: which leaf the device and host tiers evict first, one of
             ``EVICTION_POLICIES`` (`hicache.radix.policies`): ``lru`` least recently used,
             ``lfu`` fewest hits, ``adaptive`` LRU or LFU weighted by the misses each caused,
@@ -159,7 +166,7 @@ class HiCacheConfig:
     enable_hierarchical_cache: bool = False
     hicache_ratio: float = 2.0
     hicache_size_gb: float = 0.0
-    write_policy: str = "write_through"
+    write_policy: str = DEFAULT_WRITE_POLICY
     eviction_policy: str = DEFAULT_EVICTION_POLICY
     io_backend: str = "auto"
     mem_layout: str = "page_first"
@@ -323,7 +330,7 @@ def add_hicache_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     g.add_argument("--hicache-size", dest="hicache_size_gb", type=float, default=d.hicache_size_gb,
                    help="host pool size in GB per rank; 0 = use --hicache-ratio")
     g.add_argument("--hicache-write-policy", dest="write_policy", default=d.write_policy,
-                   help=f"one of {', '.join(WRITE_POLICIES)}")
+                   help=f"device -> host, one of {', '.join(WRITE_POLICIES)} (default %(default)s)")
     g.add_argument("--hicache-eviction-policy", dest="eviction_policy", default=d.eviction_policy,
                    help=f"which leaf the device and host tiers evict first, one of {', '.join(EVICTION_POLICIES)}")
     g.add_argument("--hicache-io-backend", dest="io_backend", default=d.io_backend,

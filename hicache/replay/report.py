@@ -10,7 +10,8 @@ from hicache.replay.run import UNLIMITED_TOKENS, RunStats
 
 JSON_KEYS = ("hicache_ratio", "eviction_policy", "hit_rate", "device_hit_rate", "host_hit_rate", "storage_hit_rate",
              "tokens_total", "tokens_recomputed", "bytes_h2d", "bytes_d2h", "bytes_storage_read",
-             "bytes_storage_written", "storage_bytes_per_hit_token", "storage_read_gbps", "storage_write_gbps", "transfers_failed", "mismatches",
+             "bytes_storage_written", "storage_bytes_per_hit_token", "storage_read_gbps", "storage_write_gbps",
+             "transfers_failed", "mismatches",
              "host_dtype", "host_capacity_bytes", "peak_host_bytes", "capacity_tokens", "bound_lru", "bound_belady",
              "bound_infinite", "hints", "hints_sent", "hint_states")
 HINT_SUFFIX = {"on": "+h", "wrong": "+w"}  # a policy's column label with the trace's hints, or wrong ones
