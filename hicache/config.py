@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from hicache.fields import checked_value, field_kinds
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
-# chosen by measurement (docs/RESULTS.md, "Write-back against write-through"): at least write-through's
-# hit rate on the shipped trace and every built-in workload at host ratios 1, 2, 4, with and without a
-# store (+0.01 to +0.35); its costs (a device eviction waits for its leaf's backup, and a dead process
-# loses the device's pages that never reached the host): docs/DESIGN.md 8b
+# chosen by measurement (docs/RESULTS.md, "Write policy and storage admission"): never below
+# write-through's hit rate on the shipped trace and every built-in workload at host ratios 1, 2, 4,
+# with and without a store (equal to 4 decimals at worst, up to +0.35); its costs (a device eviction
+# waits for its leaf's backup, a dead process loses the pages that never left the device): DESIGN 8b
 DEFAULT_WRITE_POLICY = "write_back"
 # eviction order of the device and host tiers (leaves only; hicache/radix/policies/,
 # whose NAMES it equals: not imported, the config stays free of torch)
