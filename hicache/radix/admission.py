@@ -13,6 +13,9 @@ from its old count, so a prefix that keeps coming back earns its place.
     it leaves the host (storage write_back,   written, then      the doorkeeper keeps its
       or refused at its ack)                  dropped            count; it is dropped
 
+A client's ``persist`` hint, and a retained prefix leaving the host, pass it: the client
+asked (`hicache.radix.storage.StorageSide.save`'s ``asked``).
+
 A prefix's count never falls along a path (every request carrying a child carries its
 parent), so an admitted child's parent is admitted no later than when it is offered.
 """

@@ -89,14 +89,20 @@ class StorageSide:
         # with admission, a node refused at its ack is offered again when it leaves the host
         return self.store.write_policy == "write_back" or self.admission is not None
 
-    def holds(self, node: TreeNode) -> bool:
+    def stored(self, node: TreeNode) -> bool:
+        """Whether the store acked ``node``'s history (and its host snapshot)."""
         return ((node.stored or not self._has_history)
-                and (node._state_host is None or node.state_stored)) or node in self._writing
+                and (node._state_host is None or node.state_stored))
 
-    def save(self, nodes: list[TreeNode]) -> None:
+    def holds(self, node: TreeNode) -> bool:
+        """Stored, or its write is running (the host may let it go: the write keeps its pages)."""
+        return self.stored(node) or node in self._writing
+
+    def save(self, nodes: list[TreeNode], asked: frozenset = frozenset()) -> None:
         """Write-back: write ``nodes`` (history and snapshot) before they leave the host
-        (those the admission takes; it remembers the count of the others)."""
-        self._to_store.extend((n, True) for n in self._admitted(nodes, leaving=True))
+        (those the admission takes, it remembers the count of the others; and those in
+        ``asked`` whatever it says: a client's retain or persist)."""
+        self._to_store.extend((n, True) for n in self._admitted(nodes, leaving=True, asked=asked))
         self._flush()
 
     def save_snapshots(self, nodes: list[TreeNode]) -> None:
@@ -105,15 +111,15 @@ class StorageSide:
         self._to_store.extend((n, True) for n in self._admitted([n for n in nodes if not n.state_stored], False))
         self._flush()
 
-    def _admitted(self, nodes: list[TreeNode], leaving: bool) -> list[TreeNode]:
-        """The nodes the admission takes (all without one); ``leaving``: the others leave the
-        tree, and the admission remembers their counts."""
+    def _admitted(self, nodes: list[TreeNode], leaving: bool, asked: frozenset = frozenset()) -> list[TreeNode]:
+        """The nodes the admission takes (all without one), and those in ``asked``;
+        ``leaving``: the others leave the tree, and the admission remembers their counts."""
         admission = self.admission
         if admission is None:
             return nodes
         taken = []
         for n in nodes:
-            if admission.admits(n):
+            if n in asked or admission.admits(n):
                 taken.append(n)
             elif leaving:
                 admission.refuse(n)

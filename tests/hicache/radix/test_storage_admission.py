@@ -10,6 +10,7 @@ import pytest
 
 from hicache.models import mha
 from hicache.radix.admission import MAX_COUNT, Doorkeeper, StorageAdmission
+from hicache.radix.hints import HintState
 from hicache.replay.content import ContentModel
 from tests.hicache.radix.storage_env import forget_all, make, serve
 from tests.hicache.radix.test_cache import seq
@@ -22,6 +23,15 @@ def _tree(tmp_path, write_policy: str = "write_through"):
     return cache, tree, ContentModel(cache)
 
 
+def _served_once(tmp_path, write_policy: str):
+    """A tree over a store admitting prefixes of two requests, with two prefixes served once each."""
+    cache, tree, content = _tree(tmp_path, write_policy)
+    a, b = seq(0, 3, PS), seq(500, 3, PS)
+    for tokens in (a, b):
+        serve(cache, tree, content, tokens)
+    return cache, tree, content, a, b
+
+
 def _forget(tree) -> None:
     forget_all(tree)  # device and host emptied: every leaf offered to storage as it leaves
     tree.drain_storage()
@@ -29,10 +39,7 @@ def _forget(tree) -> None:
 
 @pytest.mark.parametrize("write_policy", ["write_through", "write_back"])
 def test_a_prefix_of_two_requests_is_stored_one_of_one_request_is_not(tmp_path, write_policy):
-    cache, tree, content = _tree(tmp_path, write_policy)
-    a, b = seq(0, 3, PS), seq(500, 3, PS)
-    serve(cache, tree, content, a)
-    serve(cache, tree, content, b)
+    cache, tree, content, a, b = _served_once(tmp_path, write_policy)
     serve(cache, tree, content, np.concatenate([b, seq(900, 1, PS)]))  # b's 2nd request, one page more
     tree.drain_storage()
     _forget(tree)
@@ -102,3 +109,22 @@ def test_admission_counts_the_tree_and_the_doorkeeper():
             StorageAdmission(bad, hashes=lambda node: key)
     with pytest.raises(ValueError, match="width_bits"):
         Doorkeeper(width_bits=40)
+
+
+@pytest.mark.parametrize("write_policy", ["write_through", "write_back"])
+def test_a_clients_persist_and_retain_pass_the_admission(tmp_path, write_policy):
+    cache, tree, content, a, b = _served_once(tmp_path, write_policy)
+    tree.drain_storage()
+    assert tree.counters["storage_write_pages"] == 0  # one request each: the admission refuses both
+    ticket = tree.hint(a, "persist")  # a client asked: written whatever the count
+    assert ticket.wait(timeout_s=30) is HintState.DONE
+    assert tree.counters["storage_write_pages"] == 3
+    retain = tree.hint(b, "retain", ttl_s=3600.0)  # retained: it only goes down, to storage here
+    _forget(tree)
+    assert tree.counters["storage_write_pages"] == 6 and tree.counters["storage_refused_pages"] == 0
+    assert retain.state is HintState.EXPIRED and "went down to storage" in retain.reason
+    for tokens in (a, b):  # both come back from storage, every byte checked on the device
+        assert serve(cache, tree, content, tokens).storage == 3 * PS
+    tree.check_integrity()
+    tree.close()
+    cache.close()
