@@ -6,7 +6,7 @@ from typing import NamedTuple, Sequence
 import torch
 
 from hicache.replay.bounds import Bounds
-from hicache.replay.run import UNLIMITED_TOKENS, RunStats
+from hicache.replay.stats import UNLIMITED_TOKENS, RunStats
 
 JSON_KEYS = ("hicache_ratio", "eviction_policy", "hit_rate", "device_hit_rate", "host_hit_rate", "storage_hit_rate",
              "tokens_total", "tokens_recomputed", "bytes_h2d", "bytes_d2h", "bytes_storage_read",
