@@ -27,6 +27,7 @@ process, one after another (a shared machine: no two at once).
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import itertools
@@ -123,24 +124,33 @@ def admission_rows(name: str, rule: int, quick: bool) -> list[dict]:
     return rows
 
 
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--admission", action="store_true", help="storage admission rules instead of the write policies")
+    p.add_argument("--quick", action="store_true", help="200 requests of each workload (a smoke run)")
+    p.add_argument("--resume", action="store_true", help="keep the rows the JSON has, run the rest")
+    p.add_argument("--out", type=Path, default=None, help="the JSON (default: under bench/results/local/)")
+    return p.parse_args(argv)
+
+
 def run(argv: list[str]) -> int:
-    admission, quick = "--admission" in argv, "--quick" in argv
-    default = "storage_admission.json" if admission else "write_policy.json"
-    out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else RESULTS_DIR / default
-    rows = json.loads(out.read_text())["rows"] if "--resume" in argv and out.exists() else []
+    args = parse(argv)
+    admission, quick = args.admission, args.quick
+    out = args.out or RESULTS_DIR / ("storage_admission.json" if admission else "write_policy.json")
+    rows = json.loads(out.read_text())["rows"] if args.resume and out.exists() else []
     if admission:
         cases = [(n, r) for n in ADMISSION_RUNS for r in ADMISSIONS[n]]
         done = {(r["workload"], r["admission"]) for r in rows}
-        step = lambda case: admission_rows(*case, quick)  # noqa: E731
+        step = admission_rows
     else:
         cases = list(itertools.product(WORKLOADS, (False, True)))
         done = {(r["workload"], r["storage"] == "file") for r in rows}
-        step = lambda case: matrix_rows(*case, quick)  # noqa: E731
+        step = matrix_rows
     config = {"quick": quick, "model": "deepseek-v4-flash", "store_gb": STORE_GB, "host_headroom_gib": HEADROOM_GIB}
     for case in cases:
         if case in done:
             continue
-        rows += step(case)
+        rows += step(*case, quick)
         print(format_table(rows[-3:], list(rows[-1])), flush=True)
         write_json(out, rows, config, torch.device("cpu"))
     print(format_table(rows, list(rows[0])))
