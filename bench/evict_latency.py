@@ -120,19 +120,27 @@ def measure(args, policy: str, pages: int) -> dict:
             "mb_d2h_at_insert_per_leaf": round(insert_bytes / max(leaves, 1) / 1e6, 3)}
 
 
+def page_counts(text: str) -> list[int]:
+    """``--pages``: positive integers, comma-separated."""
+    counts = [int(x) for x in text.split(",")]
+    if min(counts) < 1:
+        raise ValueError(text)
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="deepseek-v4-flash")
     p.add_argument("--layers", type=int, default=None, help="default: every layer of the preset")
     p.add_argument("--device-tokens", type=int, default=32768)
     p.add_argument("--ratio", type=float, default=2.0)
-    p.add_argument("--pages", default="4,16", help="pages per leaf, comma-separated")
+    p.add_argument("--pages", type=page_counts, default=[4, 16], help="pages per leaf, comma-separated")
     p.add_argument("--leaves", type=int, default=24, help="evictions timed per case (at most the leaves that fit)")
     p.add_argument("--headroom", type=float, default=0.25, help="GiB of host memory left free")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    rows = [measure(args, policy, int(n)) for n in args.pages.split(",")
+    rows = [measure(args, policy, n) for n in args.pages
             for policy in ("write_through", "write_back")]
     print(format_table(rows, list(rows[0])))
     out = Path(args.out) if args.out else RESULTS_DIR / f"evict_latency_{device_slug(torch.device(args.device))}.json"
