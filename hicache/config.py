@@ -20,6 +20,11 @@ from dataclasses import dataclass
 from hicache.fields import checked_value, field_kinds
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+# chosen by measurement (docs/RESULTS.md, "Write policy and storage admission"): never below
+# write-through's hit rate on the shipped trace and every built-in workload at host ratios 1, 2, 4,
+# with and without a store (equal to 4 decimals at worst, up to +0.35); its costs (a device eviction
+# waits for its leaf's backup, a dead process loses the pages that never left the device): DESIGN 8b
+DEFAULT_WRITE_POLICY = "write_back"
 # eviction order of the device and host tiers (leaves only; hicache/radix/policies/,
 # whose NAMES it equals: not imported, the config stays free of torch)
 EVICTION_POLICIES = ("lru", "lfu", "adaptive", "lfuda", "tiered")
@@ -44,6 +49,9 @@ MAX_HICACHE_RATIO = 1e6
 MAX_RANKS = 1 << 16  # --hicache-ranks-per-host, --hicache-tp-size: past any deployment
 MAX_PREFETCH_TIMEOUT_S = 86400.0  # a day; a thread's wait takes no more than ~2^31 s
 MAX_HINT_TTL_CEILING_S = 365 * 86400.0  # --hicache-max-hint-ttl's own bound: a year
+# --hicache-storage-admission: requests a prefix must have been in before storage takes its
+# pages; = hicache.radix.admission.MAX_COUNT (a one-byte counter; not imported: no numpy here)
+MAX_STORAGE_ADMISSION = 255
 
 # field -> flag, so every error names what the user typed
 FLAGS = {
@@ -66,6 +74,7 @@ FLAGS = {
     "storage_prefetch_policy": "--hicache-storage-prefetch-policy",
     "storage_prefetch_timeout_s": "--hicache-storage-prefetch-timeout",
     "storage_write_policy": "--hicache-storage-write-policy",
+    "storage_admission": "--hicache-storage-admission",
     "storage_optional": "--hicache-storage-optional",
     "storage_model_id": "--hicache-storage-model-id",
     "tp_rank": "--hicache-tp-rank",
@@ -111,7 +120,9 @@ class HiCacheConfig:
         hicache_ratio: host anchor tokens per device anchor token (> 0); SWA host rows
             use the same ratio against device SWA rows.
         hicache_size_gb: host bytes in GB (1e9) per rank; 0 = size by ``hicache_ratio``.
-        write_policy: ``write_through`` | ``write_through_selective`` | ``write_back``.
+        write_policy: ``write_back`` (default, `DEFAULT_WRITE_POLICY`: a page reaches the host
+            when the device evicts it) | ``write_through`` (at insert) | ``write_through_selective``
+            (at its second insert).
         eviction_policy: which leaf the device and host tiers evict first, one of
             ``EVICTION_POLICIES`` (`hicache.radix.policies`): ``lru`` least recently used,
             ``lfu`` fewest hits, ``adaptive`` LRU or LFU weighted by the misses each caused,
@@ -136,6 +147,10 @@ class HiCacheConfig:
         storage_prefetch_policy: ``best_effort`` | ``wait_complete`` | ``timeout``.
         storage_prefetch_timeout_s: seconds a ``timeout`` prefetch may take (> 0).
         storage_write_policy: host -> storage: ``write_through`` | ``write_back`` (on host eviction).
+        storage_admission: requests a prefix must have been carried by before the storage tier
+            takes its pages, in [1, MAX_STORAGE_ADMISSION]; 1 = every page the host holds
+            (`hicache.radix.admission`: a prefix refused is offered again when it leaves the
+            host, and its count is remembered when it leaves the tree).
         storage_optional: start without the tier (warning) when the store is unreachable.
         storage_model_id: the served model's identity (weights path or revision) that every
             storage namespace carries; required with a storage backend, so that two models
@@ -151,7 +166,7 @@ class HiCacheConfig:
     enable_hierarchical_cache: bool = False
     hicache_ratio: float = 2.0
     hicache_size_gb: float = 0.0
-    write_policy: str = "write_through"
+    write_policy: str = DEFAULT_WRITE_POLICY
     eviction_policy: str = DEFAULT_EVICTION_POLICY
     io_backend: str = "auto"
     mem_layout: str = "page_first"
@@ -166,6 +181,7 @@ class HiCacheConfig:
     storage_prefetch_policy: str = "timeout"
     storage_prefetch_timeout_s: float = 2.0
     storage_write_policy: str = "write_through"
+    storage_admission: int = 1
     storage_optional: bool = False
     storage_model_id: str = ""
     tp_rank: int = 0
@@ -227,6 +243,9 @@ class HiCacheConfig:
             if getattr(self, field) not in allowed:
                 raise _bad(field, f"must be one of {allowed}, got {getattr(self, field)!r}")
         self._check_capacity()
+        if not 1 <= self.storage_admission <= MAX_STORAGE_ADMISSION:
+            raise _bad("storage_admission", f"must be in [1, {MAX_STORAGE_ADMISSION}] (requests a prefix must have "
+                       f"been in before storage takes it; 1 = every page), got {self.storage_admission}")
         if not (math.isfinite(self.storage_prefetch_timeout_s) and self.storage_prefetch_timeout_s > 0):
             raise _bad("storage_prefetch_timeout_s", f"must be > 0 seconds, got {self.storage_prefetch_timeout_s}")
         if self.storage_backend == "file" and not self.storage_dir:
@@ -311,7 +330,7 @@ def add_hicache_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     g.add_argument("--hicache-size", dest="hicache_size_gb", type=float, default=d.hicache_size_gb,
                    help="host pool size in GB per rank; 0 = use --hicache-ratio")
     g.add_argument("--hicache-write-policy", dest="write_policy", default=d.write_policy,
-                   help=f"one of {', '.join(WRITE_POLICIES)}")
+                   help=f"device -> host, one of {', '.join(WRITE_POLICIES)} (default %(default)s)")
     g.add_argument("--hicache-eviction-policy", dest="eviction_policy", default=d.eviction_policy,
                    help=f"which leaf the device and host tiers evict first, one of {', '.join(EVICTION_POLICIES)}")
     g.add_argument("--hicache-io-backend", dest="io_backend", default=d.io_backend,
@@ -366,6 +385,9 @@ def add_storage_args(g: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
                    default=d.storage_prefetch_timeout_s, help="seconds, for the timeout policy")
     g.add_argument("--hicache-storage-write-policy", dest="storage_write_policy",
                    default=d.storage_write_policy, help=f"one of {', '.join(STORAGE_WRITE_POLICIES)}")
+    g.add_argument("--hicache-storage-admission", dest="storage_admission", type=int, default=d.storage_admission,
+                   help="requests a prefix must have been in before the storage tier takes its pages "
+                        f"(1-{MAX_STORAGE_ADMISSION}; 1 = every page the host holds; default %(default)s)")
     g.add_argument("--hicache-storage-optional", dest="storage_optional", action="store_true",
                    help="run without the storage tier if the store is unreachable at start")
     g.add_argument("--hicache-storage-model-id", dest="storage_model_id", default=d.storage_model_id,

@@ -393,14 +393,15 @@ class HiRadixCache:
             return p.result
         return self._storage.wait_prefetch(p, self.poll, poll_s)
 
-    def drain_storage(self, timeout_s: float = 60.0) -> None:
+    def drain_storage(self, timeout_s: float = 60.0, writes_only: bool = False) -> None:
         """Poll until no store job is left (writes included); prefetches stop first.
+        ``writes_only``: wait for the storage writes alone, prefetches keep running.
 
         Raises:
             RuntimeError: the store did not finish within ``timeout_s``.
         """
         if self._storage is not None:
-            self._storage.drain(self.poll, timeout_s)
+            self._storage.drain(self.poll, timeout_s, writes_only)
 
     def close(self) -> None:
         """Finish the storage tier's work and close it (idempotent); the tree keeps its

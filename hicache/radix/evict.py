@@ -46,8 +46,9 @@ class Below(Protocol):
     def holds(self, node: TreeNode) -> bool:
         """Whether the tier below already holds ``node``'s history (and snapshot)."""
 
-    def save(self, nodes: list[TreeNode]) -> None:
-        """Save ``nodes`` (history and snapshot) below; may poll."""
+    def save(self, nodes: list[TreeNode], asked: frozenset = frozenset()) -> None:
+        """Save ``nodes`` (history and snapshot) below; may poll. ``asked``: the retained
+        among them, saved whatever a storage admission says."""
 
     def save_snapshots(self, nodes: list[TreeNode]) -> None:
         """Save the snapshots of ``nodes`` below before they are dropped here."""
@@ -87,7 +88,7 @@ class NothingBelow:
     def holds(self, node: TreeNode) -> bool:
         return False
 
-    def save(self, nodes: list[TreeNode]) -> None:
+    def save(self, nodes: list[TreeNode], asked: frozenset = frozenset()) -> None:
         return None
 
     def save_snapshots(self, nodes: list[TreeNode]) -> None:
@@ -159,7 +160,7 @@ class Evictor:
 
     def _write_back(self, tier: Tier, nodes: list[TreeNode], kept: frozenset = frozenset()) -> int:
         """Back ``nodes`` up to the tier below, then drop their copies here (or the nodes)."""
-        self.below[tier.name].save(nodes)
+        self.below[tier.name].save(nodes, kept)
         return sum(self._drop(tier, n, kept) for n in nodes if not n.dead and tier.is_leaf(n) and n.evictable)
 
     def _drop(self, tier: Tier, node: TreeNode, kept: frozenset = frozenset()) -> int:

@@ -30,6 +30,7 @@ class StoreJob:
         owner: the tree's record this job belongs to.
         results: each op's `IOResult` once polled.
         pins: host pages a read or write pinned until it is done, per own-indexed pool (`HostPins`).
+        keys: a write's page and snapshot keys (a lookup of one of them runs after the write).
     """
 
     kind: str
@@ -37,6 +38,7 @@ class StoreJob:
     owner: Any
     results: dict[str, IOResult] = field(default_factory=dict)
     pins: dict[str, np.ndarray] = field(default_factory=dict)
+    keys: tuple = ()
 
     @property
     def done(self) -> bool:

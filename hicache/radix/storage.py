@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
+from hicache.radix.admission import StorageAdmission
 from hicache.radix.jobs import WRITE, StoreJob
 from hicache.radix.landing import StorageEdits
 from hicache.radix.node import EMPTY_SLOTS, TreeNode
@@ -60,9 +61,11 @@ class StorageSide:
         self.state_sizes = dict(state_sizes)
         self.prefetches = Prefetches(store, edits, self.node_hashes, host_pools, state_sizes, counters)
         self._to_store: list[tuple[TreeNode, bool]] = []  # (node, with its host snapshot)
+        self._writing: set[TreeNode] = set()  # nodes of the write jobs in flight
         self._has_history = bool(store.history)  # pages with data to write (else only snapshots)
         # told of every finished write: (segments, each one's success); the client hints' persist
         self.on_written: Callable[[list, list[bool]], None] | None = None
+        self.admission = StorageAdmission(store.admission, self.node_hashes) if store.admission > 1 else None
 
     def node_hashes(self, node: TreeNode) -> list[str]:
         """Page hashes of ``node``'s pages (chained from the root; cached on the nodes)."""
@@ -83,25 +86,57 @@ class StorageSide:
     # ---- below the host (evict.Below) ------------------------------------------------------
     @property
     def writes_back(self) -> bool:
-        return self.store.write_policy == "write_back"
+        # with admission, a node refused at its ack is offered again when it leaves the host
+        return self.store.write_policy == "write_back" or self.admission is not None
 
-    def holds(self, node: TreeNode) -> bool:
+    def stored(self, node: TreeNode) -> bool:
+        """Whether the store acked ``node``'s history (and its host snapshot)."""
         return ((node.stored or not self._has_history)
                 and (node._state_host is None or node.state_stored))
 
-    def save(self, nodes: list[TreeNode]) -> None:
-        """Write-back: write ``nodes`` (history and snapshot) before they leave the host."""
-        self._to_store.extend((n, True) for n in nodes)
+    def holds(self, node: TreeNode) -> bool:
+        """Stored, or its write is running (the host may let it go: the write keeps its pages)."""
+        return self.stored(node) or node in self._writing
+
+    def save(self, nodes: list[TreeNode], asked: frozenset = frozenset()) -> None:
+        """Write-back: write ``nodes`` (history and snapshot) before they leave the host
+        (those the admission takes, it remembers the count of the others; and those in
+        ``asked`` whatever it says: a client's retain or persist)."""
+        self._to_store.extend((n, True) for n in self._admitted(nodes, leaving=True, asked=asked))
         self._flush()
 
     def save_snapshots(self, nodes: list[TreeNode]) -> None:
-        self.save([n for n in nodes if not n.state_stored])
+        """Write the host snapshots of ``nodes`` (with their history if not stored) before
+        the host drops them; the nodes stay in the tree."""
+        self._to_store.extend((n, True) for n in self._admitted([n for n in nodes if not n.state_stored], False))
+        self._flush()
+
+    def _admitted(self, nodes: list[TreeNode], leaving: bool, asked: frozenset = frozenset()) -> list[TreeNode]:
+        """The nodes the admission takes (all without one), and those in ``asked``;
+        ``leaving``: the others leave the tree, and the admission remembers their counts."""
+        admission = self.admission
+        if admission is None:
+            return nodes
+        taken = []
+        for n in nodes:
+            if n in asked or admission.admits(n):
+                taken.append(n)
+            elif leaving:
+                admission.refuse(n)
+                self.counters["storage_refused_pages"] += n.num_tokens // self.store.page_size
+            else:
+                self.counters["storage_refused_snapshots"] += 1
+        return taken
 
     # ---- writes ------------------------------------------------------------------------------
     def queue_store(self, nodes: list[TreeNode], with_state: TreeNode | None) -> None:
         """Write-through: remember freshly backed-up nodes (and a snapshot's owner) for this poll."""
         if self.store.write_policy != "write_through":
             return
+        if self.admission is not None:  # the refused are offered again when they leave the host
+            nodes = [n for n in nodes if self.admission.admits(n)]
+            if with_state is not None and not self.admission.admits(with_state):
+                with_state = None
         self._to_store.extend((n, n is with_state) for n in nodes)
         if with_state is not None and with_state not in nodes:
             self._to_store.append((with_state, True))
@@ -112,7 +147,10 @@ class StorageSide:
         todo, self._to_store = self._to_store, []
         segs, hashes, slots, snap_hashes = [], [], [], []
         snap_slots: dict[str, list] = {name: [] for name in self.state_sizes}
+        wanted: dict[TreeNode, bool] = {}  # a node queued twice (history, then its snapshot): once
         for node, with_state in todo:
+            wanted[node] = wanted.get(node, False) or with_state
+        for node, with_state in wanted.items():
             if node.dead or node._host is None:
                 continue
             history = self._has_history and not node.stored
@@ -128,6 +166,7 @@ class StorageSide:
                 for name, s in node._state_host.items():
                     snap_slots[name].append(s)
             segs.append((node, node.num_tokens if history else 0, snap))
+            self._writing.add(node)
         if segs:
             self.store.write(hashes, torch.cat(slots) if slots else EMPTY_SLOTS,
                              snap_hashes, {n: torch.cat(v) for n, v in snap_slots.items() if v}, segs)
@@ -138,6 +177,7 @@ class StorageSide:
         page_ok = _all_ok(res, store.history)
         snap_ok = _all_ok(res, store.state)
         ok = self.edits.mark_written(job.owner, page_ok, snap_ok)
+        self._writing.difference_update(seg[0] for seg in job.owner)
         self.counters["storage_write_failed_pages"] += page_ok.count(False)
         if self.on_written is not None:
             self.on_written(job.owner, ok)
@@ -159,17 +199,23 @@ class StorageSide:
         """Whether a store job or a prefetch is still running."""
         return self.store.busy() or bool(self.prefetches.active)
 
-    def drain(self, poll, timeout_s: float) -> None:
-        """Stop the prefetches, then ``poll`` until no store job is left (writes included).
+    def writing(self) -> bool:
+        """Whether a write is queued for the next poll or still running."""
+        return bool(self._to_store or self._writing)
+
+    def drain(self, poll, timeout_s: float, writes_only: bool = False) -> None:
+        """Stop the prefetches, then ``poll`` until no store job is left (writes included);
+        ``writes_only``: leave the prefetches running and wait for the writes alone.
 
         Raises:
             RuntimeError: the store did not finish within ``timeout_s``.
         """
-        for p in list(self.prefetches.active):
-            self.prefetches.stop(p)
+        if not writes_only:
+            for p in list(self.prefetches.active):
+                self.prefetches.stop(p)
         deadline = time.monotonic() + timeout_s
         self._flush()
-        while self.busy():
+        while self.writing() if writes_only else self.busy():
             if time.monotonic() > deadline:
                 raise RuntimeError(f"drain_storage: store jobs still running after {timeout_s} s")
             poll()

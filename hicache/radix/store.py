@@ -14,9 +14,11 @@ scheduler thread only submits and polls (`poll` returns the finished jobs):
     read     prefetch of every pool into host slots         leading run read in every pool, snapshot ok
     write    backup of every pool from host slots           per page and per snapshot: stored
 
-Host pages a write reads are pinned until the write completes: freeing them meanwhile
-(an eviction, a deleted node) is deferred, so the I/O threads never read a slot that was
-handed out again. Keys are namespaced per pool (`StorageNamespace`: model, pool, dtypes,
+A lookup of a key whose write is still running runs after that write's every operation
+(read after write): a page the host dropped while its write was queued is found, whatever
+the I/O threads' backlog. Host pages a write reads are pinned until the write completes:
+freeing them meanwhile (an eviction, a deleted node) is deferred, so the I/O threads never
+read a slot that was handed out again. Keys are namespaced per pool (`StorageNamespace`: model, pool, dtypes,
 layers, rank...), so pools, models and ranks never read each other's objects.
 """
 from __future__ import annotations
@@ -38,8 +40,9 @@ class TierStore:
     Args:
         cache: the `hicache.HiCache` whose host pools the objects move through.
         backends: an open `StorageBackend` per data pool of the stack.
-        config: ``storage_prefetch_policy``, ``storage_prefetch_timeout_s`` and
-            ``storage_write_policy`` are read from it (default: ``cache.config``).
+        config: ``storage_prefetch_policy``, ``storage_prefetch_timeout_s``,
+            ``storage_write_policy`` and ``storage_admission`` are read from it (default:
+            ``cache.config``).
         io: the I/O threads (default: two of them, owned and closed by the store); one
             `StorageIO` may serve several stores: each polls only its own results.
         cache_salt: per-tenant salt of the page hash chain.
@@ -54,6 +57,7 @@ class TierStore:
         self.prefetch_policy = config.storage_prefetch_policy
         self.prefetch_timeout_s = config.storage_prefetch_timeout_s
         self.write_policy = config.storage_write_policy
+        self.admission = config.storage_admission  # requests a prefix needs (`hicache.radix.admission`)
         self.cache_salt = cache_salt
         self.page_size = self.stack.page_size
         anchor = self.stack.anchor.name
@@ -66,6 +70,7 @@ class TierStore:
         self._results = self.io.channel()  # this store's results only: an ``io`` may be shared
         self.clocks = {LOOKUP: BusyClock(), READ: BusyClock(), WRITE: BusyClock()}
         self._jobs: dict[int, tuple[StoreJob, str]] = {}  # StorageIO op id -> (job, pool)
+        self._writing: dict[str, tuple] = {}  # key -> the operations of the write job in flight storing it
         self.pins = HostPins({r: self.host_pools[r] for r in (anchor, *(self.stack.root_of(n).name
                                                                        for n in self.state))})
         for name, backend in self.backends.items():
@@ -125,13 +130,14 @@ class TierStore:
         Raises:
             ValueError: nothing to look up (no history data pool, and no snapshots asked).
         """
-        ops = {}
+        ops, io, out = {}, self.io, self._results
+        after = self._writes_of((*hashes, *held)) if self._writing else ()
         if self.history and hashes:
-            ops["history"] = self.io.query(self.backends[self.history[0]], hashes, channel=self._results)
+            ops["history"] = io.query(self.backends[self.history[0]], hashes, channel=out, after=after)
         if snapshots and self.state and hashes:
-            ops["state"] = self.io.presence(self.backends[self.state[0]], hashes, channel=self._results)
+            ops["state"] = io.presence(self.backends[self.state[0]], hashes, channel=out, after=after)
         if held and self.state:
-            ops["held"] = self.io.presence(self.backends[self.state[0]], held, channel=self._results)
+            ops["held"] = io.presence(self.backends[self.state[0]], held, channel=out, after=after)
         if not ops:
             raise ValueError("snapshots: a stack without history data pools is looked up by its snapshots")
         return self._track(StoreJob(LOOKUP, ops, owner))
@@ -190,7 +196,8 @@ class TierStore:
                                        channel=self._results)
         if not ops:
             raise ValueError("hashes, snap_hashes: nothing to write (no page of a history data pool, no snapshot)")
-        job = StoreJob(WRITE, ops, owner)
+        job = StoreJob(WRITE, ops, owner, keys=(*hashes, *snap_hashes))
+        self._writing.update(dict.fromkeys(job.keys, tuple(ops.values())))
         self._pin(job, {self.stack.anchor.name: anchor_slots} if hashes and self.history else {})
         self._pin(job, snap_slots if snap_hashes else {})
         return self._track(job)
@@ -213,8 +220,21 @@ class TierStore:
                 for root, pages in job.pins.items():
                     self.pins.unpin(root, pages)
                 job.pins = {}
+                self._forget_write(job)
                 done.append(job)
         return done
+
+    def _writes_of(self, keys: Sequence[str]) -> tuple:
+        """The operations of the writes in flight that store any of ``keys``."""
+        writing = self._writing
+        return tuple({op: None for k in keys if k in writing for op in writing[k]})
+
+    def _forget_write(self, job: StoreJob) -> None:
+        """A write finished: its keys are no longer in flight (unless a later write stores them)."""
+        ops = tuple(job.ops.values())
+        for key in job.keys:
+            if self._writing.get(key) == ops:
+                del self._writing[key]
 
     def busy(self) -> bool:
         """Whether any job of this store is still running."""

@@ -94,8 +94,8 @@ class Transfers:
     def holds(self, node: TreeNode) -> bool:
         return node._host is not None and (node._state_device is None or node._state_host is not None)
 
-    def save(self, nodes: list[TreeNode]) -> None:
-        """Back ``nodes`` up and wait for the acks (polls)."""
+    def save(self, nodes: list[TreeNode], asked: frozenset = frozenset()) -> None:
+        """Back ``nodes`` up and wait for the acks (polls); ``asked`` changes nothing here."""
         ops = [op for op in (self.backup(n) for n in nodes) if op is not None]
         if ops:
             self.wait(ops)

@@ -85,7 +85,8 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hicache-max-retained-ratio", dest="max_retained_ratio", type=float,
                    default=HiCacheConfig().max_retained_ratio,
                    help="share of each tier client hints may retain, 0-1 (default %(default)s)")
-    p.add_argument("--hicache-write-policy", dest="write_policy", default="write_through", help=", ".join(WRITE_POLICIES))
+    p.add_argument("--hicache-write-policy", dest="write_policy", default=HiCacheConfig().write_policy,
+                   help=f"{', '.join(WRITE_POLICIES)} (default %(default)s)")
     p.add_argument("--hicache-io-backend", dest="io_backend", default="auto", help=", ".join(IO_BACKENDS))
     p.add_argument("--hicache-mem-layout", dest="mem_layout", default="page_first", help=", ".join(MEM_LAYOUTS))
     p.add_argument("--hicache-host-dtype", dest="host_dtype", default="auto",

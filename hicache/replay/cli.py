@@ -52,7 +52,8 @@ from hicache.replay.content import ReplayMismatch
 from hicache.replay.plot import check_plot_path, draw
 from hicache.replay.progress import Progress, line_break
 from hicache.replay.report import Verdict, format_table, json_row, summary, verdict
-from hicache.replay.run import Replayer, RunStats, tier_tokens
+from hicache.replay.run import Replayer
+from hicache.replay.stats import RunStats, tier_tokens
 from hicache.replay.storage import fill_storage_defaults, open_run_store, probe_storage, storage_config
 from hicache.replay.workload import MAX_PROMPT_TOKENS, Request, TraceLimits, load_trace
 from hicache.sizing import plan_sizes

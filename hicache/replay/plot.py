@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from hicache.replay.bounds import Bounds
-from hicache.replay.run import RunStats
+from hicache.replay.stats import RunStats
 
 __all__ = ["check_plot_path", "draw"]
 

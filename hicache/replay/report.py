@@ -6,11 +6,12 @@ from typing import NamedTuple, Sequence
 import torch
 
 from hicache.replay.bounds import Bounds
-from hicache.replay.run import UNLIMITED_TOKENS, RunStats
+from hicache.replay.stats import UNLIMITED_TOKENS, RunStats
 
 JSON_KEYS = ("hicache_ratio", "eviction_policy", "hit_rate", "device_hit_rate", "host_hit_rate", "storage_hit_rate",
              "tokens_total", "tokens_recomputed", "bytes_h2d", "bytes_d2h", "bytes_storage_read",
-             "bytes_storage_written", "storage_read_gbps", "storage_write_gbps", "transfers_failed", "mismatches",
+             "bytes_storage_written", "storage_bytes_per_hit_token", "storage_read_gbps", "storage_write_gbps",
+             "transfers_failed", "mismatches",
              "host_dtype", "host_capacity_bytes", "peak_host_bytes", "capacity_tokens", "bound_lru", "bound_belady",
              "bound_infinite", "hints", "hints_sent", "hint_states")
 HINT_SUFFIX = {"on": "+h", "wrong": "+w"}  # a policy's column label with the trace's hints, or wrong ones
@@ -30,6 +31,12 @@ def _gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9 if seconds else 0.0
 
 
+def bytes_per_storage_hit_token(st: RunStats) -> float | None:
+    """Storage bytes written per prompt token served from storage (the wear per hit), or
+    ``None`` when nothing was served from storage."""
+    return st.bytes_storage_written / st.storage_hit_tokens if st.storage_hit_tokens else None
+
+
 def json_row(st: RunStats, bound: Bounds | None = None) -> dict:
     """One run as the JSON row (keys in `JSON_KEYS` order; storage ones 0 without a storage
     tier, bound ones None without ``bound``)."""
@@ -41,6 +48,7 @@ def json_row(st: RunStats, bound: Bounds | None = None) -> dict:
             "tokens_total": st.tokens_total, "tokens_recomputed": st.tokens_recomputed,
             "bytes_h2d": st.bytes_h2d, "bytes_d2h": st.bytes_d2h,
             "bytes_storage_read": st.bytes_storage_read, "bytes_storage_written": st.bytes_storage_written,
+            "storage_bytes_per_hit_token": bytes_per_storage_hit_token(st),
             "storage_read_gbps": _gbps(st.bytes_storage_read, st.seconds_storage_read),
             "storage_write_gbps": _gbps(st.bytes_storage_written, st.seconds_storage_write),
             "transfers_failed": st.transfers_failed, "mismatches": st.mismatches, "host_dtype": st.host_dtype,
@@ -85,17 +93,20 @@ def format_table(stack, runs: Sequence[RunStats], bounds: Sequence[Bounds], devi
 
 
 def _storage_table(runs: Sequence[RunStats], storage: str) -> str:
-    head = (f"{'ratio':>6} {'policy':<8}{'storage hit':>12}{'GB read':>10}{'GB written':>12}{'read GB/s':>11}"
-            f"{'write GB/s':>12}")
-    lines = [f"storage tier: {storage} (GB/s: bytes over the time the I/O threads had a read / a write "
-             "in flight)", head, "-" * len(head)]
+    head = (f"{'ratio':>6} {'policy':<8}{'storage hit':>12}{'GB read':>10}{'GB written':>12}{'B/hit token':>13}"
+            f"{'read GB/s':>11}{'write GB/s':>12}")
+    lines = [f"storage tier: {storage} (GB written: the wear of each run; B/hit token: bytes written per prompt "
+             "token served from storage; GB/s: bytes over the time the I/O threads had a read / a write in flight)",
+             head, "-" * len(head)]
     for st in runs:
         if not st.storage:
             continue
         r = json_row(st)
+        per_hit = r["storage_bytes_per_hit_token"]
         lines.append(f"{st.hicache_ratio:>6g} {st.eviction_policy:<8}{r['storage_hit_rate']:>12.3f}"
                      f"{st.bytes_storage_read / 1e9:>10.3f}{st.bytes_storage_written / 1e9:>12.3f}"
-                     f"{r['storage_read_gbps']:>11.2f}{r['storage_write_gbps']:>12.2f}")
+                     + (f"{per_hit:>13,.0f}" if per_hit is not None else f"{'-':>13}")
+                     + f"{r['storage_read_gbps']:>11.2f}{r['storage_write_gbps']:>12.2f}")
     return "\n".join(lines)
 
 
@@ -135,7 +146,8 @@ def summary(runs: Sequence[RunStats], workload: str, verdict: Verdict) -> str:
              BOUNDS_LEGEND]
     if storage:  # why the total can stop growing with the ratio while the host column still does
         lines.append("storage: the store keeps what the host drops, so once the host can stage a whole prompt the "
-                     "hit is all the workload reuses; a larger host serves more of it from host instead of storage")
+                     "hit is all the workload reuses; a larger host serves more of it from host instead of storage; "
+                     f"{sum(st.bytes_storage_written for st in runs) / 1e9:.3f} GB written to storage in all")
     return "\n".join([*lines, verdict.line])
 
 

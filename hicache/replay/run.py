@@ -12,6 +12,12 @@ counted, or, in the chat workload, part of the next turn's prompt):
     prompt   |<- device hit ->|<- host hit ->|<- storage hit ->|<- recomputed ->|
              0                          first match end      loaded end      prompt end
 
+With a storage tier the store's writes finish between requests (`Replayer.serve`): a
+server computes while its I/O threads write, but the replay's requests take no time, so
+without it the writes would queue up behind each other, pages dropped by the host would
+still be on their way, and the hit rates would move with the machine's load. Lookups see
+writes still running in any case (`hicache.radix.store`).
+
 Hybrid stacks: the "prefill" also saves a state snapshot at the prompt end and at the
 last 512-token block boundary inside the computed part, where the next request of a
 Mooncake session (whose hash_ids re-block the previous prompt) branches off.
@@ -23,80 +29,19 @@ step (launch, poll); the hints' clock is the request's timestamp.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
-from hicache.config import DEFAULT_EVICTION_POLICY
 from hicache.radix import HiRadixCache
 from hicache.radix.node import EMPTY_SLOTS
 from hicache.replay.content import ContentModel, ReplayMismatch, prefix_hashes, state_seed
 from hicache.replay.hintplay import HintPlayer
+from hicache.replay.stats import RunStats, tier_tokens
 from hicache.replay.workload import BLOCK_TOKENS, Request, request_tokens
-
-UNLIMITED_TOKENS = 1 << 40  # the capacity of an unlimited storage tier, in the bounds
 
 if TYPE_CHECKING:
     from hicache.radix.store import TierStore
-
-
-def tier_tokens(device_tokens: int, host_tokens: int, host_bytes: int, storage_bytes: int | None) -> int:
-    """Anchor tokens of a device, a host and a storage tier together (a run's capacity).
-
-    The storage tier counts at the host format's bytes per anchor token (``host_bytes``
-    over ``host_tokens``: every pool's share), so no run exceeds its Belady bound.
-
-    Args:
-        storage_bytes: the store's capacity; 0: unlimited (`UNLIMITED_TOKENS`); None: no store.
-    """
-    tokens = device_tokens + host_tokens
-    if storage_bytes is None:
-        return tokens
-    per_token = host_bytes / max(1, host_tokens)
-    return tokens + (int(storage_bytes / per_token) if storage_bytes else UNLIMITED_TOKENS)
-
-
-@dataclass(slots=True)
-class RunStats:
-    """Totals of one replay (tokens are prompt tokens)."""
-
-    hicache_ratio: float
-    requests: int = 0
-    tokens_total: int = 0
-    device_hit_tokens: int = 0
-    host_hit_tokens: int = 0
-    tokens_recomputed: int = 0
-    uncached_requests: int = 0  # prompts the device could not hold (computed, not cached)
-    pages_h2d: int = 0
-    pages_d2h: int = 0
-    bytes_h2d: int = 0
-    bytes_d2h: int = 0
-    seconds_h2d: float = 0.0
-    seconds_d2h: float = 0.0
-    peak_host_bytes: int = 0
-    bytes_checked: int = 0
-    mismatches: int = 0
-    wall_s: float = 0.0
-    storage: bool = False  # the run had a storage tier
-    storage_hit_tokens: int = 0
-    bytes_storage_read: int = 0
-    bytes_storage_written: int = 0
-    seconds_storage_read: float = 0.0  # I/O threads busy reading (a read in flight)
-    seconds_storage_write: float = 0.0  # I/O threads busy writing
-    transfers_ok: int = 0  # backups and loads acked as done
-    transfers_failed: int = 0  # acked as failed (rolled back)
-    transfer_error: str = ""  # the first failed ack's error
-    host_dtype: str = "auto"  # --hicache-host-dtype of the run
-    host_capacity_bytes: int = 0  # bytes of the host pools (int8 ones counted as int8 + scales)
-    eviction_policy: str = DEFAULT_EVICTION_POLICY  # --hicache-eviction-policy of the run
-    capacity_tokens: int = 0  # device + host (+ storage) tokens of the anchor pool (the bounds' capacity)
-    hints: str = "on"  # --hints of the run: on, off or wrong
-    hints_sent: int = 0  # hints the tree got (one per action of an envelope)
-    hint_states: dict = field(default_factory=dict)  # tickets per state at the end (accepted: still in force)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 class Replayer:
@@ -200,6 +145,8 @@ class Replayer:
         finally:
             tree.dec_lock_ref(lock)
         tree.poll()
+        if tree.storage is not None:  # the writes finish while a server would compute (module docstring)
+            tree.drain_storage(writes_only=True)  # a hint's prefetch keeps running
         self.hints.send(req, tokens, "after")
         st.tokens_recomputed += req.input_length - prefix.numel()
         st.peak_host_bytes = max(st.peak_host_bytes, self._host_bytes_used())

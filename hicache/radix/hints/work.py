@@ -88,7 +88,7 @@ class HintWork:
     def persist(self, node: TreeNode, ticket: HintTicket) -> None:
         """Start a persist of the prefix ending at ``node`` (module docstring; the tree has a storage tier)."""
         storage = self.storage()
-        todo = [n for n in reversed(path_of(node)) if not storage.holds(n)]
+        todo = [n for n in reversed(path_of(node)) if not storage.stored(n)]
         if not todo:
             return _finish(ticket, "no-op: the prefix is in storage already", noop=True)
         job = Job(ticket, "persist", node, "backup", todo)
@@ -178,10 +178,11 @@ class HintWork:
             if not self._backed_up(job, "nothing was written"):
                 return job.ticket.final
             job.stage = "write"
-            storage.save([n for n in job.nodes if not n.dead and not storage.holds(n)])
+            # a write already running is awaited; a client's persist passes any storage admission
+            storage.save([n for n in job.nodes if not n.dead and not storage.holds(n)], frozenset(job.nodes))
             for n in job.nodes:
-                if storage.holds(n) or n.dead or n._host is None:  # nothing (more) to write of it
-                    job.written.setdefault(n, storage.holds(n))
+                if storage.stored(n) or n.dead or n._host is None:  # nothing (more) to write of it
+                    job.written.setdefault(n, storage.stored(n))
         if len(job.written) < len(job.nodes):
             return False
         failed = sum(not ok for ok in job.written.values())

@@ -33,8 +33,8 @@ def main() -> None:
     logging.getLogger("hicache.storage").addHandler(warnings)
     master = MooncakeMaster().start()
     stack = mha(1, 1, 8, page_size=4)
-    config = HiCacheConfig(hicache_ratio=2.0, io_backend="torch", storage_backend="mooncake",
-                           storage_master=master.address, storage_capacity_gb=0.064, storage_model_id="test/model",
+    config = HiCacheConfig(hicache_ratio=2.0, io_backend="torch", write_policy="write_through",
+                           storage_backend="mooncake", storage_master=master.address, storage_capacity_gb=0.064, storage_model_id="test/model",
                            storage_prefetch_policy="wait_complete")
     cache = build(stack, 64, config, device="cpu", budget=BIG, backend="torch")
     tree = HiRadixCache(cache)

@@ -23,7 +23,9 @@ STACKS = {
 
 
 def config(store_dir, **kw) -> HiCacheConfig:
-    base = dict(hicache_ratio=2.0, io_backend="torch", swa_full_tokens_ratio=0.5, storage_backend="file",
+    # write-through: a page reaches the host (then storage) at its insert, as these tests follow it
+    base = dict(hicache_ratio=2.0, io_backend="torch", write_policy="write_through", swa_full_tokens_ratio=0.5,
+                storage_backend="file",
                 storage_dir=str(store_dir), storage_prefetch_policy="wait_complete", storage_model_id=MODEL_ID)
     return HiCacheConfig(**{**base, **kw})
 

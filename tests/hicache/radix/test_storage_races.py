@@ -4,6 +4,7 @@ DeepSeek-V4 stacks without a history pool on the storage tier."""
 from __future__ import annotations
 
 import logging
+import threading
 
 import numpy as np
 import pytest
@@ -181,3 +182,39 @@ def test_replay_dsv4_flash_with_one_or_two_layers_on_the_storage_tier(tmp_path, 
             "--no-progress", "--allow-device-only", "--hicache-storage-backend", "file", "--hicache-storage-dir", str(tmp_path)]
     assert main(argv) == 0
     assert "Traceback" not in capsys.readouterr().err
+
+
+# ---- a prefix the host dropped while its storage write was still running ---------------------
+class SlowWrites(FileBackend):
+    """A FileBackend whose writes wait for a class-wide gate (a store with a backlog)."""
+
+    gate = None
+
+    def _set(self, keys, pages):
+        assert type(self).gate.wait(10), "the test never opened the gate"
+        return super()._set(keys, pages)
+
+
+def test_a_prefix_dropped_while_its_write_runs_is_found_by_the_next_lookup(tmp_path):
+    SlowWrites.gate = threading.Event()
+    stack = mha(1, 1, 8, page_size=PS)
+    cache, tree = make(stack, tmp_path, backend_cls=SlowWrites)
+    content, a = ContentModel(cache), seq(0, 3, PS)
+    try:
+        serve(cache, tree, content, a)
+        tree.poll()  # the write of a's pages is submitted; it waits at the gate
+        tree.evict(1 << 30)
+        tree.evict_host(1 << 30)  # the node leaves the tree; its host pages wait for the write
+        assert not tree.root.children
+        p = tree.prefetch(a)
+        tree.poll()
+        assert not p.done  # the lookup waits for the write of its keys
+        SlowWrites.gate.set()
+        assert tree.wait_prefetch(p).outcome is PrefetchOutcome.COMPLETE and p.result.read_tokens == 3 * PS
+        got = serve(cache, tree, content, a)  # every byte of it checked on the device
+        assert (got.device, got.host) == (0, 3 * PS)
+        tree.check_integrity()
+    finally:
+        SlowWrites.gate.set()
+        tree.close()
+        cache.close()

@@ -63,14 +63,15 @@ def test_a_leaf_whose_snapshot_is_on_the_device_only_saves_it_before_it_goes(gen
 
 
 def replay(write_policy: str, ratio: float, storage_dir=None, eviction: str = "lru",
-           requests: int = 60, counters: dict | None = None) -> RunStats:
+           requests: int = 60, counters: dict | None = None, admission: int = 1) -> RunStats:
     """The first ``requests`` of the built-in chat through `hicache replay`'s machinery
     (DeepSeek-V4-Flash, 1 layer, 8,192 device tokens; every loaded page checked byte for
-    byte, the tree's invariants every 20 requests). ``counters`` gets the tree's."""
+    byte, the tree's invariants every 20 requests). ``counters`` gets the tree's;
+    ``admission``: the store's ``--hicache-storage-admission``."""
     stack = stack_from_flags("deepseek-v4-flash", 1)
     storage = {} if storage_dir is None else {
         "storage_backend": "file", "storage_dir": str(storage_dir), "storage_capacity_gb": 1.0,
-        "storage_model_id": "test",
+        "storage_model_id": "test", "storage_admission": admission,
         "storage_prefetch_policy": "wait_complete"}  # no prefetch cut short by a loaded machine
     config = HiCacheConfig(hicache_ratio=ratio, write_policy=write_policy, io_backend="torch",
                            eviction_policy=eviction, **storage)

@@ -38,6 +38,10 @@ def test_second_replay_starts_warm_from_the_first_ones_pages(tmp_path, capsys):
     assert all(tuple(r) == JSON_KEYS for r in (base, first))
     assert base["bytes_storage_written"] == base["storage_hit_rate"] == 0  # no host tier: no storage
     assert first["bytes_storage_written"] > 0 and first["mismatches"] == 0
+    for r in (base, first):  # the wear per storage hit: None where nothing came from storage
+        hits = r["storage_hit_rate"] * r["tokens_total"]
+        expected = r["bytes_storage_written"] / hits if hits else None
+        assert r["storage_bytes_per_hit_token"] == (pytest.approx(expected) if hits else None)
     # 2. a second process on the same store starts warm; every storage hit was byte-checked
     _, second = replay_in_child(*store)
     assert second["mismatches"] == 0
@@ -53,11 +57,12 @@ def test_second_replay_starts_warm_from_the_first_ones_pages(tmp_path, capsys):
 
 def test_table_has_the_storage_columns(tmp_path, capsys):
     assert main(["replay", *SMALL, "--max-requests", "10", "--allow-device-only", "--hicache-storage-backend", "file",
-                 "--hicache-storage-dir", str(tmp_path)]) == 0
+                 "--hicache-storage-dir", str(tmp_path), "--hicache-storage-admission", "2"]) == 0
     out = capsys.readouterr().out
     assert " storage " in out.splitlines()[1]
-    assert f"storage tier: file at {tmp_path}, write_through, prefetch timeout" in out
-    assert "GB read  GB written  read GB/s  write GB/s" in out
+    assert f"storage tier: file at {tmp_path}, write_through, admits prefixes of >= 2 requests, prefetch timeout" in out
+    assert "GB read  GB written  B/hit token  read GB/s  write GB/s" in out
+    assert " GB written to storage in all" in out  # the wear of the whole replay
 
 
 def test_file_store_in_the_default_folder(tmp_path, capsys, monkeypatch):
@@ -150,7 +155,8 @@ def test_a_small_host_over_storage_serves_what_a_large_one_does(tmp_path, capsys
     argv = ["replay", "--json", "--model", "deepseek-v4-flash", "--max-requests", "40", "--device-tokens", "8192",
             "--hicache-ratio", "2,8", "--no-progress", "--hicache-storage-backend", "file",
             "--hicache-storage-dir", str(tmp_path), "--hicache-storage-prefetch-policy", "wait_complete",
-            "--hicache-eviction-policy", "lru"]  # the default keeps more on the device: less for storage to show
+            "--hicache-eviction-policy", "lru",  # the default keeps more on the device: less for storage to show
+            "--hicache-write-policy", "write_through"]  # history on the host while its snapshot goes
     assert main(argv) == 0
     _, small, large = json.loads(capsys.readouterr().out)["runs"]
     assert small["mismatches"] == large["mismatches"] == 0

@@ -71,8 +71,8 @@ def test_mooncake_ranks_and_models_never_read_each_others_pages(request, mooncak
     a = seq(0, 3, 4)
 
     def server(**identity):
-        config = HiCacheConfig(hicache_ratio=2.0, io_backend="torch", storage_backend="mooncake",
-                               storage_master=mooncake_master.address, storage_prefetch_policy="wait_complete",
+        config = HiCacheConfig(hicache_ratio=2.0, io_backend="torch", write_policy="write_through",
+                               storage_backend="mooncake", storage_master=mooncake_master.address, storage_prefetch_policy="wait_complete",
                                **{**WRITER, **identity})
         cache = build(stack, 32, config, device="cpu", budget=BIG, backend="torch")
         return cache, HiRadixCache(cache, storage=open_store(cache, extra=request.node.nodeid))

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from hicache.storage import FileBackend, IOKind, StorageIO, StorageNamespace
+from hicache.storage import FileBackend, IOKind, StorageIO, StorageNamespace, StorageOp
 from tests.hicache.storage.conftest import keys_for, llama, pages_of, random_pool
 
 NS = StorageNamespace.for_pool(llama(1), "kv")
@@ -201,3 +201,38 @@ def test_a_prefetch_reports_the_pages_its_finished_chunks_read(tmp_path, gen, io
     res = op.result(60)
     assert res.hit_pages == op.progress() == 4 and res.stopped and res.ok == [True] * 4 + [False] * 2
     backend.close()
+
+
+class GatedWrites(FileBackend):
+    """A FileBackend whose writes wait for a gate (a backup still running when a lookup comes)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+
+    def _set(self, keys, pages):
+        assert self.gate.wait(10), "test never opened the gate"
+        return super()._set(keys, pages)
+
+
+def test_a_lookup_after_a_running_backup_sees_its_pages(tmp_path, gen, io):
+    backend = GatedWrites(NS, tmp_path)
+    src, keys = random_pool(llama(1), "kv", 3, gen), keys_for(3, 64)
+    write = io.backup(backend, keys, pages_of(src, NS, 3))
+    query = io.query(backend, keys, after=[write])
+    presence = io.presence(backend, keys, after=[write, write])
+    assert not query.done() and not presence.done()  # held back until the write is done
+    backend.gate.set()
+    assert query.result(10).hit_pages == 3 and presence.result(10).ok == [True] * 3
+    # an operation already done holds nothing back
+    assert io.query(backend, keys, after=[write]).result(10).hit_pages == 3
+
+
+def test_an_operation_waiting_on_another_ends_stopped_when_the_pool_closes(tmp_path):
+    pool = StorageIO(num_threads=1)
+    running = StorageOp(10 ** 6, IOKind.BACKUP, 1, None)  # another's operation, finished by hand below
+    query = pool.query(FileBackend(NS, tmp_path), keys_for(1, 64), after=[running])
+    pool.close()  # the query waits: it can no longer be submitted
+    running.future.set_result(None)
+    res = query.result(10)
+    assert res is not None and res.stopped and res.hit_pages == 0

@@ -17,8 +17,8 @@ from tests.hicache.radix.test_cache import BIG, seq
 
 def test_tree_round_trip_through_mooncake(request, mooncake_master, mooncake_anchor):
     stack = deepseek_v4([4, 128, 0, 4])
-    config = HiCacheConfig(hicache_ratio=2.0, io_backend="torch", swa_full_tokens_ratio=0.5,
-                           storage_backend="mooncake", storage_master=mooncake_master.address,
+    config = HiCacheConfig(hicache_ratio=2.0, io_backend="torch", write_policy="write_through",
+                           swa_full_tokens_ratio=0.5, storage_backend="mooncake", storage_master=mooncake_master.address,
                            storage_prefetch_policy="wait_complete", storage_model_id=MODEL_ID)
     cache = build(stack, 8 * 256, config, device="cpu", budget=BIG, backend="torch")
     tree = HiRadixCache(cache, storage=open_store(cache, extra=request.node.nodeid))

@@ -60,7 +60,9 @@ def test_kv_transfer_config_round_trips_through_the_spec_config():
     two = json.loads(kv_transfer_config(HiCacheConfig(ranks_per_host=2)))
     assert SpecConfig.from_extra(two["kv_connector_extra_config"]).ranks(world_size=8) == 2
     with pytest.raises(ValueError, match="write_policy .*write_through"):
-        kv_transfer_config(HiCacheConfig(write_policy="write_back"))
+        kv_transfer_config(HiCacheConfig(write_policy="write_through_selective"))
+    # the config's default (the radix tree's write-back) stands for vLLM's only policy
+    assert kv_transfer_config(HiCacheConfig()) == kv_transfer_config(HiCacheConfig(write_policy="write_through"))
     assert "eviction_policy" not in extra  # the default (lru) leaves the extra config as it was
     lfu = json.loads(kv_transfer_config(HiCacheConfig(eviction_policy="lfuda")))["kv_connector_extra_config"]
     assert lfu["eviction_policy"] == "lfuda"
@@ -96,7 +98,9 @@ def test_serve_vllm_refuses_a_bad_python_and_unknown_hicache_flags_before_starti
              (["--vllm-python", sys.executable, "--enable-hierarchical-cache", "--hicache-ratoi", "2"],
               "--hicache-ratoi: unknown hicache flag(s)"),
              (["--vllm-python", str(script), "--hicache-sizes=1", "--enable-hierarchical-cach"],
-              "--hicache-sizes, --enable-hierarchical-cach: unknown hicache flag(s)")]
+              "--hicache-sizes, --enable-hierarchical-cach: unknown hicache flag(s)"),
+             (["--vllm-python", str(script), "--enable-hierarchical-cache", "--hicache-write-policy", "write_back"],
+              "--hicache-write-policy: vLLM stores each block when it is computed")]
     script.chmod(0o755)
     for args, message in cases:
         assert main(["serve-vllm", "m", *args]) == 2

@@ -1,0 +1,66 @@
+"""`RunStats`, the totals of one replay, and `tier_tokens`, the capacity its bounds take."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from hicache.config import DEFAULT_EVICTION_POLICY
+
+UNLIMITED_TOKENS = 1 << 40  # the capacity of an unlimited storage tier, in the bounds
+
+
+def tier_tokens(device_tokens: int, host_tokens: int, host_bytes: int, storage_bytes: int | None) -> int:
+    """Anchor tokens of a device, a host and a storage tier together (a run's capacity).
+
+    The storage tier counts at the host format's bytes per anchor token (``host_bytes``
+    over ``host_tokens``: every pool's share), so no run exceeds its Belady bound.
+
+    Args:
+        storage_bytes: the store's capacity; 0: unlimited (`UNLIMITED_TOKENS`); None: no store.
+    """
+    tokens = device_tokens + host_tokens
+    if storage_bytes is None:
+        return tokens
+    per_token = host_bytes / max(1, host_tokens)
+    return tokens + (int(storage_bytes / per_token) if storage_bytes else UNLIMITED_TOKENS)
+
+
+@dataclass(slots=True)
+class RunStats:
+    """Totals of one replay (tokens are prompt tokens)."""
+
+    hicache_ratio: float
+    requests: int = 0
+    tokens_total: int = 0
+    device_hit_tokens: int = 0
+    host_hit_tokens: int = 0
+    tokens_recomputed: int = 0
+    uncached_requests: int = 0  # prompts the device could not hold (computed, not cached)
+    pages_h2d: int = 0
+    pages_d2h: int = 0
+    bytes_h2d: int = 0
+    bytes_d2h: int = 0
+    seconds_h2d: float = 0.0
+    seconds_d2h: float = 0.0
+    peak_host_bytes: int = 0
+    bytes_checked: int = 0
+    mismatches: int = 0
+    wall_s: float = 0.0
+    storage: bool = False  # the run had a storage tier
+    storage_hit_tokens: int = 0
+    bytes_storage_read: int = 0
+    bytes_storage_written: int = 0
+    seconds_storage_read: float = 0.0  # I/O threads busy reading (a read in flight)
+    seconds_storage_write: float = 0.0  # I/O threads busy writing
+    transfers_ok: int = 0  # backups and loads acked as done
+    transfers_failed: int = 0  # acked as failed (rolled back)
+    transfer_error: str = ""  # the first failed ack's error
+    host_dtype: str = "auto"  # --hicache-host-dtype of the run
+    host_capacity_bytes: int = 0  # bytes of the host pools (int8 ones counted as int8 + scales)
+    eviction_policy: str = DEFAULT_EVICTION_POLICY  # --hicache-eviction-policy of the run
+    capacity_tokens: int = 0  # device + host (+ storage) tokens of the anchor pool (the bounds' capacity)
+    hints: str = "on"  # --hints of the run: on, off or wrong
+    hints_sent: int = 0  # hints the tree got (one per action of an envelope)
+    hint_states: dict = field(default_factory=dict)  # tickets per state at the end (accepted: still in force)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
