@@ -37,7 +37,7 @@ import torch  # noqa: E402
 
 from bench.harness import RESULTS_DIR, device_slug, format_table, write_json  # noqa: E402
 from hicache import HiCacheConfig, build  # noqa: E402
-from hicache.cli_checks import stack_from_flags  # noqa: E402
+from hicache.cli.checks import stack_from_flags  # noqa: E402
 from hicache.radix import HiRadixCache  # noqa: E402
 
 H100_D2H_GBPS = 0.90 * 55.0  # docs/RESULTS.md, "Whole loads on an H100": D2H GPU span 0.90 of the limit
