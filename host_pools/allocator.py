@@ -12,14 +12,15 @@ array plus a top pointer) and an ownership bitmap catches double frees, so both
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import numpy as np
 import torch
 
-try:  # the free stack's compiled core (setup.py builds it; without it, the numpy code below)
-    from host_pools import _pages
-except ImportError:
-    _pages = None
+from host_pools.compiled import load
+
+# the free stack's compiled core (setup.py builds it; without it, the numpy code below)
+_pages = load("host_pools._pages", [Path(__file__).with_name("_pages.c")])
 
 _FEW_PAGES = 64  # up to this many pages, range and repeat checks run on a Python list
 

@@ -8,8 +8,7 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 STAMP=.venv/.hicache-setup
 if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ] && [ "$STAMP" -nt scripts/setup.sh ] \
-    && [ "$STAMP" -nt setup.py ] && [ "$STAMP" -nt hicache/_fastpath.c ] \
-    && [ "$STAMP" -nt host_pools/_pages.c ]; then
+    && [ "$STAMP" -nt setup.py ] && [ -z "$(find hicache host_pools -name '*.[ch]' -newer "$STAMP")" ]; then
   exit 0
 fi
 START=$SECONDS
@@ -74,12 +73,12 @@ else
   fi
 fi
 # editable install without build isolation: needs setuptools >= 64 and wheel locally; it
-# compiles hicache._fastpath and host_pools._pages in place (optional: without a C compiler
-# they are skipped)
-step "7/7 hicache: editable install (compiles the optional C modules hicache._fastpath, host_pools._pages)"
+# compiles the C modules in place, each stamped with its source's hash (optional: without a C
+# compiler they are skipped; a C source newer than the stamp reruns this step, which rebuilds)
+step "7/7 hicache: editable install (compiles the optional C modules hicache.radix._read, hicache._slot_arrays, host_pools._pages)"
 "$V" -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 64)" 2>/dev/null \
   || pipi "setuptools>=64"
 "$V" -c "import wheel" 2>/dev/null || pipi wheel
 pipi --no-deps --no-build-isolation -e .
 touch "$STAMP"
-step "done in $((SECONDS - START)) s; later runs skip set-up until pyproject.toml, setup.py or this script change"
+step "done in $((SECONDS - START)) s; later runs skip set-up until pyproject.toml, setup.py, a C source or this script change"

@@ -127,12 +127,13 @@ def _sandbox(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """A tree with setup.sh and the files it stamps against, a fake python and ldconfig."""
     tree, bin_dir = tmp_path / "repo", tmp_path / "bin"
     (tree / "scripts").mkdir(parents=True)
-    (tree / "hicache").mkdir()
+    (tree / "hicache" / "radix").mkdir(parents=True)
     (tree / "host_pools").mkdir()
     bin_dir.mkdir()
     (tree / "scripts" / "setup.sh").write_text((ROOT / "scripts" / "setup.sh").read_text())
     past = time.time() - 100
-    for name in ("pyproject.toml", "setup.py", "hicache/_fastpath.c", "host_pools/_pages.c", "scripts/setup.sh"):
+    for name in ("pyproject.toml", "setup.py", "hicache/radix/_read.c", "hicache/_slot_arrays.c", "host_pools/_pages.c",
+                 "scripts/setup.sh"):
         (tree / name).touch()
         os.utime(tree / name, (past, past))
     for name, body in (("python", FAKE_PYTHON), ("ldconfig", "#!/bin/sh\necho '\tlibibverbs.so.1 (libc6) => x'\n")):

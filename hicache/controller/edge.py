@@ -12,7 +12,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from hicache.fastpath import fresh_pages
+from hicache.slot_arrays import fresh_pages
 from host_pools.allocator import PageAllocator
 from host_pools.spec import Stack, slots_to_rows
 

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from hicache import fastpath
+from hicache import slot_arrays
 from hicache.config import HiCacheConfig
 from hicache.controller.batch import Batch, Op, merge, merge_slots, merged_once
 from hicache.controller.groups import LoadGrouper
@@ -197,7 +197,7 @@ def _rows(slots: torch.Tensor, tokens_per_row: int) -> tuple[torch.Tensor, int]:
     if tokens_per_row == 1:
         return slots, n
     out = np.empty(n, np.int64)
-    fastpath.rows(slots if slots.is_contiguous() else slots.contiguous(), tokens_per_row, out)
+    slot_arrays.rows(slots if slots.is_contiguous() else slots.contiguous(), tokens_per_row, out)
     return torch.from_numpy(out), n
 
 

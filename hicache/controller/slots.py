@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from hicache import fastpath
+from hicache import slot_arrays
 from hicache.controller.alloc import alloc_all, alloc_pages_many, free_all
 from hicache.controller.batch import MergedOps, Op, merge_slots
 from hicache.controller.edge import check_owned, check_pages, edge_slots, label
@@ -197,7 +197,7 @@ class Slots:
         """Acked backups: their host pages are loadable while still that allocation."""
         for op in ops:
             for name, (pages, gens) in op.stamps.items():
-                fastpath.put(self._host_stamp[name], pages, gens)
+                slot_arrays.put(self._host_stamp[name], pages, gens)
 
     def give_back(self, ops: list[Op], direction: str) -> list[str]:
         """Free the destination slots of ``ops`` (all of them, even if a free raises).

@@ -22,7 +22,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from hicache.radix.node import child_nodes
+from hicache.radix.read import child_nodes
 
 
 def _fail(msg: str) -> None:
@@ -40,7 +40,7 @@ def tree_nodes(tree) -> list:
 
 
 def _check_filing(tree, node) -> None:
-    """``node.children`` as `hicache.radix.node` files them: under each child's first token
+    """``node.children`` as `hicache.radix.read` files them: under each child's first token
     (its key's first 8 bytes), or a dict of two or more children sharing it, keyed by
     their first page."""
     pb = tree.page_size * 8
@@ -64,7 +64,7 @@ def _check_structure(tree, node) -> None:
         if slots is not None and slots.numel() != node.num_tokens:
             _fail(f"{node!r}: {tier.name} has {slots.numel()} slots for {node.num_tokens} tokens")
         if slots is not None and (slots.dtype != torch.int64 or not slots.is_contiguous() or slots.is_cuda):
-            _fail(f"{node!r}: {tier.name} slots are not a contiguous int64 CPU tensor (the fast path reads their buffers)")
+            _fail(f"{node!r}: {tier.name} slots are not a contiguous int64 CPU tensor (the compiled read path reads them)")
     if node.lock_ref < 0 or (not parent.is_root and parent.lock_ref < node.lock_ref):
         _fail(f"{node!r}: lock_ref {node.lock_ref} negative or above the parent's {parent.lock_ref}")
     if node.pending is not None and node.pending not in tree._transfers.pending:

@@ -31,7 +31,8 @@ from collections import Counter
 from typing import Protocol
 
 from hicache.radix.index import RadixIndex
-from hicache.radix.node import TreeNode, child_nodes
+from hicache.radix.node import TreeNode
+from hicache.radix.read import child_nodes
 from hicache.radix.policies import LRU, EvictionPolicy, Victims
 from hicache.radix.tiers import SlotLedger, Tier
 

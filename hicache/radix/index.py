@@ -13,7 +13,7 @@ tokens that follows continues it instead of walking again:
                            are the insert's hint when the walk went through the whole path
 
 The slots a match returns are never a node's tensor: the path's device slots are
-gathered once into a fresh array (`hicache.fastpath.gather`: one copy, no torch call but
+gathered once into a fresh array (`hicache.radix.read`'s gather: one copy, no torch call but
 the tensor handed out over it; a second copy would cost a match as much again). That
 array is kept only as the insert's *hint* of what the
 tree's slots along the path are: it decides which of the caller's pages in the cached
@@ -30,9 +30,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hicache import fastpath
 from hicache.radix.hybrid import select_match_end
-from hicache.radix.node import EMPTY_SLOTS, TreeNode, common_pages, file_child, new_root, unfile_child
+from hicache.radix.node import EMPTY_SLOTS, TreeNode, common_pages, new_root
+from hicache.radix.read import READ, ReadPath, file_child, unfile_child
 
 Partial = tuple[TreeNode, int]  # a node matched only in part, and its matched tokens
 _NO_SLOTS = np.empty(0, np.int64)  # the hint of a match with no device hit
@@ -44,14 +44,18 @@ class RadixIndex:
 
     Args:
         page_size: tokens per page (keys, splits and matches are whole pages).
+        read: the form of the read path its walks, touches and gathers run (default: the
+            compiled one when built; `hicache.radix.read`).
 
     Attributes:
+        read: that form (the insert's walk and touch use it too).
         root: the root node (empty key, on every tier, never evicted).
         clock: the LRU clock (bumped by every match and insert).
         epoch: bumped by every change a kept walk must not survive.
     """
 
-    def __init__(self, page_size: int) -> None:
+    def __init__(self, page_size: int, read: ReadPath = READ) -> None:
+        self.read = read
         self.page_size = page_size
         self.page_bytes = page_size * 8  # a page of int64 token ids, in bytes
         self.root = new_root()
@@ -67,7 +71,7 @@ class RadixIndex:
         partly with its matched tokens. ``key`` is the whole key from the root (an int64
         array or its bytes)."""
         node = self.root if node is None else node
-        path, child = fastpath.walk(node, key, self.page_bytes, None)
+        path, child = self.read.walk(node, key, self.page_bytes, None)
         return path, self._partly(key, path[-1] if path else node, child)
 
     def _partly(self, key: np.ndarray | bytes, above: TreeNode, child: TreeNode | None) -> Partial | None:
@@ -83,7 +87,7 @@ class RadixIndex:
         (non-hybrid), touches the matched nodes (LRU) and keeps the walk. Returns (path,
         index of the last device node, index of the match end, the device slots of the path
         up to the last device node: a tensor of the caller's, never the tree's); -1 is the root."""
-        path, child = fastpath.walk(self.root, key, self.page_bytes, None)
+        path, child = self.read.walk(self.root, key, self.page_bytes, None)
         if hybrid:
             d, e = select_match_end(path, True)
             self.touch(path[:e + 1])
@@ -93,10 +97,10 @@ class RadixIndex:
             self.clock += 1
             e = len(path) - 1
             # touched (LRU) and counted in one pass; device nodes are closed under parent
-            d = fastpath.touch(path, self.clock, False) - 1
+            d = self.read.touch(path, self.clock, False) - 1
         if d >= 0:  # a fresh array, the caller's tensor over it; kept as the next insert's hint
             hint = np.empty(path[d].end, np.int64)
-            fastpath.gather(path, d + 1, hint)
+            self.read.gather(path, d + 1, hint)
             slots = torch.from_numpy(hint)
             self._kept = (path, self.epoch, hint, slots, slots._version)
         else:
@@ -112,7 +116,7 @@ class RadixIndex:
         the caller did not edit the match's slots in place."""
         kept = self._kept
         hint = kept[0] if kept is not None and kept[1] == self.epoch else None
-        path, child = fastpath.walk(self.root, key, self.page_bytes, hint)
+        path, child = self.read.walk(self.root, key, self.page_bytes, hint)
         partial = self._partly(key, path[-1] if path else self.root, child)
         if hint is None:
             return path, partial, None

@@ -37,7 +37,7 @@ from typing import Any, Mapping, NamedTuple
 import numpy as np
 import torch
 
-from hicache import fastpath
+from hicache import slot_arrays
 from hicache.radix.index import Partial, RadixIndex
 from hicache.radix.node import InsertResult, TreeNode, as_key
 from hicache.radix.policies import LRU, EvictionPolicy
@@ -104,7 +104,7 @@ class Inserter:
             self._attach_snapshot(last, snap, complete, end)
         index = self.index
         index.clock += 1
-        fastpath.touch(path, index.clock, True)  # touched (LRU) and counted (hit_count) in one pass
+        index.read.touch(path, index.clock, True)  # touched (LRU) and counted (hit_count) in one pass
         self.transfers.backup_path(path)
         return tuple.__new__(InsertResult, (plan.keep, last))  # the named tuple without its Python __new__
 
@@ -163,12 +163,12 @@ class Inserter:
             own = slots[:0]
         stop = plan.stop if plan.drop else slots.size  # slots of revive and new segments end here
         allocator = self.device_pool.allocator
-        if fastpath.same_bytes(own, slots[:k]):  # the common case: the tree's own slots, valid by construction
+        if slot_arrays.same_bytes(own, slots[:k]):  # the common case: the tree's own slots, valid by construction
             cand = []
             owned, held = allocator.owned_mask(), self.ledger.held
-            if not plan.drop and fastpath.are_fresh(slots, k, stop, ps, owned, held):
+            if not plan.drop and slot_arrays.are_fresh(slots, k, stop, ps, owned, held):
                 return None  # the rest is fresh and nothing is dropped: nothing to free
-            pages = fastpath.fresh_pages(slots, k, stop, ps, owned, held) if plan.drop else None
+            pages = slot_arrays.fresh_pages(slots, k, stop, ps, owned, held) if plan.drop else None
             if pages is None:  # not the fast case: check the rest the long way (names what is wrong)
                 pages = allocated_pages(allocator, torch.from_numpy(slots[k:]), "device_slots")
                 self._refuse_held(pages[:(stop - k) // ps])

@@ -63,8 +63,8 @@ class TreeNode:
             compares bytes (memcmp), never arrays; ``tokens`` views them as int64.
         end: prefix length in tokens at the end of this node (its boundary).
         parent: ``None`` only for the root.
-        children: child nodes filed by their first page (`file_child`; read them with
-            `child_nodes`).
+        children: child nodes filed by their first page (`hicache.radix.read`: the one
+            rule, with `file_child` and `child_nodes`).
         _device / _host: anchor token slots of the node's pages on each tier, or ``None``.
         _state_device / _state_host: snapshot slots at ``end`` per state root pool, or ``None``.
         lock_ref: users of the node (a lock covers the path to the root); locked nodes are
@@ -134,60 +134,11 @@ class TreeNode:
         """Not locked and no transfer in flight."""
         return self.lock_ref == 0 and self.pending is None
 
-    def has_device_child(self) -> bool:
-        return any(c._device is not None for c in child_nodes(self))
-
     def __repr__(self) -> str:
         tiers = ("D" if self._device is not None else "") + ("H" if self._host is not None else "")
         snap = ("d" if self._state_device else "") + ("h" if self._state_host else "")
         return (f"TreeNode(id={self.id}, end={self.end}, tokens={self.num_tokens}, tiers={tiers or '-'}, "
                 f"snapshot={snap or '-'}, lock={self.lock_ref}, pending={self.pending})")
-
-
-# ---- children ------------------------------------------------------------------------
-# A node's ``children`` dict files each child under the bytes of its first token id (8
-# bytes hash in a few dozen instructions, where a 64-token page's 512 cost a walk about
-# a microsecond per level); children sharing a first token (pages of more than one
-# token) are filed together under it in a dict keyed by the bytes of their first page.
-# The compiled walk (`hicache.fastpath`) reads the same layout.
-
-
-def file_child(children: dict, node: TreeNode, page_bytes: int) -> None:
-    """File ``node`` in its parent's ``children``, replacing a child of the same first page."""
-    key = node.key
-    tok = key[:8]
-    there = children.get(tok)
-    if there is None or page_bytes == 8:
-        children[tok] = node
-    elif type(there) is dict:
-        there[key[:page_bytes]] = node
-    elif there.key[:page_bytes] == key[:page_bytes]:
-        children[tok] = node
-    else:
-        children[tok] = {there.key[:page_bytes]: there, key[:page_bytes]: node}
-
-
-def unfile_child(children: dict, node: TreeNode, page_bytes: int) -> None:
-    """Remove ``node`` (filed) from its parent's ``children``."""
-    tok = node.key[:8]
-    there = children[tok]
-    if there is node:
-        del children[tok]
-        return
-    del there[node.key[:page_bytes]]
-    if len(there) == 1:
-        children[tok] = next(iter(there.values()))
-
-
-def child_nodes(node: TreeNode) -> list[TreeNode]:
-    """The children of ``node``."""
-    out = []
-    for there in node.children.values():
-        if type(there) is dict:
-            out.extend(there.values())
-        else:
-            out.append(there)
-    return out
 
 
 def copy_slots(slots: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:

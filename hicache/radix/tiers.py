@@ -36,9 +36,10 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from hicache import fastpath
+from hicache import slot_arrays
 from hicache.radix.index import RadixIndex
 from hicache.radix.node import TreeNode
+from hicache.radix.read import child_nodes
 
 
 @dataclass(slots=True, eq=False)
@@ -77,7 +78,8 @@ class Tier:
 
 
 def is_device_leaf(node: TreeNode) -> bool:
-    return not node.dead and not node.is_root and node._device is not None and not node.has_device_child()
+    return (not node.dead and not node.is_root and node._device is not None
+            and not any(c._device is not None for c in child_nodes(node)))
 
 
 def is_host_leaf(node: TreeNode) -> bool:
@@ -120,7 +122,7 @@ class SlotLedger:
     def hold(self, slots: np.ndarray, delta: int) -> None:
         """Count device anchor pages of ``slots`` (the tree's own: whole, distinct) as
         taken (+1: a node or a load in flight) or given back (-1)."""
-        fastpath.hold(slots, self.page_size, self.held, delta)
+        slot_arrays.hold(slots, self.page_size, self.held, delta)
 
     def hold_snapshot(self, snap: Mapping[str, torch.Tensor], delta: int) -> None:
         """Count the device pages of a snapshot (the tree's own) as taken or given back."""

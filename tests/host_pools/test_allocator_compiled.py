@@ -76,7 +76,7 @@ def test_take_refuses_an_output_of_the_wrong_size_and_changes_nothing():
     before = _state(a)
     with pytest.raises(ValueError, match=r"take: out of 13 items is not 2 pages of 6 items"):
         allocator_mod._pages.take(a._stack, a._top, a._owned, a._generation, np.empty(13, np.int64), 4)
-    with pytest.raises(ValueError, match=r"page_size must be >= 1"):
+    with pytest.raises(ValueError, match=r"page_size: must be in \[1, "):
         allocator_mod._pages.take(a._stack, a._top, a._owned, a._generation, np.empty(12, np.int64), 0)
     assert _state(a) == before
 
@@ -98,7 +98,7 @@ def test_pages_outside_the_pool_or_a_strided_array_are_never_written_through():
     a = PageAllocator(8, 1)
     pages, _ = a.alloc_pages(4)
     before = _state(a)
-    with pytest.raises(ValueError, match=r"give: page 8 is outside \[0, 8\)"):
+    with pytest.raises(ValueError, match=r"pages: page 8 is outside \[0, 8\)"):
         allocator_mod._pages.give(a._stack, a._top, a._owned, np.array([1, 8], np.int64))
     assert _state(a) == before
     a.free_pages(np.arange(8, dtype=np.int64)[0:4:2])  # strided: the numpy code frees it

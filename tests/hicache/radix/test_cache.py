@@ -11,7 +11,7 @@ from hicache import HiCacheConfig, build
 from hicache.config import EVICTION_POLICIES
 from hicache.models import mha, mla
 from hicache.radix import HiRadixCache
-from hicache.radix.node import child_nodes
+from hicache.radix.read import child_nodes
 from hicache.replay.content import ContentModel, prefix_hashes
 from host_pools.memory import HostBudget
 from tests.hicache.controller.rollback import arm_later_group, landed_before

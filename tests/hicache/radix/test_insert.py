@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hicache.models import mha
-from hicache.radix.node import child_nodes
+from hicache.radix.read import child_nodes
 from hicache.replay.content import ContentModel, prefix_hashes
 from tests.hicache.radix.test_cache import make, seq
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from hicache.models import mha
-from hicache.radix.node import EMPTY_SLOTS, child_nodes
+from hicache.radix.node import EMPTY_SLOTS
+from hicache.radix.read import child_nodes
 from hicache.storage import page_hashes
 from tests.hicache.radix.test_cache import make, seq
 from tests.hicache.radix.test_hybrid import PS as DS_PS

@@ -17,7 +17,7 @@ import pytest
 from hicache import build
 from hicache.models import mha
 from hicache.radix import HiRadixCache
-from hicache.radix.node import child_nodes
+from hicache.radix.read import child_nodes
 from hicache.radix.prefetch import PrefetchOutcome
 from hicache.radix.store import open_store
 from hicache.replay.content import ContentModel

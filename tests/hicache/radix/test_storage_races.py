@@ -14,7 +14,7 @@ from hicache import build
 from hicache.cli import main
 from hicache.models import deepseek_v4, mha
 from hicache.radix import HiRadixCache
-from hicache.radix.node import child_nodes
+from hicache.radix.read import child_nodes
 from hicache.radix.prefetch import PrefetchOutcome
 from hicache.radix.store import TierStore
 from hicache.replay.content import ContentModel, prefix_hashes
