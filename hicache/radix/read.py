@@ -6,11 +6,12 @@ from ``_read.c`` by setup.py) is a drop-in that gives the same answers
 (tests/hicache/radix/test_read.py drives both over random trees and compares them); it
 reads a node through TreeNode's declared ``__slots__`` layout, checked when it is imported.
 
-Filing, the one rule (`file_child` writes it, `child_at` reads it, ``_read.c`` mirrors
-`child_at`): a node's ``children`` dict files each child under the bytes of its first token
-id (8 bytes hash in a few dozen instructions, where a 64-token page's 512 cost a walk about
-a microsecond per level); children sharing a first token (pages of more than one token)
-are filed together under it, in a dict keyed by the bytes of their first page.
+Filing, the one rule (`file_child` and `unfile_child` write it; `child_at`, `child_nodes`
+and `only_child` read it; ``_read.c`` mirrors `child_at`): a node's ``children`` dict files
+each child under the bytes of its first token id (8 bytes hash in a few dozen instructions,
+where a 64-token page's 512 cost a walk about a microsecond per level); children sharing a
+first token (pages of more than one token) are filed together under it, in a dict keyed by
+the bytes of their first page.
 
     walk(node, key, page_bytes, hint)  the nodes below ``node`` matching ``key`` (the whole
                                        key from the root: int64 ids or their bytes) in full,
@@ -76,6 +77,12 @@ def child_nodes(node: TreeNode) -> list[TreeNode]:
         else:
             out.append(there)
     return out
+
+
+def only_child(node: TreeNode) -> bool:
+    """Whether ``node`` has exactly one child (a nested dict files two or more)."""
+    children = node.children
+    return len(children) == 1 and type(next(iter(children.values()))) is not dict
 
 
 def child_at(children: dict, page: bytes) -> TreeNode | None:

@@ -77,9 +77,13 @@ class Tier:
         return getattr(node, self.state_attr)
 
 
+def has_device_child(node: TreeNode) -> bool:
+    """Whether a child of ``node`` holds device pages."""
+    return any(c._device is not None for c in child_nodes(node))
+
+
 def is_device_leaf(node: TreeNode) -> bool:
-    return (not node.dead and not node.is_root and node._device is not None
-            and not any(c._device is not None for c in child_nodes(node)))
+    return not node.dead and not node.is_root and node._device is not None and not has_device_child(node)
 
 
 def is_host_leaf(node: TreeNode) -> bool:

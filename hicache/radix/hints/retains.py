@@ -24,6 +24,7 @@ from typing import Container, Iterable, Mapping, NamedTuple
 
 from hicache.radix.hints.ticket import HintTicket
 from hicache.radix.node import TreeNode
+from hicache.radix.read import only_child
 
 MAX_TIMES = 4096  # (clock, time) samples kept: about as many scheduler steps
 
@@ -92,15 +93,10 @@ def private_chain(node: TreeNode, stop: Container[TreeNode] = ()) -> list[TreeNo
     while node.parent is not None:
         chain.append(node)
         parent = node.parent
-        if parent.parent is None or parent in stop or not _only_child(parent):
+        if parent.parent is None or parent in stop or not only_child(parent):
             break
         node = parent
     return chain
-
-
-def _only_child(node: TreeNode) -> bool:
-    """``node`` has one child (children sharing a first token are filed in a nested dict)."""
-    return len(node.children) == 1 and type(next(iter(node.children.values()))) is not dict
 
 
 def allot(retains: Iterable[Retain], tiers: Mapping[str, str], budget: Mapping[str, int]) -> Allotment:

@@ -31,6 +31,7 @@ from hicache.radix.hints.retains import path_of, private_chain
 from hicache.radix.hints.ticket import HintState, HintTicket
 from hicache.radix.hybrid import select_match_end
 from hicache.radix.node import TreeNode
+from hicache.radix.tiers import has_device_child
 
 logger = logging.getLogger(__name__)
 _NO_HOST = "{}: the host could not take the prefix (no room, or its backup failed); {}"
@@ -80,7 +81,7 @@ class HintWork:
         chain = [n for n in private_chain(node, self.retained) if n._device is not None]
         if not chain:
             return _finish(ticket, "no-op: the prefix is not on the device", noop=True)
-        if chain[0].has_device_child() or chain[0].lock_ref:
+        if has_device_child(chain[0]) or chain[0].lock_ref:
             return _refuse(ticket, "demote: a running request or a longer prefix on the device holds it")
         job = Job(ticket, "demote", node, "backup", chain)
         self._start(job, lambda: self._demote_step(job))

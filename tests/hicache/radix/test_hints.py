@@ -13,7 +13,7 @@ from hicache.config import EVICTION_POLICIES
 from hicache.models import mha
 from hicache.radix import HiRadixCache
 from hicache.radix.hints import MAX_HINTS_PER_STEP, HintState
-from hicache.radix.node import child_nodes
+from hicache.radix.read import child_nodes
 from hicache.replay.content import ContentModel
 from tests.hicache.radix.test_cache import ALPHABET, BIG, OPS, PAGE, _tokens, seq, serve
 
