@@ -32,7 +32,7 @@ def _case(draw, page_size):
 
 @needs_compiled
 @pytest.mark.parametrize("page_size", [1, 3, 4])
-@settings(max_examples=100, deadline=None)  # x3 page sizes: ample for cases of a few pages
+@settings(max_examples=40, deadline=None)  # x3 page sizes: ample for cases of a few pages
 @given(data=st.data())
 def test_compiled_fresh_pages_agrees_with_numpy(page_size, data):
     slots, start, free_from, owned, held = _case(data.draw, page_size)
