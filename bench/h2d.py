@@ -148,12 +148,12 @@ def measure(args: argparse.Namespace, sides: Sides, name: str, layout: str, dire
 def make_backend(name: str, args: argparse.Namespace):
     """A fresh backend; the triton one (alone or inside auto) with the CLI's grid and tile."""
     if args.triton_programs is None and args.tile_bytes is None and args.triton_warps is None:
-        return get_backend(name, fresh=True)
+        return get_backend(name)
     triton = TritonBackend(args.triton_programs, args.tile_bytes or tuning.TRITON_TILE_BYTES,
                            args.triton_warps)
     if name == "triton":
         return triton
-    return AutoBackend(triton=triton) if name == "auto" else get_backend(name, fresh=True)
+    return AutoBackend(triton=triton) if name == "auto" else get_backend(name)
 
 
 def sweep(args: argparse.Namespace) -> list[dict]:

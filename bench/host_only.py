@@ -19,9 +19,9 @@ With ``--hicache-host-dtype int8`` the converting jobs take the CUDA path's rout
 (``auto``: staged or the fused quant kernel; ``copy_engine``: the fused kernel; torch's
 reference conversion is device work, left out like torch's copies).
 
-Kernel launches are left out at ``transfer_kernels.cuda.runtime.launch`` (the pre-bound
-launcher is still built); the other device calls are patched at their backend's boundary
-for the duration of the ``with``.
+Kernel launches are left out at the pre-bound launchers' ``launch`` (``runtime.launch``
+still runs, and the launcher is still built); the other device calls are patched at their
+backend's boundary for the duration of the ``with``.
 What is measured is Python/numpy host work; the CUDA runtime's own cost per call (H100:
 a triton launch 22.6 us, ``cudaMemcpyBatchAsync`` of 16 pieces 34 us) is not included.
 """
@@ -35,9 +35,9 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from transfer_kernels import (AutoBackend, CopyEngineBackend, NullBackend, StagedBackend, TorchBackend,
-                              TritonBackend, runtime, tuning)
+                              TritonBackend, tuning)
 from transfer_kernels.backends import auto, auto_table
-from transfer_kernels.backends.dma import DmaQueue
+from transfer_kernels.cuda.runtime import DmaQueue
 from transfer_kernels.backends.quant_torch import TorchQuantBackend
 from transfer_kernels.backends.quant_triton import TritonQuantBackend
 from transfer_kernels.rows import PlannedJob
@@ -106,7 +106,10 @@ def _fused_quant(self: CopyEngineBackend, device) -> TritonQuantBackend:
 
 def _patches() -> list[tuple[object, str, object]]:
     """(owner, attribute, replacement) of every device call of the transfer layer."""
-    patches = [(runtime, "launch", _nothing),  # every kernel launch of a prepared plan
+    from transfer_kernels.backends.quant_triton import BoundQuant
+    from transfer_kernels.backends.triton import kernel_module
+    patches = [(kernel_module().BoundLaunches, "launch", _nothing),  # every kernel launch
+               (BoundQuant, "launch", _nothing),
                (CopyEngineBackend, "_copy", _copy_engine_host),
                (TorchBackend, "_execute", _nothing), (TorchBackend, "_execute_group", _nothing),
                (TorchQuantBackend, "_execute", _nothing), (TorchQuantBackend, "_execute_group", _nothing),

@@ -16,32 +16,31 @@ from transfer_kernels.rows import CopyJob, LayersLike, RowsLike, RowTable, make_
 BACKEND_NAMES = ("auto", "triton", "copy_engine", "torch", "dma")
 _FACTORIES = {"auto": AutoBackend, "triton": TritonBackend,
               "copy_engine": CopyEngineBackend, "torch": TorchBackend, "dma": StagedBackend}
-_SHARED: dict[str, CopyBackend] = {}
 
 
-def get_backend(backend: str | CopyBackend = "auto", fresh: bool = False) -> CopyBackend:
-    """Resolve a backend name to an instance (instances pass through).
+def get_backend(backend: str | CopyBackend = "auto") -> CopyBackend:
+    """Resolve a backend name to a NEW instance (instances pass through).
+
+    A name is never a process-wide instance: two callers of a name share nothing (no
+    route, no layout, no staging ring). A caller that copies often builds its backend once
+    and passes it: one instance keeps its routes and layouts, and is safe from any number
+    of threads (`CopyBackend`).
 
     Args:
         backend: one of :data:`BACKEND_NAMES` or a :class:`CopyBackend`.
-        fresh: build a new instance instead of the process-wide shared one per name.
 
     Returns:
-        The backend. Shared instances' ``launches`` counters are process-global.
+        The backend.
 
     Raises:
-        ValueError: an unknown name.
+        ValueError: an unknown name (or ``"auto"`` with a bad ``$HICACHE_AUTO_TABLE``).
     """
     if isinstance(backend, CopyBackend):
         return backend
     if backend not in _FACTORIES:
         raise ValueError(f"backend: must be one of {BACKEND_NAMES} or a CopyBackend, "
                          f"got {backend!r}")
-    if fresh:
-        return _FACTORIES[backend]()
-    if backend not in _SHARED:
-        _SHARED[backend] = _FACTORIES[backend]()
-    return _SHARED[backend]
+    return _FACTORIES[backend]()
 
 
 def copy_rows(src: RowTable, dst: RowTable, src_rows: RowsLike, dst_rows: RowsLike,
@@ -50,8 +49,10 @@ def copy_rows(src: RowTable, dst: RowTable, src_rows: RowsLike, dst_rows: RowsLi
 
     Enqueued on the caller's current CUDA stream; never synchronizes the device when
     the indices are CPU tensors and host memory is pinned (``"torch"`` excepted). Mutates
-    ``dst``'s memory. Thread-safe as far as torch is; a backend's ``launches`` counter
-    is not atomic.
+    ``dst``'s memory. Thread-safe: any number of threads may call it at once, with a name
+    (each call builds its own backend) or with one shared backend instance (its staged
+    loads hold the staging ring in turn; counters are exact). Threads that write the same
+    destination rows at once race as any two writers do: the bytes of one of them win.
 
     Args:
         src: the source side.
@@ -59,7 +60,9 @@ def copy_rows(src: RowTable, dst: RowTable, src_rows: RowsLike, dst_rows: RowsLi
         src_rows: 1-D integer row indices into ``src`` (CPU tensor normally).
         dst_rows: 1-D integer row indices into ``dst``, same length, no row twice.
         layers: table-local layers to copy; ``None`` means all.
-        backend: a name of :data:`BACKEND_NAMES` or a :class:`CopyBackend`.
+        backend: a name of :data:`BACKEND_NAMES` (a new backend for this call: its
+            routes and layouts are built again; pass an instance to reuse them) or a
+            :class:`CopyBackend`.
 
     Raises:
         ValueError: invalid input (see :mod:`transfer_kernels.rows.plan`); nothing was copied.
@@ -72,11 +75,12 @@ def copy_rows(src: RowTable, dst: RowTable, src_rows: RowsLike, dst_rows: RowsLi
 def copy_rows_batch(jobs: Sequence[CopyJob | tuple], layers: LayersLike = None,
                     backend: str | CopyBackend = "auto") -> None:
     """Copy several jobs (pools) in one call; ``"triton"`` makes it ONE kernel launch.
+    Thread-safe as :func:`copy_rows` is.
 
     Args:
         jobs: :class:`CopyJob` or ``(src, dst, src_rows, dst_rows[, layers])`` tuples.
         layers: layers for jobs that name none; ``None`` means all layers of each job.
-        backend: a name of :data:`BACKEND_NAMES` or a :class:`CopyBackend`.
+        backend: a name of :data:`BACKEND_NAMES` (a new backend) or a :class:`CopyBackend`.
 
     Raises:
         ValueError: any job is invalid, or a (dst table, layer, row) is written twice

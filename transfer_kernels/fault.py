@@ -1,12 +1,11 @@
 """Fault injection: a backend that fails on a chosen launch, for the controller's tests."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple
 
 from transfer_kernels.api import get_backend
 from transfer_kernels.backends.base import CopyBackend
-from transfer_kernels.backends.launches import Launches, Prepared
-from transfer_kernels.cuda import runtime
+from transfer_kernels.backends.launches import Kernel, Prepared
 from transfer_kernels.rows import CopyPlan, LaunchGroups
 
 
@@ -14,8 +13,9 @@ class FaultyBackend(CopyBackend):
     """Delegates to ``inner`` but raises on launch number ``fail_on_launch`` (1-based).
 
     The failing launch raises ``RuntimeError("injected fault on launch k")`` before
-    anything is copied; earlier and later launches copy normally. ``launches`` counts
-    every attempted launch, the failed one included.
+    anything is copied; earlier and later launches copy normally. ``attempts`` counts
+    every launch tried, the failed one included (its clock, safe from any number of
+    threads); ``launches`` those that ran.
     """
 
     converts = True  # whole plans go to the inner backend, which splits converting jobs off
@@ -31,9 +31,18 @@ class FaultyBackend(CopyBackend):
         super().__init__()
         if fail_on_launch < 1:
             raise ValueError(f"fail_on_launch: must be >= 1, got {fail_on_launch}")
-        self.inner = get_backend(inner, fresh=True) if isinstance(inner, str) else inner
+        self.inner = get_backend(inner)
         self.fail_on_launch = fail_on_launch
         self.name = f"faulty({self.inner.name})"
+        self.attempts = 0
+
+    def attempt(self) -> None:
+        """Count one launch tried; raise if it is the one that fails."""
+        with self.lock:
+            self.attempts += 1
+            k = self.attempts
+        if k == self.fail_on_launch:
+            raise RuntimeError(f"injected fault on launch {k}")
 
     def check(self, plan: CopyPlan) -> None:
         """The inner backend's check."""
@@ -45,40 +54,35 @@ class FaultyBackend(CopyBackend):
 
     def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
                 keep: bool = False, like: Prepared | None = None) -> Prepared:
-        """The inner backend's own preparation (the production launches), one of whose
+        """The inner backend's own preparation (the production steps), one of whose
         launches fails."""
-        inner = like.inner if isinstance(like, FaultyPrepared) else None
-        return FaultyPrepared(self, self.inner.lay_out(plan, groups, decided, keep, inner))
+        if like is not None and isinstance(like.kernel, FaultyKernel):  # the inner step is offered
+            like = Prepared(like.kernel.inner, like.rings, like.swaps, like.stages)
+        inner = self.inner.lay_out(plan, groups, decided, keep, like)
+        return Prepared(FaultyKernel(self, inner.kernel), inner.rings, inner.swaps, inner.stages,
+                        inner.counts).count_by(self.launch_count)
 
 
-class FaultyPrepared(Prepared):
-    """Another backend's prepared object whose loads' launches may fail."""
+class FaultyKernel(Kernel):
+    """Another backend's kernel step whose launches may fail (`FaultyBackend.attempt`)."""
 
-    def __init__(self, backend: FaultyBackend, inner: Prepared) -> None:
-        self.backend, self.inner, self.counters = backend, inner, (backend,)
+    def __init__(self, backend: FaultyBackend, inner: Kernel) -> None:
+        self.backend, self.inner = backend, inner
+        self.live, self.counts = inner.live, inner.counts
 
-    @property
-    def num_groups(self) -> int:
-        return self.inner.num_groups
-
-    def start(self, lanes, src_rows, dst_rows) -> FaultyLaunches:
-        return FaultyLaunches(self.backend, self.inner.start(lanes, src_rows, dst_rows))
+    def bind(self, lanes, src_rows, dst_rows) -> Any:
+        launcher = self.inner.bind(lanes, src_rows, dst_rows)
+        return None if launcher is None else FaultyLauncher(self.backend, launcher)
 
 
-class FaultyLaunches(Launches):
-    """Another backend's launches of one load; the backend's ``fail_on_launch``-th launch
-    (counting every launch call of its loads) raises before enqueuing anything."""
+class FaultyLauncher(NamedTuple):
+    """A load's launcher that asks its backend before each launch."""
 
-    def __init__(self, backend: FaultyBackend, inner: Launches) -> None:
-        self.backend, self.inner, self.counters = backend, inner, (backend,)
+    backend: FaultyBackend
+    inner: Any
 
-    @property
-    def num_groups(self) -> int:
-        return self.inner.num_groups
-
-    def _launch(self, group: int) -> None:
-        if self.backend.launches == self.backend.fail_on_launch:
-            raise RuntimeError(f"injected fault on launch {self.backend.launches}")
+    def launch(self, group: int) -> None:
+        self.backend.attempt()
         self.inner.launch(group)
 
 
@@ -92,47 +96,27 @@ class NullBackend(CopyBackend):
     def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
                 keep: bool = False, like: Prepared | None = None) -> Prepared:
         """The groups that would launch (a job with rows in them); nothing else to build."""
-        return NullPrepared(self, tuple(any(plan.jobs[j].num_rows for j, _ in g) for g in groups))
+        return Prepared(NullKernel(self, tuple(any(plan.jobs[j].num_rows for j, _ in g) for g in groups)))
 
     def _execute(self, plan: CopyPlan) -> None:
         """Nothing to copy: the plan was already validated by ``make_plan``."""
 
 
-class NullPrepared(Prepared):
-    """A size class of the null backend: which groups would launch."""
+class NullKernel(Kernel):
+    """A size class of the null backend: which groups would launch (each counted)."""
 
     def __init__(self, backend: NullBackend, live: tuple[bool, ...]) -> None:
-        self.live, self.counters = live, (backend,)
+        self.live, self.counts = live, ((backend.launch_count, live),)
 
-    @property
-    def num_groups(self) -> int:
-        return len(self.live)
-
-    def start(self, lanes, src_rows, dst_rows) -> NullLaunches:
-        return NullLaunches(self.live, self.counters)
+    def bind(self, lanes, src_rows, dst_rows) -> Any:
+        return NOTHING
 
 
-class NullLaunches(Launches):
-    """A load that moves nothing: each live group counted as a launch."""
+class _Nothing:
+    """The null backend's launcher: a launch moves nothing."""
 
-    def __init__(self, live: tuple[bool, ...], counters: tuple) -> None:
-        self.live, self.counters = live, counters
-
-    @property
-    def num_groups(self) -> int:
-        return len(self.live)
-
-    def counts(self, group: int) -> bool:
-        return self.live[group]
-
-    def run(self, events: Sequence[Any], stream: Any) -> None:
-        """Every live group counted, each group's event recorded (``runtime.record``)."""
-        live = sum(self.live)
-        for backend in self.counters:
-            backend.launches += live
-        record = runtime.record
-        for event in events:
-            record(event, stream)
-
-    def _launch(self, group: int) -> None:
+    def launch(self, group: int) -> None:
         """Nothing to launch."""
+
+
+NOTHING = _Nothing()

@@ -1,12 +1,12 @@
-"""`Launcher`: a batch's rows derived, its size class found, launched on its copy stream,
-and its event recorded.
+"""`Launcher`: a batch launched on its copy stream (its rows from the planner, its size
+class found), and its event recorded; the backend, the copy streams and the events.
 
 The route of every (direction, pool set) on the controller's backend is decided when the
 controller is built (`transfer_kernels.backends.route.Route`: how each job moves, its
 host side and page span, checked once; another backend swapped in gets its routes on
 first use). A warm batch is then short by design::
 
-    rows       its ops' slots merged, each job's rows derived (`batch_rows`, unchecked)
+    rows       its pool set and each job's rows (`BatchPlanner.rows`, unchecked)
     look-up    its size class's prepared object: ONE cache, its route's (``route.prepared``)
     start      the rows written where the launches read them, one upload
     run        per launch group: its DMA slice, one launch, its layers' event (a load)
@@ -24,22 +24,17 @@ runtime calls (a record of no event), so a load's call budget is the same on eve
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
-import numpy as np
 import torch
 
-from hicache import slot_arrays
 from hicache.config import HiCacheConfig
-from hicache.controller.batch import Batch, Op, merge, merge_slots, merged_once
+from hicache.controller.batch import Batch
 from hicache.controller.groups import LoadGrouper
 from hicache.controller.layer_sync import LayerDoneCounter, OnStream
-from hicache.controller.planner import BatchPlanner, PoolSet
+from hicache.controller.planner import BatchPlanner, PoolSet, Rows
 from transfer_kernels import AutoBackend, CopyBackend, StagedBackend, TritonBackend, get_backend, runtime
 from transfer_kernels.backends.route import Route
-from transfer_kernels.rows import first_duplicate
-
-Rows = list  # per job of a pool set, its rows (int64 CPU tensors)
 
 
 class Launcher:
@@ -88,17 +83,13 @@ class Launcher:
 
     def _run(self, batch: Batch, outer: Any) -> None:
         try:
-            direction, ops = batch.direction, batch.ops
-            planner = self._planners[direction]
-            src = ops[0].src if len(ops) == 1 else merge(ops, "src")
-            one = ops[0].one_root if len(ops) == 1 else None  # a tree backup: its pool set by name
-            pool_set = planner.pool_sets[frozenset(src)] if one is None else planner.one_root[one[0]]
-            if not pool_set.lanes:  # only pools without data (an anchor of sliding-window layers)
+            direction = batch.direction
+            pool_set, src_rows, dst_rows, counts = self._planners[direction].rows(batch.ops)
+            if src_rows is None:  # only pools without data (an anchor of sliding-window layers)
                 if direction == "h2d":
                     self._layer_done.record_all(batch.consumer)
                 self._record(batch)
                 return
-            src_rows, dst_rows, counts = batch_rows(pool_set, ops, src, planner.dst_pages)
             route = self._routes[direction, pool_set.roots]
             if isinstance(route, str):  # the backend refused these tables when it decided
                 raise ValueError(route)
@@ -159,80 +150,6 @@ def _route(backend: CopyBackend, pool_set: PoolSet, device: torch.device) -> Rou
         return str(exc)
 
 
-def batch_rows(pool_set: PoolSet, ops: Sequence[Op], src: Mapping[str, torch.Tensor],
-               dst_pages: Mapping[str, int]) -> tuple[Rows, Rows, tuple[int, ...]]:
-    """Each job's source and destination rows of a batch of ``ops`` (``src``: their merged
-    source slots per root), and its row counts: one slice per (root, rows-per-token class)
-    and tier, shared by the class's jobs, never checked (the slots were validated at
-    ``write``/``load``). The destination rows come from the pages the controller's
-    allocator handed out (the ops' ``stamps``) when a page is one row (DeepSeek-V4's
-    pools): no slot array is read.
-
-    Raises:
-        ValueError: a destination page in two ops of the batch (freed and allocated again
-            while queued); nothing is launched.
-    """
-    pages = ops[0].stamps if len(ops) == 1 else _dst_pages(ops, src.keys(), dst_pages)
-    src_rows, dst_rows, counts, dst = [], [], [], None
-    for cls in pool_set.classes:
-        root, tpr = cls.root, cls.tokens_per_row
-        s, n = _rows(src[root], tpr)
-        if pages is not None and tpr == dst_pages[root]:  # a page is one row
-            d = torch.from_numpy(pages[root][0])
-        else:
-            dst = (ops[0].dst if len(ops) == 1 else merge(ops, "dst")) if dst is None else dst
-            d = _rows(dst[root], tpr)[0]
-        for _ in cls.jobs:
-            src_rows.append(s)
-            dst_rows.append(d)
-            counts.append(n)
-    return src_rows, dst_rows, tuple(counts)
-
-
-def _rows(slots: torch.Tensor, tokens_per_row: int) -> tuple[torch.Tensor, int]:
-    """The rows of a pool whose row holds ``tokens_per_row`` tokens, for the slots of its
-    root (whole rows: checked or allocated by the controller), and how many. A token per
-    row: the slots themselves (an op's own tensor, read-only until its ack), no copy."""
-    n = slots.numel() // tokens_per_row
-    if tokens_per_row == 1:
-        return slots, n
-    out = np.empty(n, np.int64)
-    slot_arrays.rows(slots if slots.is_contiguous() else slots.contiguous(), tokens_per_row, out)
-    return torch.from_numpy(out), n
-
-
-def _dst_pages(ops: Sequence[Op], roots: Any, page_sizes: Mapping[str, int]
-               ) -> Mapping[str, tuple[np.ndarray, Any]] | None:
-    """Per root, the pages of a batch of several ``ops`` op after op (first of a pair) when
-    every op keeps them (allocated by the controller), else ``None``; refuses a page handed
-    out to two ops of the batch (``load_many``'s ops come from one allocator call: distinct).
-    One op's are its ``stamps`` (`batch_rows` reads them itself)."""
-    if merged_once(ops) is not None:  # its merged slots: no concatenation
-        return None
-    if any(op.stamps is None for op in ops):
-        for root, slots in merge_slots([op.dst for op in ops]).items():
-            twice = first_duplicate(slots[::page_sizes[root]])
-            if twice is not None:
-                _shared(root, twice)
-        return None
-    parts: dict[str, list[np.ndarray]] = {root: [] for root in roots}
-    for op in ops:
-        for root, got in op.stamps.items():
-            parts[root].append(got[0])
-    pages = {root: (np.concatenate(p), None) for root, p in parts.items()}
-    for root, (p, _) in pages.items():
-        s = np.sort(p)
-        dup = np.flatnonzero(s[1:] == s[:-1])
-        if dup.size:  # named by its first slot, as the slots' check names it
-            _shared(root, int(s[dup[0]]) * page_sizes[root])
-    return pages
-
-
-def _shared(root: str, first_slot: int) -> None:
-    raise ValueError(f"destination slots of pool {root!r}: page {first_slot} belongs to two ops of "
-                     f"one batch (freed and allocated again while queued)")
-
-
 def make_backend(config: HiCacheConfig) -> CopyBackend:
     """The copy backend ``config.io_backend`` names; every triton kernel (alone or in
     ``auto``) bounded by ``max_copy_programs`` (``None``: the tuned value)."""
@@ -242,7 +159,7 @@ def make_backend(config: HiCacheConfig) -> CopyBackend:
         return AutoBackend(triton=TritonBackend(max_programs=config.max_copy_programs))
     if config.io_backend == "dma":  # its scatter / gather kernel
         return StagedBackend(kernel=TritonBackend(max_programs=config.max_copy_programs))
-    return get_backend(config.io_backend, fresh=True)
+    return get_backend(config.io_backend)
 
 
 def copy_streams(device: torch.device) -> dict[str, Any]:

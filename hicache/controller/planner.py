@@ -1,12 +1,13 @@
-"""`BatchPlanner`: what a batch of each pool set moves, decided when the controller is built.
+"""`BatchPlanner`: what a batch of each pool set moves, decided when the controller is
+built, and each batch's rows, derived when it launches.
 
 A batch moves every data pool rooted at the root pools its ops touch: its *pool set*
 (``{"kv", "swa"}``, ``{"kv"}``...). Its jobs, their order, tables and layers, how each job's
 rows follow from its root's merged slots (a rows-per-token class), and the pools of its
 load groups depend on the pool set alone, never on the slots; the planner fixes them per
-direction for every pool set at construction (`PoolSet`). A batch's rows are derived by
-the launcher (`hicache.controller.launcher.batch_rows`), unchecked: the slots were
-validated (or allocated by the controller) at ``write``/``load``.
+direction for every pool set at construction (`PoolSet`). At launch it derives a batch's
+rows (`BatchPlanner.rows`), unchecked: the slots were validated (or allocated by the
+controller) at ``write``/``load``; the launcher then only launches them.
 
 The row tables are fixed when the controller is built (`planners`): each data pool's
 device and host table, oriented per direction, and the device the copies execute on.
@@ -14,17 +15,21 @@ device and host table, oriented per direction, and the device the copies execute
 from __future__ import annotations
 
 from itertools import combinations
-from typing import Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple, Sequence
 
+import numpy as np
 import torch
 
-from hicache.controller.batch import DIRECTIONS
+from hicache import slot_arrays
+from hicache.controller.batch import DIRECTIONS, Op, merge, merge_slots, merged_once
 from hicache.device_pool import DevicePool
 from hicache.host_dtype import codec_of
 from host_pools.group import HostPoolGroup
 from host_pools.spec import Stack
 from transfer_kernels import RowTable
-from transfer_kernels.rows import Lane, exec_device
+from transfer_kernels.rows import Lane, exec_device, first_duplicate
+
+Rows = list  # per job of a pool set, its rows (int64 CPU tensors)
 
 
 def planners(device_pools: Mapping[str, DevicePool], host_group: HostPoolGroup) -> dict[str, BatchPlanner]:
@@ -108,6 +113,40 @@ class BatchPlanner:
         # the pool set of a batch of one op of one root pool (`Op.one_root`: the tree's step)
         self.one_root = {name: self.pool_sets[frozenset((name,))] for name in own}
 
+    def rows(self, ops: Sequence[Op]) -> tuple[PoolSet, Rows | None, Rows | None, tuple[int, ...] | None]:
+        """The pool set of a batch of ``ops`` and each of its jobs' source and destination
+        rows, and row counts: one slice per (root, rows-per-token class) and tier, shared by
+        the class's jobs, never checked (the slots were validated at ``write``/``load``).
+        The destination rows come from the pages the controller's allocator handed out (the
+        ops' ``stamps``) when a page is one row (DeepSeek-V4's pools): no slot array is read.
+        ``None`` rows: a pool set without lanes (no data pool: nothing to move).
+
+        Raises:
+            ValueError: a destination page in two ops of the batch (freed and allocated
+                again while queued); nothing is launched.
+        """
+        src = ops[0].src if len(ops) == 1 else merge(ops, "src")
+        one = ops[0].one_root if len(ops) == 1 else None  # a tree backup: its pool set by name
+        pool_set = self.pool_sets[frozenset(src)] if one is None else self.one_root[one[0]]
+        if not pool_set.lanes:
+            return pool_set, None, None, None
+        dst_pages = self.dst_pages
+        pages = ops[0].stamps if len(ops) == 1 else _dst_pages(ops, src.keys(), dst_pages)
+        src_rows, dst_rows, counts, dst = [], [], [], None
+        for cls in pool_set.classes:
+            root, tpr = cls.root, cls.tokens_per_row
+            s, n = _rows(src[root], tpr)
+            if pages is not None and tpr == dst_pages[root]:  # a page is one row
+                d = torch.from_numpy(pages[root][0])
+            else:
+                dst = (ops[0].dst if len(ops) == 1 else merge(ops, "dst")) if dst is None else dst
+                d = _rows(dst[root], tpr)[0]
+            for _ in cls.jobs:
+                src_rows.append(s)
+                dst_rows.append(d)
+                counts.append(n)
+        return pool_set, src_rows, dst_rows, tuple(counts)
+
 
 def _pool_set(roots: tuple[str, ...], order: Mapping[str, Mapping[int, list[str]]],
               tables: Mapping[str, tuple[RowTable, RowTable]],
@@ -125,3 +164,47 @@ def _pool_set(roots: tuple[str, ...], order: Mapping[str, Mapping[int, list[str]
                 pools.append(name)
     pairs = tuple((j, layer) for j, lane in enumerate(lanes) for layer in lane.layers)
     return PoolSet(frozenset(roots), tuple(lanes), tuple(pools), tuple(classes), pairs)
+
+
+def _rows(slots: torch.Tensor, tokens_per_row: int) -> tuple[torch.Tensor, int]:
+    """The rows of a pool whose row holds ``tokens_per_row`` tokens, for the slots of its
+    root (whole rows: checked or allocated by the controller), and how many. A token per
+    row: the slots themselves (an op's own tensor, read-only until its ack), no copy."""
+    n = slots.numel() // tokens_per_row
+    if tokens_per_row == 1:
+        return slots, n
+    out = np.empty(n, np.int64)
+    slot_arrays.rows(slots if slots.is_contiguous() else slots.contiguous(), tokens_per_row, out)
+    return torch.from_numpy(out), n
+
+
+def _dst_pages(ops: Sequence[Op], roots: Any, page_sizes: Mapping[str, int]
+               ) -> Mapping[str, tuple[np.ndarray, Any]] | None:
+    """Per root, the pages of a batch of several ``ops`` op after op (first of a pair) when
+    every op keeps them (allocated by the controller), else ``None``; refuses a page handed
+    out to two ops of the batch (``load_many``'s ops come from one allocator call: distinct).
+    One op's are its ``stamps`` (`BatchPlanner.rows` reads them itself)."""
+    if merged_once(ops) is not None:  # its merged slots: no concatenation
+        return None
+    if any(op.stamps is None for op in ops):
+        for root, slots in merge_slots([op.dst for op in ops]).items():
+            twice = first_duplicate(slots[::page_sizes[root]])
+            if twice is not None:
+                _shared(root, twice)
+        return None
+    parts: dict[str, list[np.ndarray]] = {root: [] for root in roots}
+    for op in ops:
+        for root, got in op.stamps.items():
+            parts[root].append(got[0])
+    pages = {root: (np.concatenate(p), None) for root, p in parts.items()}
+    for root, (p, _) in pages.items():
+        s = np.sort(p)
+        dup = np.flatnonzero(s[1:] == s[:-1])
+        if dup.size:  # named by its first slot, as the slots' check names it
+            _shared(root, int(s[dup[0]]) * page_sizes[root])
+    return pages
+
+
+def _shared(root: str, first_slot: int) -> None:
+    raise ValueError(f"destination slots of pool {root!r}: page {first_slot} belongs to two ops of "
+                     f"one batch (freed and allocated again while queued)")

@@ -129,7 +129,7 @@ def test_load_rolls_back_when_a_later_launch_group_fails(gen):
     ctrl.start_writing()
     assert [a.success for a in ctrl.poll()] == [True]
     ctrl.load_groups.min_bytes = 0  # one launch group per layer
-    ctrl.backend.fail_on_launch = ctrl.backend.launches + 2
+    ctrl.backend.fail_on_launch = ctrl.backend.attempts + 2
     free_before = dev.available()
     assert ctrl.load(host["kv"]) is not None
     assert ctrl.start_loading() is None

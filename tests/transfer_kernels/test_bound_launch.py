@@ -69,8 +69,7 @@ def no_cuda_calls(monkeypatch):
 def test_fast_entry_copies_the_same_bytes_as_the_ordinary_launch(gen, monkeypatch):
     tk = kernel_module()
     pools, prepared = _prepared(gen)
-    ls = prepared.launch_set
-    lay, n = ls.layout, prepared.num_groups
+    ls, lay, n = prepared.launcher, prepared.prepared.kernel.layout, prepared.num_groups
     start = [v.view(torch.uint8).clone() for p in pools for views in p.device for v in views]
     # 1. the ordinary launch (interpreter), group by group
     ordinary = tk.BoundLaunches(ls.meta, lay.prog_at, lay.grids, lay.aligns, ls.vpt, ls.num_warps)
@@ -99,8 +98,7 @@ def test_fast_entry_copies_the_same_bytes_as_the_ordinary_launch(gen, monkeypatc
 def test_a_variant_not_compiled_takes_the_ordinary_launch(gen, no_cuda_calls):
     tk = kernel_module()
     pools, prepared = _prepared(gen)
-    ls = prepared.launch_set
-    lay = ls.layout
+    ls, lay = prepared.launcher, prepared.prepared.kernel.layout
     fast = tk.BoundLaunches(ls.meta, lay.prog_at, lay.grids, lay.aligns, ls.vpt, ls.num_warps,
                             kernels={}, stream=5)
     start = _dst_bytes(pools)
@@ -129,8 +127,7 @@ def test_a_fast_entry_with_changed_arguments_falls_back_per_variant(gen, no_cuda
     if tk.knobs is None:
         pytest.skip("this triton has no knobs (the fast entry is never taken)")
     pools, prepared = _prepared(gen)
-    ls = prepared.launch_set
-    lay = ls.layout
+    ls, lay = prepared.launcher, prepared.prepared.kernel.layout
     start = [v.view(torch.uint8).clone() for p in pools for views in p.device for v in views]
     ordinary = tk.BoundLaunches(ls.meta, lay.prog_at, lay.grids, lay.aligns, ls.vpt, ls.num_warps)
     _run_all(ordinary, prepared.num_groups)
@@ -158,8 +155,7 @@ def test_a_launch_hook_gets_its_metadata(gen, monkeypatch):
     if tk.knobs is None:
         pytest.skip("this triton has no knobs (the fast entry is never taken)")
     pools, prepared = _prepared(gen)
-    ls = prepared.launch_set
-    lay = ls.layout
+    ls, lay = prepared.launcher, prepared.prepared.kernel.layout
     fake = FakeCompiled()
     kernels = {(None, ls.vpt, a, ls.num_warps): fake for a in set(lay.aligns)}
     monkeypatch.setattr(tk.knobs.runtime, "launch_enter_hook", lambda *_: None)

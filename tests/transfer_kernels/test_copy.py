@@ -116,7 +116,7 @@ def test_device_to_device_and_index_dtypes(gen, backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_empty_copy_is_a_no_op(gen, backend):
     pool = make_pool(gen, 2, 4, [((16,), torch.uint8)])
-    impl = get_backend(backend, fresh=True)
+    impl = get_backend(backend)
     before = snapshot(pool.device_table)
     copy_rows(pool.host_table, pool.device_table, [], [], backend=impl)
     copy_rows(pool.host_table, pool.device_table, [1], [1], layers=[], backend=impl)

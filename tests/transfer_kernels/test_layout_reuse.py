@@ -11,7 +11,7 @@ import torch
 
 from tests.transfer_kernels.pools import assert_copied, make_pool, random_map, snapshot
 from transfer_kernels import FaultyBackend, StagedBackend, TritonBackend
-from transfer_kernels.backends.triton import TritonPrepared
+from transfer_kernels.backends.triton import TritonKernel
 from transfer_kernels.backends.triton_layout import Layout, Static, layout
 from transfer_kernels.rows import Lane
 
@@ -109,10 +109,11 @@ def test_a_static_of_other_tables_or_other_pairs_does_not_fit(gen):
 
 
 def _kernel_prepared(prepared):
-    """The triton preparation inside a backend's prepared object."""
-    while not isinstance(prepared, TritonPrepared):
-        prepared = prepared.inner
-    return prepared
+    """The triton kernel step inside a backend's prepared object."""
+    kernel = prepared.kernel
+    while not isinstance(kernel, TritonKernel):
+        kernel = kernel.inner
+    return kernel
 
 
 @pytest.mark.parametrize("backend", ["triton", "faulty", "dma"])

@@ -136,7 +136,7 @@ def test_prepared_groups_convert_per_layer_group(backend, gen):
     src, dst = torch.tensor([4, 0]), torch.tensor([1, 2])
     copy_rows(side.dev_table, side.host_table, src, src, backend="torch")  # real int8 rows to load
     plan = make_plan([CopyJob(side.host_table, side.dev_table, src, dst)])
-    prepared = get_backend(backend, fresh=True).prepare(plan, [[(0, 0), (0, 2)], [(0, 1)]])
+    prepared = get_backend(backend).prepare(plan, [[(0, 0), (0, 2)], [(0, 1)]])
     assert prepared.num_groups == 2
     prepared.launch(1)
     sync()
@@ -224,13 +224,13 @@ def test_which_backend_converts_for_each_backend():
     from transfer_kernels.backends.quant_triton import TritonQuantBackend
     from transfer_kernels.backends.quant_torch import TorchQuantBackend
     cpu = torch.device("cpu")
-    kinds = {name: type(get_backend(name, fresh=True).quant_backend(cpu))
+    kinds = {name: type(get_backend(name).quant_backend(cpu))
              for name in ("torch", "triton", "copy_engine")}
     assert kinds == {"torch": TorchQuantBackend, "triton": TritonQuantBackend, "copy_engine": TorchQuantBackend}
-    assert get_backend("dma", fresh=True).converts and get_backend("auto", fresh=True).converts
+    assert get_backend("dma").converts and get_backend("auto").converts
     if torch.cuda.is_available():
         cuda = torch.device("cuda")
-        assert isinstance(get_backend("copy_engine", fresh=True).quant_backend(cuda), TritonQuantBackend)
+        assert isinstance(get_backend("copy_engine").quant_backend(cuda), TritonQuantBackend)
 
 
 @pytest.mark.parametrize("max_programs", [1, 3, 64])
@@ -282,7 +282,7 @@ def test_prepared_groups_with_exact_and_quantized_jobs(backend, gen):
     src, dst = torch.tensor([3, 0]), torch.tensor([1, 2])
     copy_rows(side.dev_table, side.host_table, src, src, backend="torch")  # real int8 rows to load
     plan = make_plan([CopyJob(side.host_table, side.dev_table, src, dst), CopyJob(host_t, dev_t, src, dst)])
-    prepared = get_backend(backend, fresh=True).prepare(plan, [[(0, 0), (1, 0)], [(0, 1), (1, 1)]])
+    prepared = get_backend(backend).prepare(plan, [[(0, 0), (1, 0)], [(0, 1), (1, 1)]])
     for g in range(prepared.num_groups):
         prepared.launch(g)
     sync()

@@ -124,7 +124,8 @@ def test_pieces_are_whole_rows_and_never_cross_a_pinned_chunk_start(gen):
     chunked = RowTable.from_views(host.views, "host", chunk_starts=[base, base + 6 * span])
     staged = StagedBackend(TorchBackend())
     plan = make_plan([CopyJob(chunked, pool.device_table, [4, 5, 6, 7, 11], [0, 1, 2, 3, 4])])
-    ring, src, size = staged.prepare(plan, [[(0, 0), (0, 1), (0, 2)]]).h2d.pieces
+    (work,) = staged.prepare(plan, [[(0, 0), (0, 1), (0, 2)]]).work  # the H2D ring's
+    ring, src, size = work.pieces
     assert (src - base).tolist() == [4 * span, 5 * span, 6 * span, 7 * span, 11 * span]
     assert (ring - ring[0]).tolist() == [0, span, 2 * span, 3 * span, 4 * span]
     assert size.tolist() == [span] * 5

@@ -113,8 +113,9 @@ def test_d2h_chunk_goes_out_once_all_its_layers_are_gathered(gen, monkeypatch):
         prepared.launch(g)
         copies.append((staged.copies, staged.records, staged.waits))
     # start: 1 record + 1 wait; group 0: nothing complete; group 1: chunk [0, 2); group 2:
-    # chunk [2, 4); each DMA: record + wait before it, record + wait after it
-    assert copies == [(0, 1, 1), (1, 3, 3), (2, 5, 5)]
+    # chunk [2, 4); each DMA: record + wait before it, record + wait after it; the last
+    # group frees the ring: one more record (its ``free`` event, after the last gather)
+    assert copies == [(0, 1, 1), (1, 3, 3), (2, 6, 5)]
     assert_copied(pool.device_table, pool.host_table, *before, src_rows, dst_rows)
 
 
@@ -245,7 +246,8 @@ def test_windowed_dma_makes_one_call_per_window(gen, monkeypatch, direction):
     assert_copied(src, dst, *before, [4, 5, 0], [1, 2, 3])
     per_call = 1 if direction == "h2d" else 2  # D2H also orders the DMA after the gathers
     assert staged.copies == 3 and staged.pieces == 21
-    assert staged.records == staged.waits == 1 + 3 * per_call
+    # the claim's record + wait, per DMA call its own, and the release's record (``free``)
+    assert staged.records - 1 == staged.waits == 1 + 3 * per_call
 
 
 def test_chunks_are_runs_of_grouped_layers_cut_evenly():
@@ -261,7 +263,7 @@ def test_cuda_calls_are_the_runtime_calls_with_the_ring_stream(monkeypatch):
     # (the CPU has no device; a GPU machine runs test_cuda_groups_... for real).
     import numpy as np
 
-    from transfer_kernels.backends.dma import DmaQueue
+    from transfer_kernels.cuda.runtime import DmaQueue
     from transfer_kernels.backends.ring import Ring
     from transfer_kernels.cuda import cudart
     calls = []

@@ -68,9 +68,8 @@ def test_prepared_groups_share_one_buffer(gen):
     backend = TritonBackend(max_programs=2)
     prepared = backend.prepare(plan, groups)
     assert prepared.num_groups == 4
-    metas = {id(launch.meta) for launch in prepared.launches}
-    assert len(metas) == 1 and [l.num_segs for l in prepared.launches] == [4, 0, 3, 3]
-    assert prepared.launches[1].grid == 0
+    launches = [prepared.prepared.kernel.launch_args(prepared.launcher.meta, g) for g in range(4)]
+    assert [l.num_segs for l in launches] == [4, 0, 3, 3] and launches[1].grid == 0
     befores = [(snapshot(j.src), snapshot(j.dst)) for j in jobs]
     done: dict[int, list[int]] = {0: [], 1: [], 2: []}
     for g, group in enumerate(groups):
@@ -83,19 +82,21 @@ def test_prepared_groups_share_one_buffer(gen):
     assert backend.launches == 3
 
 
-def test_batch_of_three_pools_is_one_launch(gen):
+def test_batch_of_three_pools_is_one_launch(gen, launched):
     # 3 pools x 2 layers x (2, 1, 2) buffers = 10 segments, ONE kernel launch.
     jobs = _three_pool_jobs(gen)
     befores = [(snapshot(j.src), snapshot(j.dst)) for j in jobs]
     backend = TritonBackend(max_programs=3)
     copy_rows_batch(jobs, backend=backend)
-    assert backend.launches == 1
-    assert backend.last_launch.num_segs == 10
-    assert 1 <= backend.last_launch.grid <= 3
+    assert backend.launches == 1 and len(launched) == 1
+    launcher, group = launched[-1]
+    assert build_launch(make_plan(jobs), backend).num_segs == 10
+    assert 1 <= launcher.grids[group] <= 3
     for job, (sb, db) in zip(jobs, befores):
         assert_copied(job.src, job.dst, sb, db, job.src_rows, job.dst_rows)
     copy_rows_batch(jobs, layers=[1], backend=backend)  # a per-layer load: one more launch
-    assert backend.launches == 2 and backend.last_launch.num_segs == 5
+    assert backend.launches == 2 and len(launched) == 2
+    assert build_launch(make_plan(jobs, layers=[1]), backend).num_segs == 5
 
 
 def test_launch_runs_at_its_segments_alignment(gen):
@@ -149,7 +150,7 @@ def test_tiles_span_rows_and_programs_share_them(gen, tile_bytes, max_programs):
 
 
 @pytest.mark.parametrize("offset, align", [(0, 16), (8, 8), (4, 4), (2, 1), (3, 1)])
-def test_each_alignment_specialization(gen, offset, align):
+def test_each_alignment_specialization(gen, offset, align, launched):
     # Views starting ``offset`` bytes into their buffer select the 8/4/1-byte kernels;
     # 48-byte rows at a 48-byte stride keep the offset's alignment.
     host = torch.randint(0, 256, (3, 8 * 48 + offset), dtype=torch.uint8, generator=gen)
@@ -163,7 +164,8 @@ def test_each_alignment_specialization(gen, offset, align):
     backend = TritonBackend(max_programs=2, tile_bytes=64)
     src_before, dst_before = snapshot(src), snapshot(dst)
     copy_rows(src, dst, [7, 0, 3, 4], [0, 7, 1, 2], backend=backend)
-    assert backend.last_launch.align == align
+    launcher, group = launched[-1]
+    assert launcher.args[group][4] == align  # (meta, prog_at, fields, vpt, align)
     assert_copied(src, dst, src_before, dst_before, [7, 0, 3, 4], [0, 7, 1, 2])
 
 

@@ -22,7 +22,7 @@ MODELS = {"deepseek-v4-pro": 4, "llama-3.1-8b-fp8": 2, "llama-3.1-8b-int8": 2,
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
 @pytest.mark.parametrize("direction", ["h2d", "d2h"])
 @pytest.mark.parametrize("model", list(MODELS))
-def test_model_stack_in_one_launch_is_byte_exact(gen, model, direction, layout):
+def test_model_stack_in_one_launch_is_byte_exact(gen, model, direction, layout, launched):
     stack = preset(model, MODELS[model])
     jobs, counts = [], (1, 2, 5)
     for i, spec in enumerate(stack.data_pools()):
@@ -35,7 +35,8 @@ def test_model_stack_in_one_launch_is_byte_exact(gen, model, direction, layout):
     befores = [(snapshot(j.src), snapshot(j.dst)) for j in jobs]
     backend = TritonBackend()
     copy_rows_batch(jobs, backend=backend)
-    assert backend.launches == 1 and backend.last_launch.align == 16  # every pool 16-aligned
+    launcher, group = launched[-1]  # every pool 16-aligned: (meta, prog_at, fields, vpt, align)
+    assert backend.launches == len(launched) == 1 and launcher.args[group][4] == 16
     for job, (sb, db) in zip(jobs, befores):
         assert_copied(job.src, job.dst, sb, db, job.src_rows, job.dst_rows)
 

@@ -7,7 +7,7 @@ import torch
 from tests.transfer_kernels.pools import (assert_copied, assert_unchanged, make_pool, snapshot,
                                           sync)
 from transfer_kernels import (BACKEND_NAMES, CopyJob, FaultyBackend, RowTable, as_row_bytes,
-                              copy_rows, copy_rows_batch, get_backend)
+                              TorchBackend, copy_rows, copy_rows_batch, get_backend)
 
 
 @pytest.fixture
@@ -130,8 +130,9 @@ def test_bad_types_and_names(pools):
         copy_rows_batch([(a.host_table, a.device_table)])
     with pytest.raises(ValueError, match="fail_on_launch"):
         FaultyBackend("torch", 0)
-    assert get_backend("torch") is get_backend("torch")
-    assert get_backend("torch", fresh=True) is not get_backend("torch")
+    backend = TorchBackend()
+    assert get_backend(backend) is backend
+    assert get_backend("torch") is not get_backend("torch")  # a name is never shared
 
 
 @pytest.mark.parametrize("views,message", [

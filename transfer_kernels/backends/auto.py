@@ -32,7 +32,8 @@ from transfer_kernels.backends import auto_table
 from transfer_kernels.backends.auto_table import AutoTable, JobTraits
 from transfer_kernels.backends.base import CopyBackend
 from transfer_kernels.backends.copy_engine import CopyEngineBackend
-from transfer_kernels.backends.launches import PartPrepared, Prepared
+from transfer_kernels.backends.launches import Prepared
+from transfer_kernels.backends.parts import part_prepared
 from transfer_kernels.backends.staged import StagedBackend
 from transfer_kernels.backends.staging import host_side
 from transfer_kernels.backends.torch_ref import TorchBackend
@@ -116,19 +117,20 @@ class AutoBackend(CopyBackend):
         if len(assigned) == 1:
             (name, (_, sides)), = assigned.items()
             prepared = self.inner[name].lay_out(plan, groups, sides if name == "dma" else None, keep, like)
-            prepared.counters += (self,)
-            return prepared
+            return prepared.count_by(self.launch_count)
         sub_groups = _split_groups(groups, assigned)
         parts = [(self.inner[n].lay_out(plan.subset(plan.jobs[j] for j in js), sub_groups[n],
                                         sides if n == "dma" else None, keep), js)
                  for n, (js, sides) in assigned.items()]
-        prepared = PartPrepared(parts, len(groups))
-        prepared.counters = (self,)
-        return prepared
+        return part_prepared(parts, len(groups)).count_by(self.launch_count)
 
     def _assign(self, plan: CopyPlan) -> Assignment:
         """Which inner backend takes which job (kernel choices share the staged backend's
         launches); each inner backend checks its jobs before anything is kept."""
+        with self.lock:  # ``analyses`` counts exactly
+            return self._assign_jobs(plan)
+
+    def _assign_jobs(self, plan: CopyPlan) -> Assignment:
         routed: dict[str, tuple[list[int], list[str | None]]] = {}
         for j, job in enumerate(plan.jobs):
             name, side = self.decide(job, plan)

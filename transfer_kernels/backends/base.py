@@ -9,7 +9,7 @@ checked once per call) and go through the same prepared objects as hicache's con
 
 A backend that cannot convert int8 host rows itself (``converts`` False) runs a plan's
 converting jobs (`transfer_kernels.quant.codec`) on its *quant backend*: the same launch
-groups, one more launch per group where both kinds are present (`PartPrepared`). Each
+groups, one more launch per group where both kinds are present (`parts`). Each
 concrete backend names its own quant backend (:meth:`CopyBackend.quant_backend`); this
 module knows none of them.
 """
@@ -22,7 +22,8 @@ from typing import Any, Sequence
 
 import torch
 
-from transfer_kernels.backends.launches import Launches, PartPrepared, Prepared
+from transfer_kernels.backends.launches import Kernel, LaunchCount, Launches, Prepared
+from transfer_kernels.backends.parts import part_prepared
 from transfer_kernels.backends.route import Route
 from transfer_kernels.rows import CopyPlan, Lane, LaunchGroups, PlannedJob
 
@@ -35,13 +36,18 @@ class CopyBackend(ABC):
     Backends never synchronize the device on their own (``"torch"`` is the exception
     on D2H into pageable memory, documented there) and copy nothing when a plan is empty.
 
+    Every public method and the objects it returns (prepared loads excepted: a load is
+    its caller's) are safe from any number of threads: the route cache and what is built
+    once are built under the backend's ``lock``, launches are counted atomically, and a
+    staged load holds its staging ring from its first launch to its last
+    (`transfer_kernels.backends.launches`).
+
     Attributes:
         name: the public backend name (``"triton"``, ``"copy_engine"``, ``"torch"``...).
         launches: how many launches this instance issued: one per executed non-empty plan
             and one per non-empty launch group of a prepared load (for ``"triton"`` exactly
-            one kernel launch each), counted by `Launches`. Converting jobs (int8 host rows)
-            run on the backend's `quant_backend`, which counts its own. Instances are not
-            thread-safe.
+            one kernel launch each), counted by `Launches` once they ran. Converting jobs
+            (int8 host rows) run on the backend's `quant_backend`, which counts its own.
     """
 
     name: str = "abstract"
@@ -50,7 +56,24 @@ class CopyBackend(ABC):
     converts: bool = False
 
     def __init__(self) -> None:
-        self.launches = 0
+        self._launches = LaunchCount()
+        self._lock = threading.RLock()
+
+    @property
+    def launches(self) -> int:
+        """Launches issued (see the class docstring)."""
+        return self.launch_count.value
+
+    @property
+    def launch_count(self) -> LaunchCount:
+        """The counter `Launches` adds this backend's launches to."""
+        return self.__dict__.setdefault("_launches", LaunchCount())  # a subclass may skip __init__
+
+    @property
+    def lock(self) -> threading.RLock:
+        """Held while this backend builds what it keeps (routes, layouts, rings): never
+        during a warm load."""
+        return self.__dict__.setdefault("_lock", threading.RLock())
 
     def execute(self, plan: CopyPlan) -> None:
         """Copy every job of ``plan``; returns once the work is enqueued.
@@ -107,20 +130,21 @@ class CopyBackend(ABC):
     @property
     def route_cache(self) -> OrderedDict:
         """The routes of this backend's checked entry points by `route_key` (for tests and
-        inspection)."""
-        return self.__dict__.setdefault("_route_cache", (OrderedDict(), threading.Lock()))[0]
+        inspection; written under ``lock`` only)."""
+        return self.__dict__.setdefault("_route_cache", OrderedDict())
 
     def route_of(self, plan: CopyPlan) -> Route:
         """The route of ``plan``'s tables and layers, kept in this backend's route cache
         (weakly: no pool kept alive; a new table at a reused id is a miss)."""
-        routes, lock = self.__dict__.setdefault("_route_cache", (OrderedDict(), threading.Lock()))
+        routes = self.route_cache
         key = route_key(plan)
-        with lock:
+        got = routes.get(key)
+        if got is not None and got.holds(plan.jobs):
+            return got
+        with self.lock:  # one thread decides a new route; the others find it
             got = routes.get(key)
-        if got is None or not got.holds(plan.jobs):
-            got = Route(self, plan.jobs, plan.device, hold=False)
-            with lock:
-                routes[key] = got
+            if got is None or not got.holds(plan.jobs):
+                got = routes[key] = Route(self, plan.jobs, plan.device, hold=False)
                 if len(routes) > ROUTE_CACHE_SIZE:
                     routes.popitem(last=False)
         return got
@@ -149,11 +173,11 @@ class CopyBackend(ABC):
         ``None``, or a backend that shares nothing, builds everything.
 
         The default is the generic preparation: each launch hands its group's (job, layer)
-        pairs to :meth:`_execute_group`.
+        pairs to :meth:`_execute_group` (`GroupKernel`).
         """
         if not self.converts and plan.has_quant:
             return self._lay_out_split(plan, groups, keep)
-        return GroupPrepared(self, plan, groups)
+        return Prepared(GroupKernel(self, plan, groups))
 
     def check(self, plan: CopyPlan) -> None:
         """Raise ``ValueError`` if this backend cannot run ``plan``; the default accepts all."""
@@ -177,7 +201,9 @@ class CopyBackend(ABC):
         """
         built = self.__dict__.setdefault("_quant", {})  # also for a subclass that skipped __init__
         if device.type not in built:
-            built[device.type] = self._make_quant_backend(device)
+            with self.lock:
+                if device.type not in built:
+                    built[device.type] = self._make_quant_backend(device)
         return built[device.type]
 
     def _make_quant_backend(self, device: torch.device) -> CopyBackend:
@@ -197,7 +223,7 @@ class CopyBackend(ABC):
             sub_groups = tuple(tuple((local[j], layer) for j, layer in g if j in local) for g in groups)
             parts.append((b.lay_out(plan.subset(plan.jobs[j] for j in idx), sub_groups, None, keep),
                           tuple(idx)))
-        return PartPrepared(parts, len(groups))
+        return part_prepared(parts, len(groups))
 
     def _execute(self, plan: CopyPlan) -> None:
         """Enqueue the copies of a non-empty, checked plan (one launch).
@@ -239,40 +265,30 @@ def split_jobs(plan: CopyPlan) -> tuple[list[int], list[int]]:
     return exact, quant
 
 
-class GroupPrepared(Prepared):
-    """The generic preparation: a size class's groups, without the jobs that move nothing
-    (a caller's empty rows); a load's launches hand one group each to the backend's
-    ``_execute_group`` (O(pairs of the group), nothing built per launch)."""
+class GroupKernel(Kernel):
+    """The generic preparation's kernel step: a size class's groups, without the jobs that
+    move nothing (a caller's empty rows); a load's launcher hands one group each to the
+    backend's ``_execute_group`` (O(pairs of the group), nothing built per launch)."""
 
     def __init__(self, backend: CopyBackend, plan: CopyPlan, groups: LaunchGroups) -> None:
-        self.backend, self.device, self.counters = backend, plan.device, (backend,)
+        self.backend, self.device = backend, plan.device
         empty = {j for j, job in enumerate(plan.jobs) if not (job.num_rows and job.layers)}
-        self.groups = tuple(groups) if not empty else tuple(
+        self.groups = tuple(map(tuple, groups)) if not empty else tuple(
             tuple((j, layer) for j, layer in g if j not in empty) for g in groups)
+        self.live = tuple(bool(g) for g in self.groups)
+        self.counts = ((backend.launch_count, self.live),)
 
-    @property
-    def num_groups(self) -> int:
-        return len(self.groups)
-
-    def start(self, lanes, src_rows, dst_rows) -> Launches:
+    def bind(self, lanes, src_rows, dst_rows) -> GroupLauncher:
         plan = CopyPlan(tuple(PlannedJob(lane.src, lane.dst, s, d, lane.layers)
                               for lane, s, d in zip(lanes, src_rows, dst_rows)), self.device)
-        return GroupLaunches(self, plan)
+        return GroupLauncher(self.backend, plan, self.groups)
 
 
-class GroupLaunches(Launches):
-    """One load of a `GroupPrepared`: its plan and the prepared groups."""
+class GroupLauncher:
+    """One load of a `GroupKernel`: its plan and the prepared groups."""
 
-    def __init__(self, prepared: GroupPrepared, plan: CopyPlan) -> None:
-        self.backend, self.plan, self.groups = prepared.backend, plan, prepared.groups
-        self.counters = prepared.counters
+    def __init__(self, backend: CopyBackend, plan: CopyPlan, groups: tuple) -> None:
+        self.backend, self.plan, self.groups = backend, plan, groups
 
-    @property
-    def num_groups(self) -> int:
-        return len(self.groups)
-
-    def counts(self, group: int) -> bool:
-        return bool(self.groups[group])
-
-    def _launch(self, group: int) -> None:
+    def launch(self, group: int) -> None:
         self.backend._execute_group(self.plan, self.groups[group])

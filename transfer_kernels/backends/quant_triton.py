@@ -40,7 +40,7 @@ import torch
 
 from transfer_kernels import tuning
 from transfer_kernels.backends.base import CopyBackend
-from transfer_kernels.backends.launches import Launches, Prepared
+from transfer_kernels.backends.launches import Prepared, Upload
 from transfer_kernels.cuda import runtime
 from transfer_kernels.cuda.abi import QUANT_SEG_FIELDS as SEG
 from transfer_kernels.quant.reference import TINY
@@ -91,7 +91,7 @@ class TritonQuantBackend(CopyBackend):
                 keep: bool = False, like: Prepared | None = None) -> Prepared:
         """The size class's launches and segment tables: a load only gathers and uploads
         its rows."""
-        return QuantPrepared(self, build_layout(plan, groups, self.grid_cap(plan.device)), plan, keep)
+        return Prepared(QuantKernel(self, build_layout(plan, groups, self.grid_cap(plan.device)), plan, keep))
 
     def grid_cap(self, device: torch.device) -> int:
         """Programs one launch may take on ``device`` (see ``max_programs``)."""
@@ -109,64 +109,20 @@ class QuantLayout(NamedTuple):
     segs: torch.Tensor  # int64 CPU: the segment tables, after the indices in ``meta``
 
 
-class QuantPrepared(Prepared):
-    """A size class's launches and segment tables; a load uploads them with its rows (with
-    ``keep``, as the copy kernel's: the first load's buffer and launches kept, a later
-    load writes only its rows)."""
+class QuantKernel(Upload):
+    """A size class's kernel step: its launches and segment tables; a load uploads its rows
+    (per job: device rows, then host rows) before the segment tables in one copy (with
+    ``keep``, as the copy kernel's: the first load's buffer and launcher kept)."""
 
     def __init__(self, backend: TritonQuantBackend, lay: QuantLayout, plan: CopyPlan, keep: bool = False) -> None:
-        self.backend, self.layout, self.device, self.counters = backend, lay, plan.device, (backend,)
         # per job with rows: is its device side the source (quantize)? fixed by its tables
-        self._quantize = tuple(plan.jobs[j].mode == "quantize" for j in lay.jobs)
-        self.keep, self._kept = keep, None
+        order = tuple((j, plan.jobs[j].mode == "quantize") for j in lay.jobs)
+        super().__init__(plan.device, order, None, lay.segs, keep)
+        self.layout, self.live = lay, tuple(bool(g) for g in lay.launches)
+        self.counts = ((backend.launch_count, self.live),)
 
-    @property
-    def num_groups(self) -> int:
-        return len(self.layout.launches)
-
-    def start(self, lanes, src_rows, dst_rows) -> QuantLaunches:
-        lay, parts = self.layout, []
-        for j, quantize in zip(lay.jobs, self._quantize):  # device rows, then host rows
-            parts += (src_rows[j].cpu(), dst_rows[j].cpu()) if quantize else \
-                (dst_rows[j].cpu(), src_rows[j].cpu())
-        kept = self._kept
-        if kept is not None:  # the rows into the kept meta, before its segments: one copy
-            runtime.upload(parts, self.device, out=kept.meta[:kept.meta.numel() - lay.segs.numel()])
-            return kept
-        # one upload per load, on the launching stream (`runtime`: the load's call budget)
-        launches = QuantLaunches(self, runtime.upload([*parts, lay.segs], self.device))
-        if self.keep:
-            self._kept = launches
-        return launches
-
-
-class QuantLaunches(Launches):
-    """One load's launches of every group, sharing one ``meta`` buffer."""
-
-    def __init__(self, prepared: QuantPrepared, meta: torch.Tensor) -> None:
-        self.counters, self.meta = prepared.counters, meta
-        self.groups, self._calls = prepared.layout.launches, prepared.layout.calls
-        self._bound: BoundQuant | None = None  # bound at the first launch
-
-    @property
-    def num_groups(self) -> int:
-        return len(self.groups)
-
-    def counts(self, group: int) -> bool:
-        return bool(self.groups[group])
-
-    def live(self) -> list:
-        return self.groups
-
-    def direct(self) -> BoundQuant:
-        """The pre-bound launcher (`BoundQuant`)."""
-        if self._bound is None:
-            self._bound = BoundQuant(self.meta, self._calls)
-        return self._bound
-
-    def _launch(self, group: int) -> None:
-        """Launch group ``group`` through the load's pre-bound launcher."""
-        runtime.launch(self._bound or self.direct(), group)
+    def launcher(self, meta: torch.Tensor) -> BoundQuant:
+        return BoundQuant(meta, self.layout.calls)
 
 
 class BoundQuant:

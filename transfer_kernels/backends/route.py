@@ -16,8 +16,9 @@ constructed, or by a backend for the tables of a checked ``copy_rows`` call — 
 
 The route keeps its tables through weak references unless ``hold``: a cache of routes
 never keeps a pool alive. A held route is a controller's: it owns its tables anyway, and
-its loads all run on one stream (one route per direction), so its prepared objects keep
-their device buffers from load to load (`CopyBackend.lay_out`'s ``keep``).
+its loads run one at a time on one stream (one route per direction; the controller's lock),
+so its prepared objects keep their device buffers from load to load (`CopyBackend.lay_out`'s
+``keep``). A route that is not held may be loaded from any number of threads at once.
 """
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ class Route:
         backend: the `CopyBackend` that moves the lanes.
         lanes: per job, (src, dst, layers); ``layers`` table-local.
         device: where the copies execute (``rows.plan.exec_device`` of the lanes).
-        hold: keep the tables alive (else weak references); every load of the route runs
-            on one stream (its prepared objects keep their device buffers).
+        hold: keep the tables alive (else weak references); the loads of the route run one
+            at a time on one stream (its prepared objects keep their device buffers).
 
     Raises:
         ValueError: the backend cannot move these tables (its check, made once here).
@@ -87,17 +88,23 @@ class Route:
         offered to the backend (`CopyBackend.lay_out`'s ``like``): what does not depend on
         the size class is shared with it where it fits, not built again.
 
+        Under the backend's lock: threads that miss the same class at once build it once.
+
         Args:
             tag: kept on the prepared object for its caller (e.g. its groups' model-layer
                 bounds).
         """
-        like = next(reversed(self._by_class.values()), None)  # the newest class, offered
-        got = self.backend.lay_out(plan, groups, self.decided, self._held is not None, like)
-        got.tag = tag
-        self.built += 1
-        if len(self._by_class) >= CACHE_SIZE:
-            del self._by_class[next(iter(self._by_class))]
-        self._by_class[key] = got
+        with self.backend.lock:
+            got = self._by_class.get(key)
+            if got is not None:
+                return got
+            like = next(reversed(self._by_class.values()), None)  # the newest class, offered
+            got = self.backend.lay_out(plan, groups, self.decided, self._held is not None, like)
+            got.tag = tag
+            self.built += 1
+            if len(self._by_class) >= CACHE_SIZE:
+                del self._by_class[next(iter(self._by_class))]
+            self._by_class[key] = got
         return got
 
     def plan(self, src_rows: Sequence[torch.Tensor], dst_rows: Sequence[torch.Tensor]) -> CopyPlan:

@@ -21,16 +21,20 @@ orders the DMA stream after the caller's stream.
 Staging rings: one per (device, direction), ``max_staging_bytes`` each, allocated on first
 use and reused by every load (default 128 MiB: a 64-page DeepSeek-V4-Pro load, 98.6 MB,
 fits whole). Each staged job of a load gets its own region; a job that does not fit what
-is left goes straight through the kernel. A load that starts waits (on the device) for the
-previous user of the ring; the plan that started last owns it, and an older plan that
-launches after that raises ``RuntimeError`` instead of racing it.
+is left goes straight through the kernel. Every size class lays its regions out from the
+ring's first byte, so a load holds the ring from its first launch to its last
+(`launches.take`): a load of another thread waits on the host (CUDA: and its first DMA or
+gather waits on the device for the device work that used the ring before); a later load
+of the same thread takes the ring over, and the older load raises ``RuntimeError`` at its
+next launch instead of racing it.
 
 The host work of a load does not grow with its layers or groups beyond one pass over its
 pieces: which side of a lane can be staged is decided once per route (`decide_lanes`), and
-a size class's staging is laid out once (`lay_out` -> `dma.StagedPrepared`: staging tables,
-every piece's fixed fields sorted by issuing group, the kernel's layout); a load fills in
-its host rows' addresses in one vectorized step per ring, the kernel uploads its indices
-once, and each group issues its slice of the pieces in one call (`dma.StagedLaunches`).
+a size class's staging is laid out once (`lay_out` -> a `launches.Prepared` with the
+staging tables, every piece's fixed fields sorted by issuing group (`staging.RingLayout`)
+and the kernel's step); a load fills in its host rows' addresses in one vectorized step per
+ring, the kernel uploads its indices once, and each group issues its slice of the pieces
+in one call (the loop: `launches.Launches`).
 
 On a CPU plan the same steps run in program order: memmoves for the DMA, no-ops for the
 events (counted all the same: ``copies``, ``records``, ``waits`` are what the CUDA path
@@ -44,7 +48,6 @@ import torch
 
 from transfer_kernels import tuning
 from transfer_kernels.backends.base import CopyBackend
-from transfer_kernels.backends.dma import DmaQueue, StagedPrepared
 from transfer_kernels.backends.launches import Prepared
 from transfer_kernels.backends.ring import Ring
 from transfer_kernels.backends.staging import (StagedJob, host_side, layer_groups, page_piece_bytes,
@@ -53,11 +56,12 @@ from transfer_kernels.rows import CopyPlan, Lane, LaunchGroups, PlannedJob
 
 
 class StagedBackend(CopyBackend):
-    """``"dma"``: stages page chunks of ``page_first`` host pools (module docstring).
+    """``"dma"``: stages page chunks of ``page_first`` host pools (module docstring). Safe
+    from any number of threads: a load holds its rings from its first launch to its last.
 
     Attributes:
-        dma: the DMA calls and event ordering (`dma.DmaQueue`), with their counts
-            (``copies``, ``pieces``, ``records``, ``waits`` read them).
+        copies / pieces / records / waits: the DMA calls, pieces, event records and
+            stream waits its rings issued (`launches.DmaQueue`; counted on the CPU too).
         built: size classes laid out (route cache misses); for tests.
     """
 
@@ -92,36 +96,22 @@ class StagedBackend(CopyBackend):
             from transfer_kernels.backends.triton import TritonBackend
             kernel = TritonBackend()
         self.kernel, self.min_piece_bytes = kernel, min_piece_bytes
-        self.max_staging_bytes, self.window_growth = max_staging_bytes, window_growth
-        self.dma = DmaQueue(batch)
+        self.max_staging_bytes, self.window_growth, self.batch = max_staging_bytes, window_growth, batch
         self.built = 0
         self._rings: dict[tuple[str, str], Ring] = {}
 
-    @property
-    def copies(self) -> int:
-        """DMA calls issued."""
-        return self.dma.copies
+    def _dma_total(self, field: str) -> int:
+        return sum(getattr(r.dma, field) for r in list(self._rings.values()))
 
-    @property
-    def pieces(self) -> int:
-        """Pieces the DMA calls moved."""
-        return self.dma.pieces
-
-    @property
-    def records(self) -> int:
-        """Event records issued (CUDA; counted on CPU too)."""
-        return self.dma.records
-
-    @property
-    def waits(self) -> int:
-        """Stream waits issued (CUDA; counted on CPU too)."""
-        return self.dma.waits
+    copies = property(lambda self: self._dma_total("copies"), doc="DMA calls issued.")
+    pieces = property(lambda self: self._dma_total("pieces"), doc="Pieces the DMA calls moved.")
+    records = property(lambda self: self._dma_total("records"), doc="Event records (counted on the CPU too).")
+    waits = property(lambda self: self._dma_total("waits"), doc="Stream waits (counted on the CPU too).")
 
     @property
     def held_bytes(self) -> int:
         """Staging bytes allocated (rings used so far)."""
-        return sum(r.nbytes for r in self._rings.values() if r.allocated)
-
+        return sum(r.nbytes for r in list(self._rings.values()) if r.allocated)
     def check(self, plan: CopyPlan) -> None:
         """The kernel backend's check (the unstaged jobs and the scatter go through it;
         converting jobs through its quant backend, `CopyBackend.check_split`)."""
@@ -168,7 +158,12 @@ class StagedBackend(CopyBackend):
             like: another class's prepared object: its kernel preparation is offered to
                 the kernel's (which shares what fits: staging tables are the class's own).
         """
-        self.built += 1
+        with self.lock:
+            self.built += 1
+            return self._lay_out(plan, groups, decided, keep, like)
+
+    def _lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any, keep: bool,
+                 like: Prepared | None) -> Prepared:
         jobs = plan.jobs
         if decided is None:
             sides = self.sides(plan)
@@ -191,9 +186,10 @@ class StagedBackend(CopyBackend):
                 kernel_jobs[j] = (PlannedJob(staging, job.dst, local, job.dst_rows, job.layers) if h2d
                                   else PlannedJob(job.src, staging, job.src_rows, local, job.layers))
             plan = plan.subset(kernel_jobs)
-        inner = self.kernel.lay_out(plan, groups, None, keep,
-                                    like.inner if isinstance(like, StagedPrepared) else None)
-        return StagedPrepared(self, self.dma, tuple(rings), swaps, inner, tuple(stages))
+        # the kernel's preparation over the staging tables; ``like`` is another class's
+        # prepared object of this backend, whose kernel step the kernel may share from
+        inner = self.kernel.lay_out(plan, groups, None, keep, like)
+        return Prepared(inner.kernel, tuple(rings), swaps, tuple(stages)).count_by(self.launch_count)
 
     def _stage_jobs(self, plan: CopyPlan, groups: LaunchGroups,
                     sides: Sequence[str | None]) -> list[StagedJob]:
@@ -216,5 +212,5 @@ class StagedBackend(CopyBackend):
         key = (str(plan.device), direction)
         ring = self._rings.get(key)
         if ring is None:
-            ring = self._rings[key] = Ring(plan.device, direction, self.max_staging_bytes)
+            ring = self._rings[key] = Ring(plan.device, direction, self.max_staging_bytes, self.batch)
         return ring

@@ -17,7 +17,7 @@ touched.
 
 A load of a seen shape reuses its layout (``RingLayout``: every piece's staging address,
 bytes and host offset, sorted by issuing group) and only fills in its host rows' addresses
-(`dma.StagedPrepared.start`: one vectorized pass). Pieces are never merged across consecutive host rows:
+(`launches.Prepared.start`: one vectorized pass). Pieces are never merged across consecutive host rows:
 that would be a run analysis of every batch and a piece count that changes per batch, for
 rows that are >= 32 KiB whenever ``auto`` stages them (and never straddle a pinned
 registration chunk, so no piece needs cutting).

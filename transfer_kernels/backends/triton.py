@@ -16,20 +16,19 @@ the launch).
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
 from transfer_kernels import tuning
 from transfer_kernels.backends.base import CopyBackend, all_pairs
-from transfer_kernels.backends.launches import Launches, Prepared
+from transfer_kernels.backends.launches import Prepared, Upload
 from transfer_kernels.backends.quant_triton import TritonQuantBackend
 from transfer_kernels.backends.triton_layout import Layout, Static, layout
-from transfer_kernels.cuda import runtime
 from transfer_kernels.cuda.abi import MAGIC_BITS
 from transfer_kernels.rows import CopyPlan, LaunchGroups
 
-__all__ = ["Launch", "LaunchSet", "TritonBackend", "TritonLaunches", "build_launch", "kernel_module"]
+__all__ = ["Launch", "TritonBackend", "TritonKernel", "build_launch", "kernel_module"]
 
 
 def kernel_module():
@@ -70,7 +69,6 @@ class TritonBackend(CopyBackend):
         self.tile_bytes = tile_bytes
         self.vpt = tile_bytes // 16
         self.num_warps = num_warps or tuning.triton_warps(tile_bytes)
-        self._last: tuple[LaunchSet, int] | None = None  # the latest launch, for tests
 
     def check(self, plan: CopyPlan) -> None:
         """Raise ``ValueError`` when a host side of a CUDA plan is not pinned (no UVA), or
@@ -93,11 +91,6 @@ class TritonBackend(CopyBackend):
         return (tuning.TRITON_MAX_PROGRAMS if device.type == "cuda"
                 else tuning.TRITON_INTERPRET_MAX_PROGRAMS)
 
-    @property
-    def last_launch(self) -> Launch | None:
-        """The latest kernel launch's arguments (for tests), or ``None`` before any."""
-        return None if self._last is None else self._last[0].launch_args(self._last[1])
-
     def lay_out(self, plan: CopyPlan, groups: LaunchGroups, decided: Any = None,
                 keep: bool = False, like: Prepared | None = None) -> Prepared:
         """The size class's layout: every group's segments and program tables at once
@@ -105,9 +98,9 @@ class TritonBackend(CopyBackend):
         ``like``'s where it fits (`triton_layout.Static.fits`), else built now."""
         if plan.has_quant:
             return self._lay_out_split(plan, groups, keep)
-        static = like.static if isinstance(like, TritonPrepared) else None
+        static = like.kernel.static if like is not None and isinstance(like.kernel, TritonKernel) else None
         static, lay = layout(plan, groups, self.grid_cap(plan.device), self.vpt, static)
-        return TritonPrepared(self, lay, plan.device, keep, static)
+        return Prepared(TritonKernel(self, lay, plan.device, keep, static))
 
     def _make_quant_backend(self, device: torch.device) -> CopyBackend:
         """The fused quantize/dequantize kernel, interpreted on a CPU plan like this one."""
@@ -131,118 +124,34 @@ class Launch(NamedTuple):
         return self.seg_end - self.seg_begin
 
 
-class LaunchSet(NamedTuple):
-    """The launches of several groups sharing one ``meta`` buffer."""
-
-    meta: torch.Tensor
-    layout: Layout
-    vpt: int
-    num_warps: int
-
-    def launch_args(self, group: int) -> Launch:
-        lay = self.layout
-        return Launch(self.meta, lay.prog_at[group], lay.grids[group], self.vpt, lay.aligns[group],
-                      self.num_warps, lay.bounds[group], lay.bounds[group + 1])
-
-
-class TritonPrepared(Prepared):
-    """A size class's layout (segments with the views' addresses, program tables) and its
-    static part (the next class of the route may take it); a load uploads the layout with
-    its rows in one copy on the launching stream. With ``keep`` (a route whose loads run
-    on one stream) the first load's ``meta`` buffer and its launches are kept: a later
-    load writes only its rows into it (one copy, stream-ordered after the previous load's
-    launches) and launches through the same bound launcher."""
+class TritonKernel(Upload):
+    """A size class's kernel step: its layout (segments with the views' addresses, program
+    tables) and the layout's static part (the next class of the route may take it); a load
+    uploads the layout's head with its rows in one copy on the launching stream and launches
+    through one pre-bound launcher (`copy_kernel.BoundLaunches`), kept with ``keep``."""
 
     def __init__(self, backend: TritonBackend, lay: Layout, device: torch.device, keep: bool = False,
                  static: Static | None = None) -> None:
-        self.backend, self.layout, self.device, self.keep = backend, lay, device, keep
-        self.static = static
-        self.counters = (backend,)
-        self._kept: TritonLaunches | None = None  # keep: the launches over the kept meta
+        super().__init__(device, tuple((j, True) for j in lay.used), lay.head, None, keep)
+        self.layout, self.static, self.vpt, self.num_warps = lay, static, backend.vpt, backend.num_warps
+        self.live = lay.grids
+        self.counts = ((backend.launch_count, self.live),)
 
-    @property
-    def num_groups(self) -> int:
-        return len(self.layout.grids)
+    def launcher(self, meta: torch.Tensor) -> Any:
+        lay = self.layout
+        return kernel_module().BoundLaunches(meta, lay.prog_at, lay.grids, lay.aligns, self.vpt, self.num_warps)
 
-    def start(self, lanes, src_rows, dst_rows) -> TritonLaunches:
-        lay, backend, kept = self.layout, self.backend, self._kept
-        if lay.head is None:
-            return TritonLaunches(backend, LaunchSet(torch.empty(0, dtype=torch.int64), lay, backend.vpt,
-                                                     backend.num_warps), self.counters)
-        rows = []
-        for j in lay.used:
-            rows += (src_rows[j], dst_rows[j])
-        if kept is not None:  # the rows into the kept meta, after its head: one copy
-            runtime.upload(rows, self.device, out=kept.launch_set.meta[lay.head.numel():])
-            return kept
-        # one index upload per load (the head is never written: a cached copy)
-        meta = runtime.upload([lay.head, *rows], self.device)
-        launches = TritonLaunches(backend, LaunchSet(meta, lay, backend.vpt, backend.num_warps), self.counters)
-        if self.keep:
-            self._kept = launches
-        return launches
-
-
-class TritonLaunches(Launches):
-    """One load's launches: one staged ``meta`` buffer, one program table per group. A
-    launch reads its table offset, grid and alignment from tuples: no per-launch object is
-    built."""
-
-    def __init__(self, backend: TritonBackend, launch_set: LaunchSet, counters: tuple) -> None:
-        self.backend, self.launch_set, self.counters = backend, launch_set, counters
-        self._grids = launch_set.layout.grids
-        self._bound = None  # bound at the first launch (importing triton costs a second)
-
-    @property
-    def num_groups(self) -> int:
-        return len(self._grids)
-
-    @property
-    def launches(self) -> list[Launch]:
-        """Every group's launch arguments (for tests and inspection)."""
-        return [self.launch_set.launch_args(g) for g in range(self.num_groups)]
-
-    def counts(self, group: int) -> bool:
-        return self._grids[group] > 0
-
-    def live(self) -> tuple[int, ...]:
-        return self._grids
-
-    def direct(self):
-        """The pre-bound launcher (`copy_kernel.BoundLaunches`)."""
-        return self._bound or self._bind()
-
-    def run(self, events: Sequence[Any], stream: Any) -> None:
-        """Every group, each followed by its event record: three calls per group."""
-        grids = self._grids
-        live = sum(1 for grid in grids if grid)
-        for backend in self.counters:
-            backend.launches += live
-        bound = self._bound or self._bind()
-        launch, record = runtime.launch, runtime.record
-        for g in range(len(grids)):
-            if grids[g]:
-                self.backend._last = (self.launch_set, g)
-                launch(bound, g)
-            record(events[g], stream)
-
-    def _launch(self, group: int) -> None:
-        """Launch group ``group`` through the pre-bound launcher: stream handle and compiled
-        kernels resolved once per load."""
-        self.backend._last = (self.launch_set, group)
-        runtime.launch(self._bound or self._bind(), group)
-
-    def _bind(self):
-        """The pre-bound launcher, built at the first launch."""
-        ls = self.launch_set
-        lay = ls.layout
-        self._bound = kernel_module().BoundLaunches(ls.meta, lay.prog_at, lay.grids,
-                                                    lay.aligns, ls.vpt, ls.num_warps)
-        return self._bound
+    def launch_args(self, meta: torch.Tensor, group: int) -> Launch:
+        """Group ``group``'s launch over a load's ``meta`` (for tests and inspection)."""
+        lay = self.layout
+        return Launch(meta, lay.prog_at[group], lay.grids[group], self.vpt, lay.aligns[group],
+                      self.num_warps, lay.bounds[group], lay.bounds[group + 1])
 
 
 def build_launch(plan: CopyPlan, backend: TritonBackend) -> Launch:
     """The single launch of every job and layer of ``plan`` (tests inspect it)."""
     prepared = backend.lay_out(plan, (all_pairs(plan),))
     jobs = plan.jobs
-    return prepared.start(jobs, [j.src_rows for j in jobs], [j.dst_rows for j in jobs]).launch_set.launch_args(0)
+    launcher = prepared.start(jobs, [j.src_rows for j in jobs], [j.dst_rows for j in jobs]).launcher
+    meta = torch.empty(0, dtype=torch.int64) if launcher is None else launcher.meta
+    return prepared.kernel.launch_args(meta, 0)

@@ -141,7 +141,8 @@ def launch_copy_rows(meta: torch.Tensor, prog_at: int, grid: int, vpt: int, alig
         num_warps: warps per program (ignored by the interpreter).
     """
     if meta.device.type == "cpu":
-        _interpreted[(grid,)](meta, prog_at, NF=SEG_FIELDS, VPT=vpt, ALIGN=align)
+        with runtime.INTERPRETER:  # the interpreter is not thread-safe
+            _interpreted[(grid,)](meta, prog_at, NF=SEG_FIELDS, VPT=vpt, ALIGN=align)
         return
     key = (meta.device.index, vpt, align, num_warps)
     kernel = _launchers.get(key)

@@ -13,6 +13,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
+from transfer_kernels.cuda import runtime
 from transfer_kernels.quant.reference import dequantize_int8_ref
 
 # no FMA contraction: f * inv is rounded once before the rounding add (as torch rounds it)
@@ -115,7 +116,8 @@ def run(meta: torch.Tensor, seg_at: int, grid: tuple[int, int], *, device: torch
     device; ``device``: the CUDA device to make current first (``None``: it is)."""
     consts = dict(TINY=tiny, QUANTIZE=quantize, BF16=bf16, VEC=vec, BLOCK_D=block_d, BV=bv)
     if meta.device.type == "cpu":
-        _interpreted[grid](meta, seg_at, INTERP=True, NAN_BF16=cpu_nan_bf16(), **consts)
+        with runtime.INTERPRETER:  # the interpreter is not thread-safe
+            _interpreted[grid](meta, seg_at, INTERP=True, NAN_BF16=cpu_nan_bf16(), **consts)
     elif device is None:
         _compiled[grid](meta, seg_at, INTERP=False, NAN_BF16=CUDA_NAN_BF16, **COMPILE_OPTIONS, **consts)
     else:

@@ -14,18 +14,27 @@ count a CPU test takes is the count the CUDA path makes.
     upload(parts, device)      int64 parts -> one tensor on ``device`` (one copy)
     launch(launcher, group)    one pre-bound kernel launch of a prepared plan
     record(event, stream)      one event record on an explicit stream (no stream lookup)
+    DmaQueue                   a staging ring's DMA calls, event records and stream waits
+                               (cudart), counted
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["bind_stream", "device_is_current", "launch", "record", "stream_handle", "upload"]
+from transfer_kernels.cuda import cudart
+
+__all__ = ["DmaQueue", "INTERPRETER", "bind_stream", "device_is_current", "launch", "record", "stream_handle", "upload"]
 
 
 _local = threading.local()  # .bound: (device index, stream handle) made current by bind_stream
+# The Triton interpreter (CPU plans) patches ``triton.language`` process-wide while it runs a
+# kernel: two at once in two threads break each other. One interpreted launch at a time.
+INTERPRETER = threading.Lock()
 
 
 def bind_stream(bound: tuple[int, int] | None) -> tuple[int, int] | None:
@@ -91,3 +100,48 @@ def record(event: Any, stream: Any) -> None:
         event.record()
     else:
         event.record(stream)
+
+
+class DmaQueue:
+    """One staging ring's DMA calls and event ordering, counted (on the CPU too: what the
+    CUDA path issues) by its holder alone. ``batch``: ``cudaMemcpyBatchAsync`` (``None``:
+    when the runtime has it); ``copies`` / ``pieces`` / ``records`` / ``waits``: the counts."""
+
+    def __init__(self, batch: bool | None = None) -> None:
+        self.batch = batch
+        self.copies = self.pieces = self.records = self.waits = 0
+
+    def issue(self, ring: Any, pieces: np.ndarray, caller: int) -> None:
+        """DMA ``pieces`` (``[3, n]`` dst, src, bytes) on ``ring``'s stream, then its done
+        event, which the ``caller`` stream waits for. CUDA: one ``cudaMemcpyBatchAsync``
+        (>= 12.8; the uint64 slice in place), else a ``cudaMemcpyAsync`` per piece; the
+        CPU: a memmove per piece (live tensors' addresses), the events counted only."""
+        self.pieces += pieces.shape[1]
+        self.records += 1
+        self.waits += 1
+        if not ring.cuda:
+            for d, s, n in pieces.T.tolist():
+                ctypes.memmove(d, s, n)
+            self.copies += 1
+            return
+        if cudart.batch_available() if self.batch is None else self.batch:
+            cudart.memcpy_batch_rows(pieces, ring.stream)
+            self.copies += 1
+        else:
+            for d, s, n in pieces.T.tolist():
+                cudart.memcpy_async(d, s, n, ring.stream)
+            self.copies += pieces.shape[1]
+        cudart.event_record(ring.events[1], ring.stream)
+        cudart.stream_wait_event(caller, ring.events[1])
+
+    def record(self, ring: Any, event: int, stream: int) -> None:
+        """Record ``event`` on ``stream`` (CUDA; counted everywhere)."""
+        if ring.cuda:
+            cudart.event_record(event, stream)
+        self.records += 1
+
+    def wait(self, ring: Any, stream: int, event: int) -> None:
+        """Make ``stream`` wait for ``event`` (CUDA; counted everywhere)."""
+        if ring.cuda:
+            cudart.stream_wait_event(stream, event)
+        self.waits += 1

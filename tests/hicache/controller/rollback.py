@@ -12,7 +12,6 @@ import torch
 
 from hicache.controller.batch import Op
 from hicache.controller.groups import LoadGroups
-from hicache.controller.launcher import batch_rows
 
 
 def load_groups(ctrl: Any, host_kv: torch.Tensor, extra: dict | None = None) -> LoadGroups:
@@ -20,8 +19,7 @@ def load_groups(ctrl: Any, host_kv: torch.Tensor, extra: dict | None = None) -> 
     src = {ctrl.stack.anchor.name: host_kv, **(extra or {})}
     src = {n: s for n, s in src.items() if s.numel()}
     planner = ctrl._planners["h2d"]
-    pool_set = planner.pool_sets[frozenset(src)]
-    _, _, rows = batch_rows(pool_set, [Op(0, "h2d", src, src)], src, planner.dst_pages)
+    pool_set, _, _, rows = planner.rows([Op(0, "h2d", src, src)])
     return ctrl.load_groups.groups(pool_set.pools, rows)
 
 
@@ -38,7 +36,7 @@ def arm_later_group(ctrl: Any, faulty: Any, host_kv: torch.Tensor, extra: dict |
     count = len(groups.groups)
     assert count >= min_groups >= 2, f"the load has {count} launch groups, the test needs {min_groups}"
     assert all(groups.groups), "every group launches"
-    faulty.fail_on_launch = faulty.launches + count  # FaultyLaunches counts each group's launch
+    faulty.fail_on_launch = faulty.attempts + count  # each group's launch is an attempt
     return count - 1, groups.layers[count - 1]
 
 

@@ -238,7 +238,7 @@ def test_fault_rolls_back_then_retry_succeeds(direction, gen):
     else:
         backup(cache, *alloc_device(cache, 1, 0)[:1], {})  # one launch, it succeeds
         before = allocator_state(cache)
-        faulty.fail_on_launch = faulty.launches + 1  # a backup is one launch: it raises
+        faulty.fail_on_launch = faulty.attempts + 1  # a backup is one launch: it raises
         ctrl.write(kv, extra)
         ctrl.start_writing()
     acks = ctrl.poll()

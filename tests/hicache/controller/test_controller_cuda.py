@@ -66,7 +66,7 @@ def test_rollback_on_cuda_frees_and_signals_every_layer(gen, which):
     ctrl.load_groups.min_bytes = 0
     arm_later_group(ctrl, faulty, host["kv"], {"swa": host["swa"]}, min_groups=3)
     if which == "first":
-        faulty.fail_on_launch = faulty.launches + 1
+        faulty.fail_on_launch = faulty.attempts + 1
     before = allocator_state(cache)
     assert ctrl.load(host["kv"], {"swa": host["swa"]}) is not None
     assert ctrl.start_loading() is None  # rolled back: no consumer to wait on

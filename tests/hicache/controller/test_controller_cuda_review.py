@@ -51,7 +51,7 @@ class _CopiesThenFails(CopyBackend):
 
     def __init__(self, inner: str) -> None:
         super().__init__()
-        self.inner = get_backend(inner, fresh=True)
+        self.inner = get_backend(inner)
 
     def _execute(self, plan) -> None:
         self.inner.execute(plan)

@@ -10,7 +10,7 @@ from hicache.models import preset
 from tests.hicache.controller.test_controller import BIG, STACKS, _equal, allocator_state, make, snapshot
 from tests.hicache.controller.test_controller_transfers import _load, _stored
 from transfer_kernels import FaultyBackend, NullBackend, StagedBackend, TorchBackend, tuning
-from transfer_kernels.backends.dma import DmaQueue
+from transfer_kernels.cuda.runtime import DmaQueue
 from transfer_kernels.cuda import runtime
 
 
@@ -62,7 +62,7 @@ def test_rollback_when_any_group_fails(gen, fail_on):
     assert _per_layer(cache) == 4
 
     def arm():
-        faulty.fail_on_launch = faulty.launches + fail_on
+        faulty.fail_on_launch = faulty.attempts + fail_on
     _rollback_then_retry(cache, gen, arm)
 
 
@@ -90,16 +90,22 @@ def test_rollback_when_any_dma_fails(gen, monkeypatch, fail_on):
 def per_group_calls(monkeypatch, staged: StagedBackend) -> list[tuple[int, ...]]:
     """A log filled from now on: per launch group (each ends with its layer event's
     ``runtime.record``, made on the CPU too), the (DMA calls, event records, stream waits,
-    kernel launches) it issued."""
+    kernel launches) it issued; launches are seen at their hook, ``runtime.launch``."""
     log: list[tuple[int, ...]] = []
-    last = [(staged.copies, staged.records, staged.waits, staged.kernel.launches)]
-    real = runtime.record
+    launched = [0]
+    last = [(staged.copies, staged.records, staged.waits, 0)]
+    real_record, real_launch = runtime.record, runtime.launch
+
+    def launch(launcher, group: int) -> None:
+        launched[0] += 1
+        real_launch(launcher, group)
 
     def record(event, stream) -> None:
-        now = (staged.copies, staged.records, staged.waits, staged.kernel.launches)
+        now = (staged.copies, staged.records, staged.waits, launched[0])
         log.append(tuple(b - a for a, b in zip(last[0], now)))
         last[0] = now
-        real(event, stream)
+        real_record(event, stream)
+    monkeypatch.setattr(runtime, "launch", launch)
     monkeypatch.setattr(runtime, "record", record)
     return log
 
@@ -122,7 +128,7 @@ def test_dsv4_pro_16_page_load_call_budget(monkeypatch):
     assert ctrl.load(host["kv"], {"swa": host["swa"]}) is not None
     assert ctrl.start_loading() is not None
     assert [a.success for a in ctrl.poll()] == [True]
-    assert log[-1] == (0, 0, 0, 0)  # the batch's ack event: nothing issued after the last group
+    assert log[-1] == (0, 1, 0, 0)  # the batch's ack event: after the last group, the ring freed
     log = log[:-1]
     assert len(log) >= 16  # ~1 MB launch groups
     assert log[0] == (1, 2, 2, 1)

@@ -96,7 +96,7 @@ def test_dma_rollback_frees_and_retry_succeeds(gen, which):
     before = allocator_state(cache)
     arm_later_group(ctrl, faulty, host["kv"], {"swa": host["swa"]}, min_groups=4)
     if which == "first":
-        faulty.fail_on_launch = faulty.launches + 1
+        faulty.fail_on_launch = faulty.attempts + 1
     assert ctrl.load(host["kv"], {"swa": host["swa"]}) is not None
     assert ctrl.start_loading() is None
     assert ctrl.rolled_back_ops() == {ctrl.last_op_id}  # CPU: freed at once

@@ -1,4 +1,4 @@
-"""A batch's pool set (`BatchPlanner`, fixed at construction) and its rows (`batch_rows`)
+"""A batch's pool set (`BatchPlanner`, fixed at construction) and its rows (`BatchPlanner.rows`)
 make exactly the plan of the oracles ``plan_jobs`` + ``trusted_plan`` (issue 21).
 
 The rows come from the allocator's pages where a page is one row; whatever path they take,
@@ -15,7 +15,6 @@ from tests.hicache.controller.oracles import plan_jobs
 from tests.hicache.controller.test_controller import STACKS, alloc_device, backup, fill_random, make
 from tests.transfer_kernels.oracles import trusted_plan
 from hicache.controller.batch import merge
-from hicache.controller.launcher import batch_rows
 from transfer_kernels import CopyPlan, PlannedJob
 
 
@@ -38,9 +37,8 @@ def _queued_loads(cache, how: str, gen) -> list:
 def _plan(ctrl, ops, direction: str):
     """The batch's plan as the controller launches it: its pool set's lanes with its rows."""
     planner = ctrl._planners[direction]
-    src = merge(ops, "src")
-    pool_set = planner.pool_sets[frozenset(src)]
-    src_rows, dst_rows, rows = batch_rows(pool_set, ops, src, planner.dst_pages)
+    pool_set, src_rows, dst_rows, rows = planner.rows(ops)
+    assert pool_set is planner.pool_sets[frozenset(merge(ops, "src"))]
     jobs = tuple(PlannedJob(lane.src, lane.dst, s, d, lane.layers)
                  for lane, s, d in zip(pool_set.lanes, src_rows, dst_rows))
     return CopyPlan(jobs, planner.device), pool_set.pools, rows
