@@ -9,11 +9,12 @@ a few named methods (composition; each part a module; the life of an operation:
                           loadable stamps; edge checks, destinations    (+ .edge, .alloc)
     OpQueue               op ids, queued ops, batches in flight         hicache.controller.queue
     BatchPlanner (x2)     per direction: the row tables, what a batch   hicache.controller.planner
-                          of each pool set moves (fixed at build)
+                          of each pool set moves (fixed at build); a
+                          batch's pool set and rows
     LoadGrouper           the loads' launch groups (``load_groups``)    hicache.controller.groups
     Launcher              backend and its route per (direction, pool    hicache.controller.launcher
                           set), copy streams, batch events; a batch's
-                          rows and launch, a failed launch's signals
+                          launch, a failed launch's signals
     LayerDoneCounter      the load events per layer (``layer_done``)    hicache.controller.layer_sync
     BatchStats            the counters; each ack's tokens and bytes     hicache.controller.stats
 
@@ -24,6 +25,7 @@ counted (`BatchStats`) and its event recycled (`Launcher`).
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -64,7 +66,12 @@ class HybridCacheController:
             (default ``tuning.LOAD_GROUP_MIN_BYTES``) may be changed between batches.
         backend: the copy backend (assigning one launches later batches through it).
         last_op_id: the id of the op queued last.
-    Not thread-safe: call from the scheduler thread.
+        mutex: the controller's re-entrant lock: every public call runs whole under it.
+            Hold it across calls that must see one state (``with ctrl.mutex:`` a ``write``,
+            then ``last_op_id``).
+    Thread-safe: any number of threads may call it. Acks go to whichever thread polls (a
+    tree owns its controller's: it polls for everyone). ``layer_done`` is read by the
+    compute stream's thread as ever (`LayerDoneCounter.wait_until`).
     """
 
     def __init__(self, device_pools: Mapping[str, DevicePool], host_group: HostPoolGroup,
@@ -90,6 +97,7 @@ class HybridCacheController:
         self._launcher = Launcher(chosen, self._planners, self.load_groups, self.layer_done, streams)
         self._stats = BatchStats(self.stack)
         self.closed = False
+        self.mutex = threading.RLock()  # every public call runs whole under it
 
     @property
     def backend(self) -> CopyBackend:
@@ -98,7 +106,8 @@ class HybridCacheController:
 
     @backend.setter
     def backend(self, backend: CopyBackend) -> None:
-        self._launcher.use(backend)
+        with self.mutex:
+            self._launcher.use(backend)
 
     @property
     def last_op_id(self) -> int:
@@ -139,11 +148,12 @@ class HybridCacheController:
                 own-indexed pool of the stack. Nothing changes.
             RuntimeError: the controller is closed.
         """
-        self._check_open()
-        op = self._slots.backup(device_indices, extra, trusted)
-        if op is None:
-            return None
-        dst = self._queue.enqueue(op)  # the op's own dict: a trusted caller leaves it unchanged
+        with self.mutex:
+            self._check_open()
+            op = self._slots.backup(device_indices, extra, trusted)
+            if op is None:
+                return None
+            dst = self._queue.enqueue(op)  # the op's own dict: a trusted caller leaves it unchanged
         return dst if trusted else dict(dst)
 
     def load(self, host_indices: Any, extra: Mapping[str, Any] | None = None, *,
@@ -167,11 +177,12 @@ class HybridCacheController:
                 Also when a server allocator hands out bad slots (they are given back).
             RuntimeError: the controller is closed.
         """
-        self._check_open()
-        op = self._slots.load(host_indices, extra, trusted)
-        if op is None:
-            return None
-        dst = self._queue.enqueue(op)
+        with self.mutex:
+            self._check_open()
+            op = self._slots.load(host_indices, extra, trusted)
+            if op is None:
+                return None
+            dst = self._queue.enqueue(op)
         return dst if trusted else dict(dst)
 
     def load_many(self, requests: Sequence[tuple[Any, Mapping[str, Any] | None]], *,
@@ -214,11 +225,12 @@ class HybridCacheController:
 
     def _many(self, direction: str, requests: Any, trusted: bool) -> list[dict] | None:
         requests = requests_of(requests)
-        self._check_open()
-        ops = self._slots.many(direction, requests, trusted)
-        if ops is None:
-            return None
-        got = [self._queue.enqueue(op) for op in ops]
+        with self.mutex:
+            self._check_open()
+            ops = self._slots.many(direction, requests, trusted)
+            if ops is None:
+                return None
+            got = [self._queue.enqueue(op) for op in ops]
         return got if trusted else [dict(dst) for dst in got]
 
     def mark_host_written(self, host_indices: Any, extra: Mapping[str, Any] | None = None) -> None:
@@ -236,8 +248,9 @@ class HybridCacheController:
             ValueError: bad slots or pool names, or slots that are not allocated (nothing changes).
             RuntimeError: the controller is closed.
         """
-        self._check_open()
-        self._slots.mark_written(host_indices, extra)
+        with self.mutex:
+            self._check_open()
+            self._slots.mark_written(host_indices, extra)
 
     # ---- launching -------------------------------------------------------------------
     def start_writing(self) -> None:
@@ -246,8 +259,9 @@ class HybridCacheController:
         Raises:
             RuntimeError: the controller is closed.
         """
-        self._check_open()
-        self._start("d2h")
+        with self.mutex:
+            self._check_open()
+            self._start("d2h")
 
     def start_loading(self) -> int | None:
         """Launch every queued load as one batch, layer by layer, on the load stream.
@@ -259,8 +273,9 @@ class HybridCacheController:
         Raises:
             RuntimeError: the controller is closed.
         """
-        self._check_open()
-        return self._start("h2d")
+        with self.mutex:
+            self._check_open()
+            return self._start("h2d")
 
     def _start(self, direction: str) -> int | None:
         ops = self._queue.take(direction)
@@ -291,14 +306,15 @@ class HybridCacheController:
         A finished load is not held back by an unfinished backup (or the reverse).
         """
         acks: list[Ack] = []
-        for batch in self._queue.finished():
-            if batch.error is not None and not batch.freed:  # its copies have all ended now
-                batch.given_back(self._slots.give_back(batch.ops, batch.direction))
-            elif batch.error is None and batch.direction == "d2h":
-                self._slots.stamp(batch.ops)
-            acks.extend(self._stats.acks(batch))
-            if batch.event is not None:  # CUDA: its event serves a later batch
-                self._launcher.recycle(batch)
+        with self.mutex:
+            for batch in self._queue.finished():
+                if batch.error is not None and not batch.freed:  # its copies have all ended now
+                    batch.given_back(self._slots.give_back(batch.ops, batch.direction))
+                elif batch.error is None and batch.direction == "d2h":
+                    self._slots.stamp(batch.ops)
+                acks.extend(self._stats.acks(batch))
+                if batch.event is not None:  # CUDA: its event serves a later batch
+                    self._launcher.recycle(batch)
         return acks
 
     def rolled_back_ops(self) -> set[int]:
@@ -306,11 +322,13 @@ class HybridCacheController:
         again, but whose failed acks ``poll`` has not returned yet (on CUDA a launched
         batch's slots are freed only by the ``poll`` that returns its acks: its ops stay
         out of this set and keep their slots until then)."""
-        return self._queue.rolled_back_ops()
+        with self.mutex:
+            return self._queue.rolled_back_ops()
 
     def pending(self) -> int:
         """Operations queued or in flight (not yet acked)."""
-        return self._queue.pending()
+        with self.mutex:
+            return self._queue.pending()
 
     def close(self) -> None:
         """Wait for every launched copy, roll back queued ops, release host memory.
@@ -318,28 +336,31 @@ class HybridCacheController:
         Afterwards ``write``/``load``/``start_*`` raise ``RuntimeError``; ``poll`` still
         returns the remaining acks (queued ops fail with "closed"). Idempotent.
         """
-        if self.closed:
-            return
-        for stream in (self.write_stream, self.load_stream):
-            if stream is not None:
-                stream.synchronize()
-        for direction in DIRECTIONS:
-            ops = self._queue.take(direction)
-            if ops:
-                batch = Batch(ops, direction, self.layer_done.begin())
-                self._launcher.fail(batch, RuntimeError("controller closed before launch"))
-                self._rolled_back(batch, give_back=True)  # nothing of it was launched
-                self._queue.launched(batch)
-        self.closed = True
-        self.host_group.close()
+        with self.mutex:
+            if self.closed:
+                return
+            for stream in (self.write_stream, self.load_stream):
+                if stream is not None:
+                    stream.synchronize()
+            for direction in DIRECTIONS:
+                ops = self._queue.take(direction)
+                if ops:
+                    batch = Batch(ops, direction, self.layer_done.begin())
+                    self._launcher.fail(batch, RuntimeError("controller closed before launch"))
+                    self._rolled_back(batch, give_back=True)  # nothing of it was launched
+                    self._queue.launched(batch)
+            self.closed = True
+            self.host_group.close()
 
     def check_integrity(self) -> None:
         """``RuntimeError`` if any host or device allocator breaks free + used = total."""
-        self.host_group.check_integrity()
-        for pool in self.device_pools.values():
-            if pool.allocator is not None:
-                pool.allocator.check_integrity()
+        with self.mutex:
+            self.host_group.check_integrity()
+            for pool in self.device_pools.values():
+                if pool.allocator is not None:
+                    pool.allocator.check_integrity()
 
     def stats(self) -> dict:
         """Counters: ops, tokens and bytes per pool and direction, failures, rollbacks."""
-        return self._stats.as_dict()
+        with self.mutex:
+            return self._stats.as_dict()

@@ -45,6 +45,7 @@ to the insert that follows).
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -86,12 +87,20 @@ class HiRadixCache:
             STATE pool.
         StorageUnavailableError: ``"config"`` names a store that cannot be reached (the
             message names the flag; ``--hicache-storage-optional`` runs without it).
-    Not thread-safe: call from the scheduler thread.
+
+    Attributes:
+        mutex: the tree's re-entrant lock: every public call runs whole under it (and takes
+            the controller's inside). Hold it across calls that must see one state, e.g.
+            ``with tree.mutex:`` a match and the ``inc_lock_ref`` of its node (another
+            thread's eviction could come between them otherwise).
+    Thread-safe: any number of threads may call it; each call is atomic. A node a caller
+    holds between calls is protected by its lock ref only (as from one thread).
     """
 
     def __init__(self, cache: Any, *, host_tier: bool | None = None,
                  storage: TierStore | str | None = "config", clock: Callable[[], float] | None = None) -> None:
         self.cache, self.stack, self.ctrl = cache, cache.stack, cache.controller
+        self.mutex = threading.RLock()
         self.page_size = self.stack.page_size
         self.policy = cache.config.write_policy
         self.anchor = self.stack.anchor.name
@@ -164,12 +173,13 @@ class HiRadixCache:
             ValueError: ``token_ids`` not 1-D, or an id outside int64.
         """
         key = as_key(token_ids, self.page_size, strict=False)
-        path, d, e, slots = self._index.match(key, self.hybrid)  # slots: the caller's
-        root = self._index.root
-        last_dev = path[d] if d >= 0 else root
-        last_host = path[e] if e >= 0 else root
-        # tuple.__new__: the named tuple without its Python-level __new__ (every request's path)
-        return tuple.__new__(MatchResult, (slots, last_dev, last_host.end - last_dev.end, last_host))
+        with self.mutex:
+            path, d, e, slots = self._index.match(key, self.hybrid)  # slots: the caller's
+            root = self._index.root
+            last_dev = path[d] if d >= 0 else root
+            last_host = path[e] if e >= 0 else root
+            # tuple.__new__: the named tuple without its Python-level __new__ (every request's path)
+            return tuple.__new__(MatchResult, (slots, last_dev, last_host.end - last_dev.end, last_host))
 
     def insert(self, token_ids: Any, device_slots: Any,
                extra: Mapping[str, torch.Tensor] | None = None) -> InsertResult:
@@ -195,7 +205,8 @@ class HiRadixCache:
                 than the stack's snapshot, slots not allocated or not whole rows, or slots
                 another node's snapshot or a load in flight holds. Nothing changes then.
         """
-        return self._insert.insert(token_ids, device_slots, extra)
+        with self.mutex:
+            return self._insert.insert(token_ids, device_slots, extra)
 
     # ---- eviction ----------------------------------------------------------------------
     def evict(self, num_tokens: int) -> int:
@@ -210,7 +221,8 @@ class HiRadixCache:
             Device anchor slots freed (whole pages; may exceed ``num_tokens``, or fall
             short when everything left is locked).
         """
-        return self._evictor.evict(self._ledger.device, num_tokens)
+        with self.mutex:
+            return self._evictor.evict(self._ledger.device, num_tokens)
 
     def evict_host(self, num_tokens: int) -> int:
         """Delete host-only leaves in the eviction policy's order until ``num_tokens`` are free
@@ -222,20 +234,22 @@ class HiRadixCache:
         Returns:
             Host anchor slots freed (may fall short when nothing else is evictable).
         """
-        return self._evictor.evict(self._ledger.host, num_tokens)
+        with self.mutex:
+            return self._evictor.evict(self._ledger.host, num_tokens)
 
     def evict_states(self, num_slots: int) -> int:
         """Drop device snapshots in the eviction policy's order until ``num_slots`` are free.
 
         The nodes keep their history (and any host snapshot). Locked or in-flight nodes
-        are skipped. Mutates the tree; not thread-safe.
+        are skipped. Mutates the tree.
 
         Returns:
             Slots freed in the first state root pool (``swa``).
         Raises:
             ValueError: the stack has no state pools.
         """
-        return self._evict_snapshots(self._ledger.device, num_slots)
+        with self.mutex:
+            return self._evict_snapshots(self._ledger.device, num_slots)
 
     def evict_host_states(self, num_slots: int) -> int:
         """Free host snapshots (the policy's order, never of a node in use); the history chain stays.
@@ -245,7 +259,8 @@ class HiRadixCache:
         Raises:
             ValueError: the stack has no state pools.
         """
-        return self._evict_snapshots(self._ledger.host, num_slots)
+        with self.mutex:
+            return self._evict_snapshots(self._ledger.host, num_slots)
 
     def _evict_snapshots(self, tier, num_slots: int) -> int:
         if not self.state_sizes:
@@ -260,7 +275,7 @@ class HiRadixCache:
         ``node``, read after device room is made by evicting (which may poll; nodes on
         ``node``'s path are locked meanwhile). The device slots are published on the nodes
         when the ack arrives (`poll` after ``controller.start_loading()``); ``node`` stays
-        locked until then. Mutates the tree; not thread-safe.
+        locked until then. Mutates the tree.
 
         Returns:
             The caller's copy of the device slots keyed by pool name (the anchor key always
@@ -269,7 +284,8 @@ class HiRadixCache:
         Raises:
             ValueError: ``node`` is the root or no longer in the tree.
         """
-        return self._transfers.load_back(node)
+        with self.mutex:
+            return self._transfers.load_back(node)
 
     def poll(self) -> list:
         """Process every finished ack of the controller (never blocks).
@@ -285,12 +301,13 @@ class HiRadixCache:
         Returns:
             All acks, in order.
         """
-        acks = self.ctrl.poll()
-        self._transfers.apply(acks)
-        if self._storage is not None:
-            self._storage.poll()
-        self._hints.poll()
-        return acks
+        with self.mutex:
+            acks = self.ctrl.poll()
+            self._transfers.apply(acks)
+            if self._storage is not None:
+                self._storage.poll()
+            self._hints.poll()
+            return acks
 
     def _step(self) -> None:
         """One scheduler step for a hint's ``wait``: launch what is queued, then poll."""
@@ -307,11 +324,13 @@ class HiRadixCache:
         Raises:
             RuntimeError: an awaited op is neither queued nor in flight in the controller.
         """
-        self._transfers.wait(ops)
+        with self.mutex:
+            self._transfers.wait(ops)
 
     def pending_ops(self) -> int:
         """Controller operations of this tree in flight."""
-        return len(self._transfers.pending)
+        with self.mutex:
+            return len(self._transfers.pending)
 
     # ---- client hints (hicache.radix.hints) -----------------------------------------------
     def hint(self, token_ids: Any, action: str, *, ttl_s: float | None = None, priority: int | None = None,
@@ -347,8 +366,8 @@ class HiRadixCache:
 
         Locks the node where the tree's coverage of the prompt ends until the prefetch is
         done. Under the write-through policies it starts only where that node is on the
-        host (backed-up nodes stay a prefix from the root). Mutates the tree; not
-        thread-safe; the I/O runs on the store's threads. The prompt is copied.
+        host (backed-up nodes stay a prefix from the root). Mutates the tree; the I/O
+        runs on the store's threads. The prompt is copied.
 
         Returns:
             A `Prefetch` to poll (`poll` advances it; ``done`` then ``result``), or ``None``:
@@ -357,10 +376,11 @@ class HiRadixCache:
         Raises:
             TypeError / ValueError: token ids that are not a 1-D integer sequence within int64.
         """
-        key = as_key(token_ids, self.page_size, strict=False)
-        if self._storage is None or not self.host_enabled:
-            return None
-        return self._storage.prefetches.start(key, self._may_prefetch)
+        with self.mutex:
+            key = as_key(token_ids, self.page_size, strict=False)
+            if self._storage is None or not self.host_enabled:
+                return None
+            return self._storage.prefetches.start(key, self._may_prefetch)
 
     def _may_prefetch(self, node: TreeNode) -> bool:
         return node._host is not None or self.policy == "write_back"
@@ -373,25 +393,28 @@ class HiRadixCache:
             (the match, the end of the first match's host part: tokens loaded past it came
             from storage). Mutates the tree as `match_prefix` and `prefetch` do.
         """
-        m = self.match_prefix(token_ids)
-        first_end = m.last_host_node.end
-        p = self.prefetch(token_ids)
-        if p is not None:  # lands as host-only nodes; the match picks them up
-            self.wait_prefetch(p)
+        with self.mutex:
             m = self.match_prefix(token_ids)
-        return m, first_end
+            first_end = m.last_host_node.end
+            p = self.prefetch(token_ids)
+            if p is not None:  # lands as host-only nodes; the match picks them up
+                self.wait_prefetch(p)
+                m = self.match_prefix(token_ids)
+            return m, first_end
 
     def stop_prefetch(self, p: Prefetch) -> None:
         """Ask ``p`` to stop: it keeps what is read so far and is ``done`` within one I/O chunk."""
-        if self._storage is not None:
-            self._storage.prefetches.stop(p, PrefetchOutcome.STOPPED)
+        with self.mutex:
+            if self._storage is not None:
+                self._storage.prefetches.stop(p, PrefetchOutcome.STOPPED)
 
     def wait_prefetch(self, p: Prefetch, poll_s: float = 0.0005) -> PrefetchResult:
         """Poll until ``p`` is done, as the policy says (a tool's and a test's helper; a
         server polls between steps instead). ``best_effort`` takes what is there now."""
-        if p.done:
-            return p.result
-        return self._storage.wait_prefetch(p, self.poll, poll_s)
+        with self.mutex:
+            if p.done:
+                return p.result
+            return self._storage.wait_prefetch(p, self.poll, poll_s)
 
     def drain_storage(self, timeout_s: float = 60.0, writes_only: bool = False) -> None:
         """Poll until no store job is left (writes included); prefetches stop first.
@@ -400,25 +423,29 @@ class HiRadixCache:
         Raises:
             RuntimeError: the store did not finish within ``timeout_s``.
         """
-        if self._storage is not None:
-            self._storage.drain(self.poll, timeout_s, writes_only)
+        with self.mutex:
+            if self._storage is not None:
+                self._storage.drain(self.poll, timeout_s)
 
     def close(self) -> None:
         """Finish the storage tier's work and close it (idempotent); the tree keeps its
         device and host tiers. Call at shutdown, before ``cache.close()``."""
-        if self._storage is not None:
-            self.drain_storage()
-            self._storage.store.close()
-            self._attach_storage(None)
+        with self.mutex:
+            if self._storage is not None:
+                self.drain_storage()
+                self._storage.store.close()
+                self._attach_storage(None)
 
     # ---- locks and views ---------------------------------------------------------------
     def inc_lock_ref(self, node: TreeNode) -> None:
         """Lock ``node`` and its ancestors: no tier of them is evicted until unlocked."""
-        lock(node)
+        with self.mutex:
+            lock(node)
 
     def dec_lock_ref(self, node: TreeNode) -> None:
         """Undo one `inc_lock_ref` of ``node``. Raises RuntimeError on an unlocked node."""
-        unlock(node)
+        with self.mutex:
+            unlock(node)
 
     def device_slots(self, node: TreeNode) -> torch.Tensor:
         """The caller's copy of the device anchor slots of tokens ``[0, node.end)``.
@@ -426,29 +453,33 @@ class HiRadixCache:
         Raises:
             ValueError: part of the path is not on the device.
         """
-        parts = []
-        while not node.is_root:
-            if node._device is None:
-                raise ValueError(f"node: {node!r} has no device copy")
-            parts.append(node._device)
-            node = node.parent
-        return torch.cat(parts[::-1]) if parts else EMPTY_SLOTS.clone()
+        with self.mutex:
+            parts = []
+            while not node.is_root:
+                if node._device is None:
+                    raise ValueError(f"node: {node!r} has no device copy")
+                parts.append(node._device)
+                node = node.parent
+            return torch.cat(parts[::-1]) if parts else EMPTY_SLOTS.clone()
 
     def snapshot_slots(self, node: TreeNode) -> tuple[dict | None, dict | None]:
         """Copies of the (device, host) snapshot slots of ``node``'s boundary, each keyed by pool or None."""
-        return copy_slots(node._state_device), copy_slots(node._state_host)
+        with self.mutex:
+            return copy_slots(node._state_device), copy_slots(node._state_host)
 
     def stats(self) -> dict:
         """Counters of the tree (backups, loads, evictions, prefetches...), the controller's
         and, with a storage tier, the store's (bytes, objects, faults, busy seconds)."""
-        out = {"tree": dict(self.counters), "controller": self.ctrl.stats()}
-        if self._storage is not None:
-            out["storage"] = self._storage.store.stats()
-        return out
+        with self.mutex:
+            out = {"tree": dict(self.counters), "controller": self.ctrl.stats()}
+            if self._storage is not None:
+                out["storage"] = self._storage.store.stats()
+            return out
 
     def check_integrity(self) -> None:
         """Raise RuntimeError if an invariant is broken (see `hicache.radix.check`).
 
         Call when the caller holds no device slots outside the tree (between requests).
         """
-        check_tree(self)
+        with self.mutex:
+            check_tree(self)

@@ -10,16 +10,16 @@ Before the fix (06b6e45): a named ``"dma"`` from two threads 30 of 60 calls wron
 from __future__ import annotations
 
 import gc
-import sys
 import threading
 from typing import Callable
 
 import pytest
 import torch
 
+from tests.concurrent import run_threads
 from tests.transfer_kernels.pools import assert_copied, make_pool, snapshot
 from transfer_kernels import (AutoBackend, CopyEngineBackend, CopyJob, StagedBackend, TorchBackend,
-                              copy_rows, copy_rows_batch, get_backend, make_plan)
+                              TritonBackend, copy_rows, copy_rows_batch, get_backend, make_plan)
 from transfer_kernels.backends.auto_table import AutoTable, Rule
 
 MIXED = [((8,), torch.bfloat16), ((3, 4), torch.float32), ((5,), torch.uint8)]
@@ -47,36 +47,18 @@ def _hammer(threads: int, calls: int, backend_of: Callable[[int], object], batch
     page_first pool, one layer_first; both directions; alternating single and batched
     calls when ``batch``); returns (wrong calls, calls)."""
     wrong, done, lock = [0], [0], threading.Lock()
-    start = threading.Barrier(threads)
-    errors: list[BaseException] = []
 
     def work(t: int) -> None:
         g = torch.Generator().manual_seed(seed * 100 + t)
         pools = [make_pool(g, 3, ROWS, MIXED, layout, device="cpu", pin=False)
                  for layout in ("page_first", "layer_first")]
         backend = backend_of(t)
-        start.wait()
         for i in range(calls):
-            try:
-                ok = _one_call(g, pools, backend, batch and i % 2 == 1, i)
-            except BaseException as exc:  # reported after the join, with the counts
-                errors.append(exc)
-                ok = False
+            ok = _one_call(g, pools, backend, batch and i % 2 == 1, i)
             with lock:
                 wrong[0] += not ok
                 done[0] += 1
-
-    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)  # threads interleave often (more chances for a race to show)
-    try:
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-    finally:
-        sys.setswitchinterval(interval)
-    assert not errors, errors[:3]
+    run_threads(threads, work, switch_s=1e-5)
     return wrong[0], done[0]
 
 
@@ -133,7 +115,7 @@ def test_one_staging_auto_backend_shared_by_two_threads():
 def test_every_backend_shared_by_four_threads_single_and_batched(name):
     # Batches of a load and a backup (both rings of a staged backend claimed by one load).
     backend = SHARED[name]()
-    assert _hammer(4, 16, lambda t: backend, batch=True, seed=1) == (0, 64)
+    assert _hammer(4, 10, lambda t: backend, batch=True, seed=1) == (0, 40)
 
 
 def test_launch_counts_are_exact_under_threads():
@@ -153,11 +135,13 @@ def test_a_load_launched_group_by_group_holds_its_ring_against_other_threads():
     before = snapshot(pool.host_table), snapshot(pool.device_table)
     launches = staged.prepare(plan, [[(0, 0)], [(0, 1)], [(0, 2)]])
     launches.launch(0)  # holds the ring from here
-    other = threading.Thread(target=_hammer, args=(1, 4, lambda t: staged))
+    got = []
+    other = threading.Thread(target=lambda: got.append(_hammer(1, 4, lambda t: staged)))
     other.start()
     launches.launch(1)
     launches.launch(2)  # the last group: the ring is released
     other.join()
+    assert got == [(0, 4)]
     assert_copied(pool.host_table, pool.device_table, *before, src_rows, dst_rows)
 
 
@@ -171,3 +155,60 @@ def test_an_abandoned_load_gives_its_ring_back_when_dropped():
     del launches
     gc.collect()
     assert _hammer(2, 4, lambda t: staged, seed=3) == (0, 8)  # no thread waits for it
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+def test_cuda_a_ring_reused_from_another_stream_waits_for_the_last_kernel(direction):
+    # One ring, two streams: load A's stream is held by a sleep, so its DMA and kernel run
+    # late; load B starts on another stream right after A's launches were enqueued. B's
+    # first DMA (H2D) or gather (D2H) overwrites the ring: it must wait for A's kernel
+    # (the ``free`` event A recorded after it), else A reads B's bytes or the reverse.
+    g = torch.Generator().manual_seed(9)
+    staged = StagedBackend(TritonBackend())
+    pools = [make_pool(g, 3, ROWS, MIXED, "page_first", device="cuda", pin=True) for _ in range(2)]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    jobs, befores = [], []
+    for pool, stream in zip(pools, streams):
+        src, dst = ((pool.host_table, pool.device_table) if direction == "h2d"
+                    else (pool.device_table, pool.host_table))
+        rows = torch.randperm(ROWS, generator=g)
+        jobs.append(CopyJob(src, dst, rows[:12], rows[ROWS - 12:]))
+        befores.append((snapshot(src), snapshot(dst)))
+    for job, stream, hold in zip(jobs, streams, (True, False)):
+        with torch.cuda.stream(stream):
+            if hold:
+                torch.cuda._sleep(50_000_000)
+            copy_rows(job.src, job.dst, job.src_rows, job.dst_rows, backend=staged)
+    for stream in streams:
+        stream.synchronize()
+    for job, (sb, db) in zip(jobs, befores):
+        assert_copied(job.src, job.dst, sb, db, job.src_rows, job.dst_rows)
+
+
+@pytest.mark.gpu
+def test_cuda_threads_on_their_own_streams_share_one_staged_backend():
+    staged = StagedBackend(TritonBackend())
+    wrong = [0]
+
+    def work(t: int) -> None:
+        g = torch.Generator().manual_seed(t)
+        pool = make_pool(g, 3, ROWS, MIXED, "page_first", device="cuda", pin=True)
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            for i in range(20):
+                h2d = i % 2 == 0
+                src, dst = ((pool.host_table, pool.device_table) if h2d
+                            else (pool.device_table, pool.host_table))
+                rows = torch.randperm(ROWS, generator=g)
+                before = snapshot(src), snapshot(dst)
+                if i % 5 == 0:
+                    torch.cuda._sleep(5_000_000)  # this stream late: the ring's next user waits
+                copy_rows(src, dst, rows[:16], rows[ROWS - 16:], backend=staged)
+                stream.synchronize()
+                try:
+                    assert_copied(src, dst, *before, rows[:16], rows[ROWS - 16:])
+                except AssertionError:
+                    wrong[0] += 1
+    run_threads(4, work)
+    assert wrong[0] == 0 and staged.copies > 0

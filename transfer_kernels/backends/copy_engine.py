@@ -17,6 +17,7 @@ a memcpy per row with about a microsecond of overhead, several times less than a
 """
 from __future__ import annotations
 
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -51,6 +52,7 @@ class CopyEngineBackend(CopyBackend):
         super().__init__()
         self.copies = 0
         self.pieces = 0
+        self._counting = threading.Lock()  # the counts stay exact under threads
         self.batch = batch
 
     def _make_quant_backend(self, device: torch.device) -> CopyBackend:
@@ -79,16 +81,16 @@ class CopyEngineBackend(CopyBackend):
             pieces += self._copy_job_cuda(job, layers, stream, cudart)
         if pieces:
             dst, src, size = np.concatenate(pieces, axis=1)
-            self.pieces += len(size)
+            self.add(0, len(size))
             # The batched call refuses the legacy default stream (handle 0).
             use_batch = stream != 0 and (cudart.batch_available() if self.batch is None else self.batch)
             if use_batch:
                 cudart.memcpy_batch_async(dst, src, size, stream)
-                self.copies += 1
+                self.add(1, 0)
             else:
                 for d, s, n in zip(dst.tolist(), src.tolist(), size.tolist()):
                     cudart.memcpy_async(d, s, n, stream)
-                self.copies += len(size)
+                self.add(len(size), 0)
 
     def _copy_job_cuda(self, job: PlannedJob, layers: Sequence[int], stream: int,
                        cudart) -> list[np.ndarray]:
@@ -112,8 +114,7 @@ class CopyEngineBackend(CopyBackend):
                 for d, s, h in zip(d_addr[wide].tolist(), s_addr[wide].tolist(), k[wide].tolist()):
                     cudart.memcpy_2d_async(d, dst.row_strides[b], s, src.row_strides[b],
                                            nbytes, h, stream)
-                self.copies += int(wide.sum())
-                self.pieces += int(wide.sum())
+                self.add(int(wide.sum()), int(wide.sum()))
                 out.append(_rows_of(d_addr[~wide], s_addr[~wide], k[~wide], nbytes,
                                     src.row_strides[b], dst.row_strides[b]))
         return out
@@ -126,8 +127,13 @@ class CopyEngineBackend(CopyBackend):
                 s_np, d_np = s_view.numpy(), d_view.numpy()
                 for s, d, k in runs:
                     d_np[d:d + k] = s_np[s:s + k]
-        self.copies += len(runs) * len(layers) * job.src.num_buffers
-        self.pieces += len(runs) * len(layers) * job.src.num_buffers
+        self.add(len(runs) * len(layers) * job.src.num_buffers, len(runs) * len(layers) * job.src.num_buffers)
+
+    def add(self, copies: int, pieces: int) -> None:
+        """Count ``copies`` calls and ``pieces`` moved (safe from any number of threads)."""
+        with self._counting:
+            self.copies += copies
+            self.pieces += pieces
 
 
 def _rows_of(d_addr: np.ndarray, s_addr: np.ndarray, k: np.ndarray, nbytes: int,

@@ -21,6 +21,7 @@ gather (D2H). The ring's own stream keeps the DMA in order.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from abc import ABC, abstractmethod
@@ -280,7 +281,7 @@ class Launches:
 class Claim:
     """A load's hold on its rings: its thread and stream; why it may launch no more."""
 
-    __slots__ = ("thread", "stream", "ended", "__weakref__")
+    __slots__ = ("thread", "stream", "ended")
 
     def __init__(self, thread: int, stream: int) -> None:
         self.thread, self.stream, self.ended = thread, stream, ""
@@ -328,8 +329,5 @@ def _drop(claim: Claim, rings: tuple) -> None:
     """A load dropped before its last group: its rings go back (from any thread)."""
     claim.ended = claim.ended or "dropped"
     for ring in rings:
-        if ring.cuda:
-            with torch.cuda.device(ring.device):
-                give(ring, claim)
-        else:
+        with torch.cuda.device(ring.device) if ring.cuda else contextlib.nullcontext():
             give(ring, claim)
