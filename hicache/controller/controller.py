@@ -98,6 +98,9 @@ class HybridCacheController:
         self._stats = BatchStats(self.stack)
         self.closed = False
         self.mutex = threading.RLock()  # every public call runs whole under it
+        # the per-request calls take it through its bound methods (half the instructions
+        # of a `with`: bench/tree_instructions.py); the others with `with`
+        self._enter, self._leave = self.mutex.acquire, self.mutex.release
 
     @property
     def backend(self) -> CopyBackend:
@@ -148,12 +151,15 @@ class HybridCacheController:
                 own-indexed pool of the stack. Nothing changes.
             RuntimeError: the controller is closed.
         """
-        with self.mutex:
+        self._enter()
+        try:
             self._check_open()
             op = self._slots.backup(device_indices, extra, trusted)
             if op is None:
                 return None
             dst = self._queue.enqueue(op)  # the op's own dict: a trusted caller leaves it unchanged
+        finally:
+            self._leave()
         return dst if trusted else dict(dst)
 
     def load(self, host_indices: Any, extra: Mapping[str, Any] | None = None, *,
@@ -177,12 +183,15 @@ class HybridCacheController:
                 Also when a server allocator hands out bad slots (they are given back).
             RuntimeError: the controller is closed.
         """
-        with self.mutex:
+        self._enter()
+        try:
             self._check_open()
             op = self._slots.load(host_indices, extra, trusted)
             if op is None:
                 return None
             dst = self._queue.enqueue(op)
+        finally:
+            self._leave()
         return dst if trusted else dict(dst)
 
     def load_many(self, requests: Sequence[tuple[Any, Mapping[str, Any] | None]], *,
@@ -225,12 +234,15 @@ class HybridCacheController:
 
     def _many(self, direction: str, requests: Any, trusted: bool) -> list[dict] | None:
         requests = requests_of(requests)
-        with self.mutex:
+        self._enter()
+        try:
             self._check_open()
             ops = self._slots.many(direction, requests, trusted)
             if ops is None:
                 return None
             got = [self._queue.enqueue(op) for op in ops]
+        finally:
+            self._leave()
         return got if trusted else [dict(dst) for dst in got]
 
     def mark_host_written(self, host_indices: Any, extra: Mapping[str, Any] | None = None) -> None:
@@ -259,9 +271,12 @@ class HybridCacheController:
         Raises:
             RuntimeError: the controller is closed.
         """
-        with self.mutex:
+        self._enter()
+        try:
             self._check_open()
             self._start("d2h")
+        finally:
+            self._leave()
 
     def start_loading(self) -> int | None:
         """Launch every queued load as one batch, layer by layer, on the load stream.
@@ -273,9 +288,12 @@ class HybridCacheController:
         Raises:
             RuntimeError: the controller is closed.
         """
-        with self.mutex:
+        self._enter()
+        try:
             self._check_open()
             return self._start("h2d")
+        finally:
+            self._leave()
 
     def _start(self, direction: str) -> int | None:
         ops = self._queue.take(direction)
@@ -306,7 +324,8 @@ class HybridCacheController:
         A finished load is not held back by an unfinished backup (or the reverse).
         """
         acks: list[Ack] = []
-        with self.mutex:
+        self._enter()
+        try:
             for batch in self._queue.finished():
                 if batch.error is not None and not batch.freed:  # its copies have all ended now
                     batch.given_back(self._slots.give_back(batch.ops, batch.direction))
@@ -315,6 +334,8 @@ class HybridCacheController:
                 acks.extend(self._stats.acks(batch))
                 if batch.event is not None:  # CUDA: its event serves a later batch
                     self._launcher.recycle(batch)
+        finally:
+            self._leave()
         return acks
 
     def rolled_back_ops(self) -> set[int]:

@@ -88,7 +88,8 @@ def test_no_staged_piece_crosses_a_registration_start(gen, pinned_on_cpu):
     plan = make_plan(jobs)
     staged = StagedBackend(TorchBackend())
     prepared = staged.prepare(plan, [[(0, layer) for layer in range(LAYERS)]])
-    _, src, size = prepared.h2d.pieces
+    (work,) = prepared.work  # the H2D ring's DMA of this load
+    _, src, size = work.pieces
     assert len(src) == 40  # one piece per host row, each inside one registration
     assert not _crossing(m.reservation.chunks["group0"], src, size).any()
     before = pool.buffer.clone()
