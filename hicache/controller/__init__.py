@@ -25,7 +25,9 @@ Internal hops trust what the controller produced: its own allocators' destinatio
 
 Acks, not CUDA events, say that data is valid: a rolled-back load still signals every
 layer event of its consumer (so no waiter hangs), but its device slots were freed.
-CPU mode (device ``cpu``) runs the same path synchronously, without streams.
+CPU mode (device ``cpu``) runs the same path synchronously, without streams. Threads:
+every public call holds the controller's one re-entrant ``mutex`` (its tree's too), so
+any number of threads may call it (docs/DESIGN.md §12).
 """
 from hicache.controller.batch import Ack
 from hicache.controller.controller import HybridCacheController

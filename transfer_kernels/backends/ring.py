@@ -29,7 +29,9 @@ class Ring:
         self.device, self.direction, self.nbytes = device, direction, nbytes
         self.cuda = device.type == "cuda"
         self.dma = DmaQueue(batch)
-        self.cond = threading.Condition(threading.Lock())
+        # re-entrant: a dropped load's finalizer may give the ring back from inside this
+        # thread's own take (a collection can run at any allocation)
+        self.cond = threading.Condition(threading.RLock())
         self.holder = None
         self.freed_on: int | None = None
         self._buffer: torch.Tensor | None = None
