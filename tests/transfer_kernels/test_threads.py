@@ -2,7 +2,8 @@
 point, byte-checked. Each thread copies between its own random tables through ONE shared
 backend (or a name), checking every call against the reference: moved rows, untouched
 rows and the source. CPU: the torch and staged paths (the Triton interpreter is serialized
-by the library; its tests stay small elsewhere). No timing: a race shows as wrong bytes.
+by the library; its tests stay small elsewhere). No timing: a race shows as wrong bytes,
+and one case stops a load where a shared ring would lose its bytes (the defect on every run).
 
 Before the fix (06b6e45): a named ``"dma"`` from two threads 30 of 60 calls wrong, one
 ``StagedBackend(kernel=TorchBackend())`` 43 of 300, one staging ``AutoBackend`` 34 of 60.
@@ -21,6 +22,7 @@ from tests.transfer_kernels.pools import assert_copied, make_pool, snapshot
 from transfer_kernels import (AutoBackend, CopyEngineBackend, CopyJob, StagedBackend, TorchBackend,
                               TritonBackend, copy_rows, copy_rows_batch, get_backend, make_plan)
 from transfer_kernels.backends.auto_table import AutoTable, Rule
+from transfer_kernels.cuda import runtime
 
 MIXED = [((8,), torch.bfloat16), ((3, 4), torch.float32), ((5,), torch.uint8)]
 ROWS = 48
@@ -155,6 +157,53 @@ def test_an_abandoned_load_gives_its_ring_back_when_dropped():
     del launches
     gc.collect()
     assert _hammer(2, 4, lambda t: staged, seed=3) == (0, 8)  # no thread waits for it
+
+
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+def test_a_load_stopped_while_the_ring_holds_its_bytes_loses_none(monkeypatch, direction):
+    # No race to win: load A of one StagedBackend stops where a shared ring holds its bytes
+    # (H2D: after its DMA into the ring, before its scatter; D2H: after its gather, before
+    # its DMA out) and load B of another thread, same backend, runs until it ends or waits
+    # on the ring's condition. Before the fix B always ended, its bytes over A's in the
+    # ring: A's copy was wrong on every run (docs/RESULTS.md: the figures).
+    staged = StagedBackend(TorchBackend())
+    g = torch.Generator().manual_seed(11)
+    jobs, befores = [], []
+    for _ in range(2):
+        pool = make_pool(g, 3, ROWS, MIXED, "page_first", device="cpu", pin=False)
+        src, dst = ((pool.host_table, pool.device_table) if direction == "h2d"
+                    else (pool.device_table, pool.host_table))
+        rows = torch.randperm(ROWS, generator=g)
+        jobs.append(CopyJob(src, dst, rows[:16], rows[ROWS - 16:]))
+        befores.append((snapshot(src), snapshot(dst)))
+    a, b_stopped, b_thread, issue = threading.get_ident(), threading.Event(), [], runtime.DmaQueue.issue
+
+    class Noting(threading.Condition):
+        def wait(self, timeout=None) -> bool:
+            b_stopped.set()  # B waits for the ring: A may go on
+            return super().wait(timeout)
+
+    def run_b() -> None:
+        try:
+            copy_rows(jobs[1].src, jobs[1].dst, jobs[1].src_rows, jobs[1].dst_rows, backend=staged)
+        finally:
+            b_stopped.set()
+
+    def stopping_issue(queue, ring, pieces, caller) -> None:
+        if direction == "h2d":
+            issue(queue, ring, pieces, caller)
+        if threading.get_ident() == a and not b_thread:  # A, its bytes in the ring: B runs
+            ring.cond = Noting(threading.RLock())  # nobody waits on the ring yet
+            b_thread.append(threading.Thread(target=run_b))
+            b_thread[0].start()
+            assert b_stopped.wait(60), "load B neither ended nor waited for the ring"
+        if direction == "d2h":
+            issue(queue, ring, pieces, caller)
+    monkeypatch.setattr(runtime.DmaQueue, "issue", stopping_issue)
+    copy_rows(jobs[0].src, jobs[0].dst, jobs[0].src_rows, jobs[0].dst_rows, backend=staged)
+    b_thread[0].join()
+    for job, (sb, db) in zip(jobs, befores):
+        assert_copied(job.src, job.dst, sb, db, job.src_rows, job.dst_rows)
 
 
 @pytest.mark.gpu
