@@ -353,7 +353,8 @@ class HiRadixCache:
         ``retain`` (``ttl_s``, ``priority`` 0-100), ``demote``, ``prefetch`` (``to="device"``
         or ``"host"``), ``persist`` or ``release``. Mutates the tree (a node matched in part
         is split, but on a hybrid stack); copies it queues run at the next launches and
-        finish at `poll`. Not thread-safe.
+        finish at `poll`. Safe from any number of threads (under ``mutex``); the ticket's
+        ``wait`` and ``cancel`` are the scheduler thread's (another thread holds ``mutex``).
 
         Returns:
             A `HintTicket`: ACCEPTED (a retain in force; the others DONE once their pages
@@ -363,16 +364,19 @@ class HiRadixCache:
         Raises:
             TypeError / ValueError: token ids that are not a 1-D integer sequence within int64.
         """
-        return self._hints.hint(token_ids, action, ttl_s, priority, to)
+        with self.mutex:
+            return self._hints.hint(token_ids, action, ttl_s, priority, to)
 
     def hint_envelope(self, token_ids: Any, envelope: Any) -> list[HintTicket]:
         """The hints of one envelope (`hicache.radix.hints.envelope`) on the prompt
         ``token_ids``, a ticket each (malformed: one REFUSED ticket, nothing applied)."""
-        return self._hints.envelope(token_ids, envelope)
+        with self.mutex:
+            return self._hints.envelope(token_ids, envelope)
 
     def capabilities(self) -> dict:
         """The hint actions this tree takes (and why not the others) and its limits."""
-        return self._hints.capabilities()
+        with self.mutex:
+            return self._hints.capabilities()
 
     # ---- storage (forwarded to the StorageSide; nothing without a tier) -----------------
     def prefetch(self, token_ids: Any) -> Prefetch | None:

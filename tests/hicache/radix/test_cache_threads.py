@@ -1,6 +1,7 @@
 """One `HiRadixCache` driven by 2-8 threads at once (docs/DESIGN.md §12): each thread
 serves requests that share prefixes with the other threads' (match and lock under
-``tree.mutex``, load back, compute the rest, insert, back up, evict), and checks every
+``tree.mutex``, load back, compute the rest, insert, back up, retain or release by a hint,
+evict), and checks every
 byte of the device rows its locked match covers against the content of its tokens. No
 timing: a race shows as wrong bytes, an error or a broken invariant."""
 from __future__ import annotations
@@ -81,6 +82,10 @@ def _serve(tree, content: Content, thread: int, wrong: list, seed: int = 0) -> N
             tree.ctrl.start_writing()
             tree.poll()
         tree.dec_lock_ref(node)
+        if step % 3:  # a client's hints on its prefix, beside the other threads' requests
+            ticket = (tree.hint(tokens, "retain", ttl_s=600.0) if step % 3 == 1
+                      else tree.hint(tokens, "release"))
+            assert ticket.state.value != "refused" or "budget" in ticket.reason, ticket.reason
         if step % 4 == 3:
             tree.evict(2 * PS)
 
