@@ -159,6 +159,20 @@ def test_an_abandoned_load_gives_its_ring_back_when_dropped():
     assert _hammer(2, 4, lambda t: staged, seed=3) == (0, 8)  # no thread waits for it
 
 
+def _two_jobs(g: torch.Generator, direction: str, n: int, device: str) -> tuple[list, list]:
+    """Two page_first pools' jobs of ``n`` random rows in ``direction``, and each one's
+    (source, destination) before the copy."""
+    jobs, befores = [], []
+    for _ in range(2):
+        pool = make_pool(g, 3, ROWS, MIXED, "page_first", device=device, pin=device == "cuda")
+        src, dst = ((pool.host_table, pool.device_table) if direction == "h2d"
+                    else (pool.device_table, pool.host_table))
+        rows = torch.randperm(ROWS, generator=g)
+        jobs.append(CopyJob(src, dst, rows[:n], rows[ROWS - n:]))
+        befores.append((snapshot(src), snapshot(dst)))
+    return jobs, befores
+
+
 @pytest.mark.parametrize("direction", ["h2d", "d2h"])
 def test_a_load_stopped_while_the_ring_holds_its_bytes_loses_none(monkeypatch, direction):
     # No race to win: load A of one StagedBackend stops where a shared ring holds its bytes
@@ -167,15 +181,7 @@ def test_a_load_stopped_while_the_ring_holds_its_bytes_loses_none(monkeypatch, d
     # on the ring's condition. Before the fix B always ended, its bytes over A's in the
     # ring: A's copy was wrong on every run (docs/RESULTS.md: the figures).
     staged = StagedBackend(TorchBackend())
-    g = torch.Generator().manual_seed(11)
-    jobs, befores = [], []
-    for _ in range(2):
-        pool = make_pool(g, 3, ROWS, MIXED, "page_first", device="cpu", pin=False)
-        src, dst = ((pool.host_table, pool.device_table) if direction == "h2d"
-                    else (pool.device_table, pool.host_table))
-        rows = torch.randperm(ROWS, generator=g)
-        jobs.append(CopyJob(src, dst, rows[:16], rows[ROWS - 16:]))
-        befores.append((snapshot(src), snapshot(dst)))
+    jobs, befores = _two_jobs(torch.Generator().manual_seed(11), direction, 16, "cpu")
     a, b_stopped, b_thread, issue = threading.get_ident(), threading.Event(), [], runtime.DmaQueue.issue
 
     class Noting(threading.Condition):
@@ -213,17 +219,9 @@ def test_cuda_a_ring_reused_from_another_stream_waits_for_the_last_kernel(direct
     # late; load B starts on another stream right after A's launches were enqueued. B's
     # first DMA (H2D) or gather (D2H) overwrites the ring: it must wait for A's kernel
     # (the ``free`` event A recorded after it), else A reads B's bytes or the reverse.
-    g = torch.Generator().manual_seed(9)
     staged = StagedBackend(TritonBackend())
-    pools = [make_pool(g, 3, ROWS, MIXED, "page_first", device="cuda", pin=True) for _ in range(2)]
+    jobs, befores = _two_jobs(torch.Generator().manual_seed(9), direction, 12, "cuda")
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-    jobs, befores = [], []
-    for pool, stream in zip(pools, streams):
-        src, dst = ((pool.host_table, pool.device_table) if direction == "h2d"
-                    else (pool.device_table, pool.host_table))
-        rows = torch.randperm(ROWS, generator=g)
-        jobs.append(CopyJob(src, dst, rows[:12], rows[ROWS - 12:]))
-        befores.append((snapshot(src), snapshot(dst)))
     for job, stream, hold in zip(jobs, streams, (True, False)):
         with torch.cuda.stream(stream):
             if hold:
