@@ -1,7 +1,8 @@
-"""Reading what a user or a disk hands the project, with bounds: never more bytes than a
-stated limit, never waiting on a source forever, never a JSON document deeper or with
-longer numbers than a stated limit. Every failure is one ``ValueError`` naming the source
-and its line.
+"""Reading what a user or a disk hands the project, with bounds.
+
+Never more bytes than a stated limit, never waiting on a source forever, never a JSON
+document deeper or with longer numbers than a stated limit. Every failure is one
+``ValueError`` naming the source and its line.
 
 The lowest package of the project: it imports nothing of ``hicache``, ``host_pools`` or
 ``transfer_kernels``, so each of them may use it (``transfer_kernels`` reads its ``"auto"``

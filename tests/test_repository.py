@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -134,3 +135,12 @@ def test_make_run_is_the_script_the_readme_describes():
     for flag in ("--model deepseek-v4-flash", "--hicache-storage-backend file", "--hicache-storage-capacity 1",
                  "rm -rf"):
         assert flag in script
+
+
+def test_structure_inventory_is_the_codes_own():
+    """docs/STRUCTURE.md's inventory is generated from the modules' docstrings
+    (`scripts/structure_inventory.py`): a module added, moved or re-described without
+    regenerating it fails here, naming the first line that differs."""
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "structure_inventory.py"), "--check"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
