@@ -47,6 +47,7 @@ MAX_HOST_GB = 1e9
 # host tokens per device token; x any device token count (< 2^40) stays below 2^63
 MAX_HICACHE_RATIO = 1e6
 MAX_RANKS = 1 << 16  # --hicache-ranks-per-host, --hicache-tp-size: past any deployment
+MAX_STATE_INTERVAL = 1 << 40  # tokens; = hicache.sizing.MAX_DEVICE_TOKENS (past any prompt)
 MAX_PREFETCH_TIMEOUT_S = 86400.0  # a day; a thread's wait takes no more than ~2^31 s
 MAX_HINT_TTL_CEILING_S = 365 * 86400.0  # --hicache-max-hint-ttl's own bound: a year
 # --hicache-storage-admission: requests a prefix must have been in before storage takes its
@@ -64,6 +65,7 @@ FLAGS = {
     "mem_layout": "--hicache-mem-layout",
     "host_dtype": "--hicache-host-dtype",
     "swa_full_tokens_ratio": "--swa-full-tokens-ratio",
+    "state_interval": "--hicache-state-interval",
     "ranks_per_host": "--hicache-ranks-per-host",
     "host_headroom_gb": "--hicache-host-headroom",
     "max_copy_programs": "--hicache-max-copy-programs",
@@ -133,6 +135,10 @@ class HiCacheConfig:
             bf16/fp16 history pools as int8 + one fp32 scale per token and head, lossy;
             other pools stay exact; `host_pools.host_format`).
         swa_full_tokens_ratio: device SWA tokens per device full token (DeepSeek-V4), in (0, 1].
+        state_interval: tokens between the recurrent-state snapshots a prefill saves (besides
+            the prompt's end), a multiple of the page; the device holds one snapshot per
+            interval of its tokens (`hicache.sizing.state_interval`). 0 = the default chosen
+            by measurement (`hicache.sizing.DEFAULT_STATE_INTERVAL`, rounded up to a page).
         ranks_per_host: ranks sharing this host's memory; the host budget is split among them.
         host_headroom_gb: host memory (GiB) left to the server; ``None`` = min(10 GiB, 10 % of RAM).
         max_copy_programs: grid bound of every Triton copy launch (the SM budget copies may
@@ -171,6 +177,7 @@ class HiCacheConfig:
     io_backend: str = "auto"
     mem_layout: str = "page_first"
     swa_full_tokens_ratio: float = 0.1
+    state_interval: int = 0
     ranks_per_host: int = 1
     host_headroom_gb: float | None = None
     max_copy_programs: int | None = None
@@ -211,6 +218,9 @@ class HiCacheConfig:
                 raise _bad(field, f"must be one of {allowed}, got {getattr(self, field)!r}")
         if not 0 < self.swa_full_tokens_ratio <= 1:
             raise _bad("swa_full_tokens_ratio", f"must be in (0, 1], got {self.swa_full_tokens_ratio}")
+        if not 0 <= self.state_interval <= MAX_STATE_INTERVAL:
+            raise _bad("state_interval", f"must be 0 (the default) or a number of tokens in [1, "
+                       f"{MAX_STATE_INTERVAL:,}], a multiple of the page, got {self.state_interval:,}")
         if self.ranks_per_host < 1:
             raise _bad("ranks_per_host", f"must be >= 1, got {self.ranks_per_host}")
         if self.host_headroom_gb is not None and self.host_headroom_gb < 0:
@@ -344,6 +354,9 @@ def add_hicache_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                         "~1.9x the tokens)")
     g.add_argument("--swa-full-tokens-ratio", dest="swa_full_tokens_ratio", type=float,
                    default=d.swa_full_tokens_ratio, help="device SWA tokens per full token (DeepSeek-V4)")
+    g.add_argument("--hicache-state-interval", dest="state_interval", type=int, default=d.state_interval,
+                   help="linear-attention hybrids: tokens between recurrent-state snapshots (a multiple of the "
+                        "page; also one device snapshot per this many device tokens); 0 = the measured default")
     g.add_argument("--hicache-ranks-per-host", dest="ranks_per_host", type=int, default=d.ranks_per_host,
                    help="ranks sharing this host's memory")
     g.add_argument("--hicache-host-headroom", dest="host_headroom_gb", type=float, default=None,

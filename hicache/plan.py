@@ -34,7 +34,7 @@ def format_plan(plan: CachePlan) -> str:
     head = (f"{'pool':<18}{'kind':<9}{'source':<8}{'layers':>7}{'row B/layer':>13}"
             f"{'dev rows':>11}{'dev GiB':>10}" + (f"{'host B/layer':>14}" if int8 else "")
             + f"{'host rows':>11}{'host GiB':>10}")
-    host = ", host dtype int8 (bf16/fp16 history pools as int8 + fp32 scales)" if int8 else ""
+    host = f", host dtype int8 ({_int8_split(plan)})" if int8 else ""
     lines = [f"model {plan.stack.model}, page {plan.stack.page_size} tokens, "
              f"host/device ratio {plan.effective_ratio:.3f}{host}", head, "-" * len(head)]
     for p in plan.pools:
@@ -45,9 +45,38 @@ def format_plan(plan: CachePlan) -> str:
     lines.append("-" * len(head))
     lines.append(f"{'total':<42}{'':>13}{'':>11}{plan.device_bytes_total / GIB:>10.3f}"
                  + ("" if not int8 else f"{'':>14}") + f"{'':>11}{plan.host_bytes_total / GIB:>10.3f}")
+    lines += _state_lines(plan)
     verdict = "fit" if plan.fits else "do NOT fit (lower --hicache-ratio / --hicache-size)"
     lines.append(f"host budget: {plan.budget.describe()}\nhost pools {verdict}")
     return "\n".join(lines)
+
+
+def _int8_split(plan: CachePlan) -> str:
+    """Which pools the int8 host tier quantizes and which it keeps exact."""
+    from host_pools.host_format import is_int8
+    pools = plan.stack.data_pools()
+    q = [p.name for p in pools if is_int8(p, plan.host.pool(p.name))]
+    exact = [p.name for p in pools if p.name not in q]
+    return f"int8 + fp32 scales: {', '.join(q)}" + (f"; exact: {', '.join(exact)}" if exact else "")
+
+
+def _state_lines(plan: CachePlan) -> list[str]:
+    """KV bytes per token beside each state root's bytes per snapshot (hybrid stacks)."""
+    snaps = plan.snapshot_bytes()
+    if not snaps:
+        return []
+    kv = plan.kv_bytes_per_token()
+    host_kv = plan.kv_bytes_per_token(True)
+    kv_text = f"KV {kv:,.0f} B per token (history pools, all layers" + (
+        f"; {host_kv:,.0f} B on the int8 host)" if host_kv != kv else ")")
+    lines = [kv_text]
+    for root, size in snaps.items():
+        worth = f" = the KV of {size / kv:,.0f} tokens" if kv else ""
+        every = (f"; one per {plan.interval:,} tokens (--hicache-state-interval) adds {size / plan.interval:,.0f} B "
+                 "per token" if plan.interval and plan.stack.pool(root).recurrent else "")
+        pools = ", ".join(p.name for p in plan.stack if plan.stack.root_of(p.name).name == root)
+        lines.append(f"state snapshot ({pools}): {size:,} B (exact on every tier){worth}{every}")
+    return lines
 
 
 def run_plan(args: argparse.Namespace) -> int:

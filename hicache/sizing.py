@@ -3,9 +3,14 @@
 Each own-indexed pool is a *root* with its own token space; every pool's rows are its
 root's tokens divided by its ``tokens_per_row``:
 
-    root            device tokens                          host tokens
-    anchor (kv)     device_tokens, whole pages             r x device anchor tokens
-    swa (STATE)     swa_full_tokens_ratio x anchor tokens  r x device swa tokens
+    root                 device tokens (slots)                  host tokens
+    anchor (kv)          device_tokens, whole pages             r x device anchor tokens
+    swa (STATE)          swa_full_tokens_ratio x anchor tokens  r x device swa tokens
+    conv (recurrent)     anchor tokens / state interval         r x device conv rows
+
+A recurrent root (a linear-attention hybrid's ``conv``: one row is one snapshot of every
+linear layer) holds one snapshot per ``--hicache-state-interval`` device tokens, the
+interval at which a prefill saves them (`state_interval`).
 
 ``r`` is ``--hicache-ratio``; with ``--hicache-size G`` it is derived so the host bytes of
 all pools come to G GB (1e9), which splits the bytes between anchor- and SWA-rooted pools
@@ -30,6 +35,25 @@ from hicache.host_dtype import resolve_host_stack
 # ~1.1e12 tokens: hundreds of times any device's KV capacity; above it a number is a typo
 # (and x MAX_HICACHE_RATIO it stays a 64-bit integer)
 MAX_DEVICE_TOKENS = 1 << 40
+# tokens between recurrent-state snapshots when --hicache-state-interval is 0, rounded up to the
+# page (docs/RESULTS.md, "The state interval": chosen by measurement on the shipped trace)
+DEFAULT_STATE_INTERVAL = 2048
+
+
+def state_interval(stack: Stack, config: HiCacheConfig) -> int:
+    """Tokens between the snapshots a prefill saves: ``--hicache-state-interval``, or
+    `DEFAULT_STATE_INTERVAL` rounded up to a whole page.
+
+    Raises:
+        ValueError: an interval that is not a multiple of the stack's page (naming the flag).
+    """
+    page = stack.page_size
+    if config.state_interval == 0:
+        return -(-DEFAULT_STATE_INTERVAL // page) * page
+    if config.state_interval % page:
+        raise ValueError(f"--hicache-state-interval: must be a multiple of the page ({page} tokens for "
+                         f"{stack.model}), got {config.state_interval:,}")
+    return config.state_interval
 
 
 class PoolPlan(NamedTuple):
@@ -56,6 +80,7 @@ class CachePlan:
     effective_ratio: float  # host/device tokens actually used (from --hicache-size if set)
     budget: HostBudget
     host_stack: Stack | None = None  # the host pools' specs (None: the device's, byte-exact)
+    interval: int = 0  # tokens between snapshots of a recurrent state root (0: the stack has none)
 
     @property
     def host(self) -> Stack:
@@ -80,16 +105,31 @@ class CachePlan:
     def host_rows(self) -> dict[str, int]:
         return {p.name: p.host_rows for p in self.pools}
 
+    def kv_bytes_per_token(self, host: bool = False) -> float:
+        """Bytes (all layers) one anchor token costs in the history pools (host format if ``host``)."""
+        return (self.host if host else self.stack).row_bytes_per_anchor_page() / self.stack.page_size
+
+    def snapshot_bytes(self, host: bool = False) -> dict[str, int]:
+        """Bytes (all layers) of one state snapshot per state root (host format if ``host``)."""
+        stack = self.host if host else self.stack
+        out = {}
+        for root, slots in self.stack.snapshot_slots.items():
+            out[root] = sum(p.row_bytes * p.num_layers * slots // p.tokens_per_row
+                            for p in stack if stack.root_of(p.name).name == root)
+        return out
+
     def to_json(self) -> dict:
         return {"pools": [p._asdict() for p in self.pools], "host_bytes_total": self.host_bytes_total,
-                "budget_bytes": self.budget.budget_bytes, "fits": self.fits}
+                "budget_bytes": self.budget.budget_bytes, "fits": self.fits,
+                "kv_bytes_per_token": self.kv_bytes_per_token(), "host_kv_bytes_per_token": self.kv_bytes_per_token(True),
+                "state_bytes_per_snapshot": self.snapshot_bytes(), "state_interval": self.interval or None}
 
 
 def _root_scale(stack: Stack, root: PoolSpec, config: HiCacheConfig) -> float:
-    """Device tokens of ``root`` per device anchor token."""
-    if root is stack.anchor:
+    """Device tokens (slots) of ``root`` per device anchor token."""
+    if root is stack.anchor or root.kind is not PoolKind.STATE:
         return 1.0
-    return config.swa_full_tokens_ratio if root.kind is PoolKind.STATE else 1.0
+    return 1.0 / state_interval(stack, config) if root.recurrent else config.swa_full_tokens_ratio
 
 
 def _round(tokens: float, unit: int) -> int:
@@ -106,8 +146,9 @@ def device_root_tokens(stack: Stack, device_tokens: int, config: HiCacheConfig) 
 
     Raises:
         TypeError: ``device_tokens`` is not an int.
-        ValueError: ``device_tokens`` outside [one page, `MAX_DEVICE_TOKENS`], or an SWA
-            root with less than one row (naming ``--swa-full-tokens-ratio``).
+        ValueError: ``device_tokens`` outside [one page, `MAX_DEVICE_TOKENS`], or a state
+            root with less than one row (naming ``--swa-full-tokens-ratio`` or
+            ``--hicache-state-interval``).
     """
     if not isinstance(device_tokens, numbers.Integral) or isinstance(device_tokens, bool):
         raise TypeError(f"device_tokens: must be an int, got {type(device_tokens).__name__} {device_tokens!r}")
@@ -118,6 +159,10 @@ def device_root_tokens(stack: Stack, device_tokens: int, config: HiCacheConfig) 
     tokens = {r.name: _round(device_tokens * _root_scale(stack, r, config), _root_unit(stack, r))
               for r in stack.own_indexed}
     for r in stack.own_indexed:
+        if tokens[r.name] == 0 and r.recurrent:
+            raise ValueError(f"--hicache-state-interval: {state_interval(stack, config):,} tokens is more than the "
+                             f"{device_tokens:,} device tokens, which then hold no {r.name} snapshot; lower it or "
+                             "raise the device tokens")
         if tokens[r.name] == 0:  # only a scaled root (SWA) can round down to nothing
             raise ValueError(f"--swa-full-tokens-ratio: {config.swa_full_tokens_ratio:g} x {device_tokens:,} device "
                              f"tokens is less than one {r.name} row ({r.tokens_per_row} tokens); raise it or "
@@ -167,4 +212,5 @@ def plan_sizes(stack: Stack, device_tokens: int, config: HiCacheConfig,
                              h_rows * h_row * p.num_layers, h_row))
     if budget is None:
         budget = host_budget(config.host_headroom_bytes, config.ranks_per_host)
-    return CachePlan(stack, tuple(rows), ratio, budget, None if hstack is stack else hstack)
+    interval = state_interval(stack, config) if any(r.recurrent for r in stack.own_indexed) else 0
+    return CachePlan(stack, tuple(rows), ratio, budget, None if hstack is stack else hstack, interval)

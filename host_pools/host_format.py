@@ -30,7 +30,7 @@ def int8_refusal(spec: PoolSpec) -> str | None:
     if not spec.has_data:
         return "holds no data"
     if spec.kind is PoolKind.STATE:
-        return "a state pool (sliding window / compressor state)"
+        return "a state pool (sliding window, compressor or recurrent state)"
     for b in spec.buffers:
         if any(frag in b.role for frag in EXACT_ROLES):
             return f"its {b.role!r} buffer is kept exact (indexer / RoPE / state)"

@@ -26,7 +26,8 @@ class PoolKind(enum.Enum):
 
     ANCHOR = "anchor"  # the token-slot space the radix tree stores (data or none)
     HISTORY = "history"  # every page of a prefix is needed (KV, compressed KV, indexer)
-    STATE = "state"  # only the trailing window at the match end (SWA, compressor rings)
+    STATE = "state"  # only the state at the match end: a trailing window (SWA, compressor rings)
+    # or a recurrent state (a linear-attention layer's conv and recurrent state: `PoolSpec.recurrent`)
 
 
 class HitPolicy(enum.Enum):
@@ -81,8 +82,13 @@ class PoolSpec:
         buffers: the per-layer buffers, data first and each scale after its data.
         tokens_per_row: token slots per row (the transfer unit), >= 1.
         indices_from: ``None`` (own allocator) or the source pool's name (sidecar).
-        window_tokens: STATE pools only: tokens of trailing window needed at a match end.
+        window_tokens: STATE pools only: tokens of trailing window needed at a match end
+            (a recurrent pool: 1, the state at the boundary's last token).
         layer_ids: model layer of each pool-local layer; defaults to ``range(num_layers)``.
+        recurrent: STATE pools only: a row holds a whole fixed-size state (a linear-attention
+            layer's conv window or recurrent matrix at one position), not tokens of a ring;
+            ``tokens_per_row`` and ``window_tokens`` are 1, so a snapshot is one row. Servers
+            take such snapshots every ``--hicache-state-interval`` tokens (`hicache.sizing`).
     """
 
     name: str
@@ -93,6 +99,7 @@ class PoolSpec:
     indices_from: str | None = None
     window_tokens: int = 0
     layer_ids: tuple[int, ...] | None = field(default=None)
+    recurrent: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "buffers", tuple(self.buffers))
@@ -130,6 +137,12 @@ class PoolSpec:
         if self.kind is PoolKind.ANCHOR:
             _require(self.indices_from is None,
                      f"PoolSpec.indices_from: the anchor {self.name!r} owns its indices")
+        if self.recurrent:
+            _require(self.kind is PoolKind.STATE,
+                     f"PoolSpec.recurrent: only STATE pools hold a recurrent state, {self.name!r} is {self.kind.value}")
+            _require(self.tokens_per_row == 1 and self.window_tokens == 1,
+                     f"PoolSpec.recurrent: a recurrent pool's row is one whole state: tokens_per_row and "
+                     f"window_tokens must be 1, {self.name!r} has {self.tokens_per_row} and {self.window_tokens}")
 
     @property
     def hit_policy(self) -> HitPolicy:
@@ -229,6 +242,14 @@ class Stack:
                 if cur.name in seen:
                     raise ValueError(f"PoolSpec.indices_from: sources form a cycle {' -> '.join(seen + [cur.name])}")
                 seen.append(cur.name)
+        for p in self.pools:
+            root = by_name[p.name]
+            while root.indices_from is not None:
+                root = by_name[root.indices_from]
+            if p.recurrent != root.recurrent:  # one snapshot shape per state root
+                raise ValueError(f"PoolSpec.recurrent: pool {p.name!r} (recurrent={p.recurrent}) derives from "
+                                 f"{root.name!r} (recurrent={root.recurrent}); a state root and its sidecars "
+                                 "must be both recurrent or both windowed")
 
     def __iter__(self) -> Iterator[PoolSpec]:
         return iter(self.pools)
@@ -280,6 +301,18 @@ class Stack:
         """The own-indexed pool whose slots ``name``'s rows ultimately derive from."""
         self.pool(name)
         return self._roots[name]
+
+    @functools.cached_property
+    def snapshot_slots(self) -> dict[str, int]:
+        """Slots one state snapshot takes in each state root (own-indexed STATE pool): the
+        largest ``window_tokens`` of the pools rooted there, in whole rows of the root (one
+        row for DeepSeek-V4's ``swa`` and for a recurrent ``conv``)."""
+        out = {}
+        for root in self.own_indexed:
+            if root.kind is PoolKind.STATE:
+                window = max(p.window_tokens for p in self.pools if self._roots[p.name] is root)
+                out[root.name] = -(-window // root.tokens_per_row) * root.tokens_per_row
+        return out
 
     def data_pools(self) -> tuple[PoolSpec, ...]:
         return tuple(p for p in self.pools if p.has_data)

@@ -6,6 +6,8 @@ from typing import Callable, NamedTuple
 from host_pools.spec import Stack
 from hicache.models.deepseek_v4 import FLASH_RATIOS, PRO_RATIOS, deepseek_v4
 from hicache.models.dense import dsa, mha, mla
+from hicache.models.linear_hybrid import (NEMOTRON_H_8B, QWEN3_5_27B, QWEN3_5_35B_A3B, QWEN3_NEXT_80B_A3B,
+                                          HybridGeometry, linear_hybrid)
 
 
 class Preset(NamedTuple):
@@ -13,6 +15,10 @@ class Preset(NamedTuple):
 
     num_layers: int
     build: Callable[[int], Stack]
+
+
+def _hybrid(name: str, geometry: HybridGeometry) -> Preset:
+    return Preset(len(geometry.layer_kinds), lambda n: linear_hybrid(geometry.cut(n), name))
 
 
 PRESETS: dict[str, Preset] = {
@@ -26,6 +32,11 @@ PRESETS: dict[str, Preset] = {
     "deepseek-v3.2": Preset(61, lambda n: dsa(n, page_size=64, model="deepseek-v3.2")),
     "deepseek-v4-flash": Preset(len(FLASH_RATIOS), lambda n: deepseek_v4(FLASH_RATIOS[:n], "deepseek-v4-flash")),
     "deepseek-v4-pro": Preset(len(PRO_RATIOS), lambda n: deepseek_v4(PRO_RATIOS[:n], "deepseek-v4-pro")),
+    # linear-attention hybrids (hicache/models/linear_hybrid.py cites each config)
+    "qwen3.5-27b": _hybrid("qwen3.5-27b", QWEN3_5_27B),
+    "qwen3.5-35b-a3b": _hybrid("qwen3.5-35b-a3b", QWEN3_5_35B_A3B),
+    "qwen3-next-80b-a3b": _hybrid("qwen3-next-80b-a3b", QWEN3_NEXT_80B_A3B),
+    "nemotron-h-8b": _hybrid("nemotron-h-8b", NEMOTRON_H_8B),
 }
 
 

@@ -1,11 +1,12 @@
-"""Hybrid stacks (DeepSeek-V4): snapshot sizes and where a match may end.
+"""Hybrid stacks (DeepSeek-V4, linear-attention hybrids): snapshot sizes and where a match may end.
 
 History pools (``HitPolicy.ALL_PAGES``: the anchor and everything derived from it, e.g.
 ``c4_kv``, ``c4_indexer``, ``c128_kv``) must cover every page of a match. State pools
 (``TRAILING_PAGES``: ``swa`` and the compressor rings derived from it) only need the
 trailing window at the match end, so each node keeps one *snapshot* of the state root
 pools for its end boundary (``window_tokens`` rounded up to rows: one 128-token ``swa``
-row for DeepSeek-V4).
+row for DeepSeek-V4; one ``conv`` row, and the ``recurrent`` row of the same index, for a
+linear-attention hybrid, whose recurrent state pools hold a whole state per row).
 
     query  0        256                 768      1024     1280      (page = 256 tokens)
            |---A----|---------B---------|---C----|---D----|--E ...   nodes on its path
@@ -53,17 +54,11 @@ def snapshot_sizes(stack: Stack) -> dict[str, int]:
         ValueError: an own-indexed non-anchor pool that is not a STATE pool (a second
             history token space has no place in a prefix tree keyed by the anchor).
     """
-    sizes = {}
     for root in stack.own_indexed:
-        if root is stack.anchor:
-            continue
-        if root.kind is not PoolKind.STATE:
+        if root is not stack.anchor and root.kind is not PoolKind.STATE:
             raise ValueError(f"stack: own-indexed pool {root.name!r} is {root.kind.value}; HiRadixCache "
                              "supports only STATE pools besides the anchor")
-        window = max(p.window_tokens for p in stack if stack.root_of(p.name).name == root.name)
-        rows = -(-window // root.tokens_per_row)
-        sizes[root.name] = rows * root.tokens_per_row
-    return sizes
+    return dict(stack.snapshot_slots)
 
 
 def select_match_end(path: Sequence[TreeNode], hybrid: bool) -> tuple[int, int]:

@@ -26,7 +26,7 @@ def test_defaults():
     assert dataclasses.asdict(c) == {
         "enable_hierarchical_cache": False, "hicache_ratio": 2.0, "hicache_size_gb": 0.0,
         "write_policy": "write_back", "eviction_policy": "tiered", "io_backend": "auto", "mem_layout": "page_first",
-        "swa_full_tokens_ratio": 0.1, "ranks_per_host": 1, "host_headroom_gb": None,
+        "swa_full_tokens_ratio": 0.1, "state_interval": 0, "ranks_per_host": 1, "host_headroom_gb": None,
         "max_copy_programs": None, "storage_backend": "none", "storage_dir": "",
         "storage_master": "127.0.0.1:50051", "storage_capacity_gb": 0.0, "storage_prefetch_policy": "timeout",
         "storage_prefetch_timeout_s": 2.0, "storage_write_policy": "write_through", "storage_admission": 1,
@@ -105,7 +105,7 @@ def test_every_flag_round_trips():
     argv = ["--enable-hierarchical-cache", "--hicache-ratio", "3.5", "--hicache-size", "40",
             "--hicache-write-policy", "write_through_selective", "--hicache-io-backend", "triton",
             "--hicache-mem-layout", "layer_first", "--swa-full-tokens-ratio", "0.25",
-            "--hicache-ranks-per-host", "8", "--hicache-host-headroom", "6",
+            "--hicache-state-interval", "4096", "--hicache-ranks-per-host", "8", "--hicache-host-headroom", "6",
             "--hicache-max-copy-programs", "16",
             "--hicache-storage-backend", "mooncake", "--hicache-storage-dir", "/tmp/pages",
             "--hicache-storage-master", "10.0.0.2:50051", "--hicache-storage-capacity", "64",
@@ -118,7 +118,8 @@ def test_every_flag_round_trips():
     c = HiCacheConfig.from_args(_parse(argv))
     assert c == HiCacheConfig(enable_hierarchical_cache=True, hicache_ratio=3.5, hicache_size_gb=40.0,
                               write_policy="write_through_selective", io_backend="triton",
-                              mem_layout="layer_first", swa_full_tokens_ratio=0.25, ranks_per_host=8,
+                              mem_layout="layer_first", swa_full_tokens_ratio=0.25, state_interval=4096,
+                              ranks_per_host=8,
                               host_headroom_gb=6.0, max_copy_programs=16, storage_backend="mooncake",
                               storage_dir="/tmp/pages", storage_master="10.0.0.2:50051", storage_capacity_gb=64.0,
                               storage_prefetch_policy="wait_complete", storage_prefetch_timeout_s=0.5,

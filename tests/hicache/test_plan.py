@@ -67,7 +67,9 @@ def test_plan_table_host_gib_add_up_to_the_total(capsys):
 
 def test_plan_json_keys_and_totals(capsys):
     plan = _json_plan(capsys, [*PRO, "--hicache-ratio", "2"])
-    assert set(plan) == {"pools", "host_bytes_total", "budget_bytes", "fits"}
+    assert set(plan) == {"pools", "host_bytes_total", "budget_bytes", "fits", "kv_bytes_per_token",
+                         "host_kv_bytes_per_token", "state_bytes_per_snapshot", "state_interval"}
+    assert plan["state_interval"] is None and set(plan["state_bytes_per_snapshot"]) == {"swa"}
     assert all(set(p) == POOL_KEYS for p in plan["pools"])
     assert plan["host_bytes_total"] == sum(p["host_bytes"] for p in plan["pools"])
     assert plan["fits"] == (plan["host_bytes_total"] <= plan["budget_bytes"])
@@ -91,6 +93,25 @@ def test_swa_host_rows_are_ratio_times_device_rows(capsys, ratio):
         assert by_name[name]["host_rows"] == ratio * 4096
     for name in ("c4_state", "c4_indexer_state"):
         assert by_name[name]["host_rows"] == by_name["swa"]["host_rows"]
+
+
+@pytest.mark.parametrize("model", ["qwen3.5-27b", "qwen3.5-35b-a3b", "qwen3-next-80b-a3b", "nemotron-h-8b"])
+def test_hybrid_plan_shows_state_bytes_per_snapshot_beside_kv_bytes_per_token(capsys, model):
+    argv = ["plan", "--model", model, "--device-tokens", "65536", "--hicache-state-interval", "4096",
+            "--hicache-host-dtype", "int8"]
+    code = main(argv)
+    out = capsys.readouterr().out.splitlines()
+    assert code in (0, 1)
+    assert "int8 + fp32 scales: attn_kv; exact: conv, recurrent" in out[0]
+    kv = next(line for line in out if line.startswith("KV "))
+    snap = next(line for line in out if line.startswith("state snapshot (conv, recurrent): "))
+    assert "B per token (history pools, all layers;" in kv and "on the int8 host" in kv
+    assert "(exact on every tier) = the KV of" in snap and "one per 4,096 tokens" in snap
+    plan = _json_plan(capsys, argv)
+    rows = {p["name"]: p for p in plan["pools"]}
+    assert rows["conv"]["device_rows"] == 65536 // 4096 and plan["state_interval"] == 4096
+    assert rows["recurrent"]["host_row_bytes"] == rows["recurrent"]["row_bytes"]  # state stays exact
+    assert rows["attn_kv"]["host_row_bytes"] < rows["attn_kv"]["row_bytes"]  # only the KV is int8
 
 
 def test_swa_full_tokens_ratio_flag_sizes_the_swa_root(capsys):
@@ -192,6 +213,8 @@ def test_unknown_model_exits_2_listing_the_presets(capsys):
 
 @pytest.mark.parametrize("argv, flag", [
     (["--model", "gpt-5"], "--model"),
+    (["--model", "qwen3.5-27b", "--hicache-state-interval", "100"], "--hicache-state-interval"),
+    (["--model", "qwen3.5-27b", "--hicache-state-interval", "-64"], "--hicache-state-interval"),
     (["--layers", "0"], "--layers"),
     (["--device-tokens", "-5"], "--device-tokens"),
 ])
