@@ -111,12 +111,7 @@ class CachePlan:
 
     def snapshot_bytes(self, host: bool = False) -> dict[str, int]:
         """Bytes (all layers) of one state snapshot per state root (host format if ``host``)."""
-        stack = self.host if host else self.stack
-        out = {}
-        for root, slots in self.stack.snapshot_slots.items():
-            out[root] = sum(p.row_bytes * p.num_layers * slots // p.tokens_per_row
-                            for p in stack if stack.root_of(p.name).name == root)
-        return out
+        return (self.host if host else self.stack).snapshot_bytes()
 
     def to_json(self) -> dict:
         return {"pools": [p._asdict() for p in self.pools], "host_bytes_total": self.host_bytes_total,

@@ -314,6 +314,13 @@ class Stack:
                 out[root.name] = -(-window // root.tokens_per_row) * root.tokens_per_row
         return out
 
+    def snapshot_bytes(self) -> dict[str, int]:
+        """Bytes (all layers) of one snapshot per state root: its pools' rows of the snapshot."""
+        slots = self.snapshot_slots
+        return {root: sum(p.row_bytes * p.num_layers * n // p.tokens_per_row
+                          for p in self.pools if self._roots[p.name].name == root)
+                for root, n in slots.items()}
+
     def data_pools(self) -> tuple[PoolSpec, ...]:
         return tuple(p for p in self.pools if p.has_data)
 

@@ -42,6 +42,19 @@ def stack_from_flags(model: str, layers: int | None) -> Stack:
     return preset(model, layers)
 
 
+def default_layers(model: str) -> int:
+    """``--layers`` when not given: the fewest first layers holding every pool of the model,
+    at least 2 (4 for DeepSeek-V4: SWA-only, CSA and HCA layers all present).
+
+    Raises:
+        ValueError: an unknown ``--model``.
+    """
+    full = {p.name for p in stack_from_flags(model, None)}
+    total = PRESETS[model].num_layers
+    least = min(total, 4 if model.startswith("deepseek-v4") else 2)
+    return next(n for n in range(least, total + 1) if {p.name for p in preset(model, n)} == full)
+
+
 def check_device_tokens(tokens: int, stack: Stack, flag: str = "--device-tokens") -> int:
     """``tokens`` if it lies in [one page, MAX_DEVICE_TOKENS]."""
     if not stack.page_size <= tokens <= MAX_DEVICE_TOKENS:

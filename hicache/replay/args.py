@@ -69,8 +69,8 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
                         "with other traffic, carrying an agent framework's hints)")
     p.add_argument("--model", default="deepseek-v3", help="preset name (default %(default)s)")
     p.add_argument("--layers", type=int, default=None,
-                   help="use only the first N layers (default 4 for deepseek-v4-* presets, which covers "
-                        "every pool family, else 2)")
+                   help="use only the first N layers (default: the fewest that hold every pool family of the "
+                        "model, at least 2; 4 for deepseek-v4-*, 4 for qwen3.5 / qwen3-next, 8 for nemotron-h)")
     p.add_argument("--device-tokens", type=int, default=None,
                    help="device anchor tokens (default 32768; 1048576 with --trace)")
     p.add_argument("--hicache-ratio", type=ratios, default=[1.0, 2.0, 4.0],
@@ -93,6 +93,9 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
                    help=f"host format, one of {', '.join(HOST_DTYPES)} (int8: bf16/fp16 history pools as int8 + "
                         "fp32 scales, ~0.53x the host bytes per token; the content replayed is then exact in int8)")
     p.add_argument("--swa-full-tokens-ratio", type=float, default=0.1, help="DeepSeek-V4 device SWA share")
+    p.add_argument("--hicache-state-interval", dest="state_interval", type=int, default=0,
+                   help="hybrid stacks: tokens between the state snapshots a prefill saves (a multiple of the page); "
+                        "0 = the measured default for recurrent state, the last 512-token boundary for DeepSeek-V4")
     p.add_argument("--hicache-host-headroom", dest="host_headroom_gb", type=float, default=None,
                    help="GiB of host memory left free, as a server's flag (default min(10 GiB, 10%% of RAM)); "
                         "lower it to replay on a small machine")

@@ -37,6 +37,16 @@ figure is in the replay's own units:
                prefixes (a block's next access never comes after its descendant's), so a
                prefix cache reaches it: the bound is tight.
 
+Hybrid stacks add two bounds under the snapshot rule (`hicache.replay.snapshots`): a hit
+ends at the deepest boundary of its leading run where an earlier prefill saved a
+snapshot, a prefill saves only where it computes (the prompt's end and the rule's
+interval boundaries past its hit), and a snapshot leaves with its page:
+
+    infinite_snapshots   C = infinity under the rule: no cache obeying it can do better
+                         (``infinite - infinite_snapshots``: the hit lost to boundaries)
+    lru_snapshots        the ideal prefix-block LRU under the rule, what the replay's LRU
+                         reaches at best (`docs/RESULTS.md` measured DeepSeek-V4's gap so)
+
 Cost: one pass to name the blocks (a dict walk of the requests' ``hash_ids``), numpy for
 the next accesses and the runs (`TraceBounds`), then one heap-based pass per capacity for
 ``belady`` and one ordered-dict pass for ``lru``: about 3 s for a 12k-request trace, then
@@ -46,11 +56,14 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from typing import NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
 
 from hicache.replay.workload import BLOCK_TOKENS, Request
+
+if TYPE_CHECKING:
+    from hicache.replay.snapshots import SnapshotRule
 
 __all__ = ["Bounds", "TraceBounds", "block_ids"]
 
@@ -62,6 +75,8 @@ class Bounds(NamedTuple):
     infinite: float
     lru: float
     belady: float
+    infinite_snapshots: float | None = None  # hybrid stacks: under the snapshot rule
+    lru_snapshots: float | None = None
 
 
 def block_ids(requests: Sequence[Request], page_size: int) -> list[np.ndarray]:
@@ -104,12 +119,15 @@ class TraceBounds:
     Args:
         requests: the workload, in order.
         page_size: the replay's page (tokens).
+        rule: the snapshot rule of a hybrid stack (adds the ``*_snapshots`` bounds), or ``None``.
     """
 
-    def __init__(self, requests: Sequence[Request], page_size: int) -> None:
+    def __init__(self, requests: Sequence[Request], page_size: int, rule: SnapshotRule | None = None) -> None:
         self.page_size = page_size
         self.prompt_tokens = max(1, sum(r.input_length for r in requests))
         pages = block_ids(requests, page_size)
+        self.rule, self._pages = rule, (pages if rule is not None else [])
+        self._infinite_snapshots = None if rule is None else self._rate(snapshot_hits(pages, rule, page_size, None))
         flat = np.concatenate(pages) if pages else np.empty(0, dtype=np.int64)
         distinct = int(flat.max()) + 1 if flat.size else 0  # block ids are dense
         self.infinite = self._rate(flat.size - distinct)  # every access but a block's first
@@ -126,7 +144,10 @@ class TraceBounds:
             c = capacity_tokens // self.page_size
             lru = lru_hits(self.runs, self.weights, self.starts, c)
             belady = belady_hits(self.runs, self.weights, self._next, c)
-            self._cache[capacity_tokens] = Bounds(capacity_tokens, self.infinite, self._rate(lru), self._rate(belady))
+            lru_snapshots = None if self.rule is None else \
+                self._rate(snapshot_hits(self._pages, self.rule, self.page_size, c))
+            self._cache[capacity_tokens] = Bounds(capacity_tokens, self.infinite, self._rate(lru), self._rate(belady),
+                                                  self._infinite_snapshots, lru_snapshots)
         return self._cache[capacity_tokens]
 
 
@@ -219,4 +240,25 @@ def belady_hits(runs: np.ndarray, weights: np.ndarray, nxt: np.ndarray, capacity
                 due[k] = n
                 heapq.heappush(heap, (-n, k))
             cached[k] += drop
+    return hits
+
+
+def snapshot_hits(pages: Sequence[np.ndarray], rule: SnapshotRule, page_size: int, capacity: int | None) -> int:
+    """Blocks hit under the snapshot rule (module docstring) by the ideal prefix-block LRU
+    of ``capacity`` blocks (``None``: an infinite cache); ``pages``: `block_ids`."""
+    order: OrderedDict[int, None] = OrderedDict()  # cached blocks, the least recent first
+    saved: set[int] = set()  # blocks a snapshot ends at
+    hits = 0
+    for ids in pages:
+        keys = ids.tolist()
+        run = next((i for i, k in enumerate(keys) if k not in order), len(keys))
+        while run and keys[run - 1] not in saved:  # back to the deepest saved boundary
+            run -= 1
+        hits += run
+        saved.update(keys[b // page_size - 1] for b in rule.boundaries(run * page_size, len(keys) * page_size))
+        for k in reversed(keys):  # deepest first: the shallowest block is the most recent
+            order[k] = None
+            order.move_to_end(k)
+        while capacity is not None and len(order) > capacity:
+            saved.discard(order.popitem(last=False)[0])  # a snapshot leaves with its page
     return hits

@@ -42,7 +42,8 @@ import torch
 
 from bounded_input import STALL_S
 from hicache.build import build, check_backend_device, check_backend_usable
-from hicache.cli.checks import check_device_tokens, check_fits_device, check_sweep, parse_device, stack_from_flags
+from hicache.cli.checks import (check_device_tokens, check_fits_device, check_sweep, default_layers, parse_device,
+                                stack_from_flags)
 from hicache.config import HiCacheConfig, check_storage_flags
 from hicache.radix.hints.envelope import capabilities, capability_line
 from hicache.replay.args import add_replay_args
@@ -53,6 +54,7 @@ from hicache.replay.plot import check_plot_path, draw
 from hicache.replay.progress import Progress, line_break
 from hicache.replay.report import Verdict, format_table, json_row, summary, verdict
 from hicache.replay.run import Replayer
+from hicache.replay.snapshots import SnapshotRule
 from hicache.replay.stats import RunStats, tier_tokens
 from hicache.replay.storage import fill_storage_defaults, open_run_store, probe_storage, storage_config
 from hicache.replay.workload import MAX_PROMPT_TOKENS, Request, TraceLimits, load_trace
@@ -85,6 +87,7 @@ def _config(args: argparse.Namespace, ratio: float, policy: str | None = None) -
     config = HiCacheConfig(hicache_ratio=ratio if ratio > 0 else 1e-12, write_policy=args.write_policy,
                            io_backend=args.io_backend, mem_layout=args.mem_layout,
                            swa_full_tokens_ratio=args.swa_full_tokens_ratio,
+                           state_interval=getattr(args, "state_interval", 0),
                            eviction_policy=policy or args.eviction_policies[0],
                            host_headroom_gb=getattr(args, "host_headroom_gb", None),
                            host_dtype=getattr(args, "host_dtype", "auto"),
@@ -187,8 +190,7 @@ class _Sweep:
 
 
 def _run(args: argparse.Namespace) -> int:
-    layers = args.layers if args.layers is not None else (4 if args.model.startswith("deepseek-v4") else 2)
-    stack = stack_from_flags(args.model, layers)
+    stack = stack_from_flags(args.model, args.layers if args.layers is not None else default_layers(args.model))
     check_sweep(args.hicache_ratio)
     device = parse_device(args.device)
     check_backend_device(args.io_backend, device)  # dma without CUDA, named before the memory checks
@@ -202,7 +204,7 @@ def _run(args: argparse.Namespace) -> int:
     check_storage_flags(args)  # after the values' own checks, which name a bad value first
     check_backend_usable(args.io_backend)  # a backend that cannot run here, before any run (build checks too)
     storage = probe_storage(args, stack, _config(args, 0.0))
-    bounds = TraceBounds(requests, stack.page_size)
+    bounds = TraceBounds(requests, stack.page_size, SnapshotRule.of(stack, _config(args, 0.0)))
     sweep = _Sweep(args)
     out = _Output(args, stack, device, storage, bounds)
     try:

@@ -13,11 +13,13 @@ JSON_KEYS = ("hicache_ratio", "eviction_policy", "hit_rate", "device_hit_rate", 
              "bytes_storage_written", "storage_bytes_per_hit_token", "storage_read_gbps", "storage_write_gbps",
              "transfers_failed", "mismatches",
              "host_dtype", "host_capacity_bytes", "peak_host_bytes", "capacity_tokens", "bound_lru", "bound_belady",
-             "bound_infinite", "hints", "hints_sent", "hint_states")
+             "bound_infinite", "hints", "hints_sent", "hint_states", "state_interval", "snapshots",
+             "snapshot_bytes", "bytes_d2h_state", "bound_lru_snapshots", "bound_infinite_snapshots")
 HINT_SUFFIX = {"on": "+h", "wrong": "+w"}  # a policy's column label with the trace's hints, or wrong ones
 BOUNDS_LEGEND = ("bounds, from the trace alone at each row's device + host (+ storage) tokens (hicache.replay.bounds): ideal LRU = "
                  "what LRU reaches without a server's constraints; Belady = no eviction policy can beat it; "
-                 "infinite = no cache can")
+                 "infinite = no cache can; hybrid stacks also under the snapshot rule (+snap: a hit ends where a "
+                 "prefill saved a state snapshot, which leaves with its page)")
 
 
 class Verdict(NamedTuple):
@@ -55,7 +57,10 @@ def json_row(st: RunStats, bound: Bounds | None = None) -> dict:
             "host_capacity_bytes": st.host_capacity_bytes, "peak_host_bytes": st.peak_host_bytes,
             "capacity_tokens": st.capacity_tokens, "bound_lru": bound and bound.lru,
             "bound_belady": bound and bound.belady, "bound_infinite": bound and bound.infinite,
-            "hints": st.hints, "hints_sent": st.hints_sent, "hint_states": dict(st.hint_states)}
+            "hints": st.hints, "hints_sent": st.hints_sent, "hint_states": dict(st.hint_states),
+            "state_interval": st.state_interval or None, "snapshots": st.snapshots, "snapshot_bytes": st.snapshot_bytes,
+            "bytes_d2h_state": st.bytes_d2h_state, "bound_lru_snapshots": bound and bound.lru_snapshots,
+            "bound_infinite_snapshots": bound and bound.infinite_snapshots}
 
 
 def run_label(st: RunStats) -> str:
@@ -114,8 +119,10 @@ def bounds_table(runs: Sequence[RunStats], bounds: Sequence[Bounds]) -> str:
     """Per ratio: each policy's hit rate beside the bounds at that capacity."""
     policies = list(dict.fromkeys(run_label(st) for st in runs))
     width = max(9, 1 + max(len(p) for p in policies))
+    snap = any(b.lru_snapshots is not None for b in bounds)
     head = (f"{'ratio':>6}{'capacity tokens':>17}" + "".join(f"{p:>{width}}" for p in policies)
-            + f" |{'ideal LRU':>10}{'Belady':>8}{'infinite':>10}")
+            + f" |{'ideal LRU':>10}{'Belady':>8}{'infinite':>10}"
+            + (f" |{'LRU +snap':>10}{'inf +snap':>10}" if snap else ""))
     lines = ["hit rate per eviction policy against the bounds (" + BOUNDS_LEGEND.split(" (hicache", 1)[0] + ")",
              head, "-" * len(head)]
     rows: dict[float, dict] = {}
@@ -126,7 +133,8 @@ def bounds_table(runs: Sequence[RunStats], bounds: Sequence[Bounds]) -> str:
         b = row["bound"]
         hits = "".join(f"{row[p]:>{width}.3f}" if p in row else f"{'-':>{width}}" for p in policies)
         cap = "unlimited" if b.capacity_tokens >= UNLIMITED_TOKENS else f"{b.capacity_tokens:,}"
-        lines.append(f"{ratio:>6g}{cap:>17}{hits} |{b.lru:>10.3f}{b.belady:>8.3f}{b.infinite:>10.3f}")
+        lines.append(f"{ratio:>6g}{cap:>17}{hits} |{b.lru:>10.3f}{b.belady:>8.3f}{b.infinite:>10.3f}"
+                     + (f" |{b.lru_snapshots:>10.3f}{b.infinite_snapshots:>10.3f}" if snap else ""))
     return "\n".join(lines)
 
 

@@ -18,9 +18,10 @@ without it the writes would queue up behind each other, pages dropped by the hos
 still be on their way, and the hit rates would move with the machine's load. Lookups see
 writes still running in any case (`hicache.radix.store`).
 
-Hybrid stacks: the "prefill" also saves a state snapshot at the prompt end and at the
-last 512-token block boundary inside the computed part, where the next request of a
-Mooncake session (whose hash_ids re-block the previous prompt) branches off.
+Hybrid stacks: the "prefill" also saves state snapshots where `hicache.replay.snapshots`
+says: the prompt end, and inside the computed part every ``--hicache-state-interval``
+tokens (recurrent state) or the last 512-token block boundary (DeepSeek-V4), where the
+next request of a Mooncake session (whose hash_ids re-block the previous prompt) branches off.
 
 A request's client hints (`hicache.replay.hintplay`) go to the tree before its match
 (``when: before``) and after its insert (``after``), each time followed by a scheduler
@@ -37,8 +38,9 @@ from hicache.radix import HiRadixCache
 from hicache.radix.node import EMPTY_SLOTS
 from hicache.replay.content import ContentModel, ReplayMismatch, prefix_hashes, state_seed
 from hicache.replay.hintplay import HintPlayer
+from hicache.replay.snapshots import SnapshotRule
 from hicache.replay.stats import RunStats, tier_tokens
-from hicache.replay.workload import BLOCK_TOKENS, Request, request_tokens
+from hicache.replay.workload import Request, request_tokens
 
 if TYPE_CHECKING:
     from hicache.radix.store import TierStore
@@ -70,6 +72,10 @@ class Replayer:
                               capacity_tokens=self._capacity_tokens(hicache_ratio > 0, storage is not None),
                               hints=hints)
         self.verify_hits = verify_hits
+        self.rule = SnapshotRule.of(self.stack, cache.config)
+        if self.rule is not None:
+            self.stats.state_interval = self.rule.interval
+            self.stats.snapshot_bytes = sum(self.stack.snapshot_bytes().values())
         self._instrument()
 
     def _capacity_tokens(self, host_tier: bool, storage: bool) -> int:
@@ -224,15 +230,11 @@ class Replayer:
                 self.cache.device_pools[root].free(s)
 
     def _snapshots(self, end: int, start: int, hashes: list[int]) -> dict[int, dict]:
-        """State snapshots at the prompt end and the last block boundary in (start, end)."""
-        if not self.tree.hybrid or end <= start:
+        """State snapshots at the boundaries of (start, end] the snapshot rule names."""
+        if self.rule is None:
             return {}
-        bounds = {end}
-        block = end - end % BLOCK_TOKENS
-        if start < block < end and block % self.page == 0:
-            bounds.add(block)
         snaps = {}
-        for b in bounds:
+        for b in self.rule.boundaries(start, end):
             snap = {}
             for root, size in self.tree.state_sizes.items():
                 s = self._alloc(root, size, self.tree.evict_states)
@@ -242,6 +244,7 @@ class Replayer:
                 snap[root] = s
             if len(snap) == len(self.tree.state_sizes):
                 snaps[b] = snap
+                self.stats.snapshots += 1
             else:
                 for root, s in snap.items():
                     self.cache.device_pools[root].free(s)
@@ -274,6 +277,8 @@ class Replayer:
         st.transfers_ok = ctrl["d2h"]["ops"] + ctrl["h2d"]["ops"]
         st.transfers_failed = ctrl["d2h"]["failed_ops"] + ctrl["h2d"]["failed_ops"]
         st.bytes_d2h = sum(ctrl["d2h"]["bytes"].values())
+        st.bytes_d2h_state = sum(n for name, n in ctrl["d2h"]["bytes"].items()
+                                 if self.stack.root_of(name).name in self.stack.snapshot_slots)
         st.bytes_h2d = sum(ctrl["h2d"]["bytes"].values())
         st.pages_d2h = ctrl["d2h"]["tokens"].get(self.anchor, 0) // self.page
         st.pages_h2d = ctrl["h2d"]["tokens"].get(self.anchor, 0) // self.page

@@ -61,6 +61,10 @@ class RunStats:
     hints: str = "on"  # --hints of the run: on, off or wrong
     hints_sent: int = 0  # hints the tree got (one per action of an envelope)
     hint_states: dict = field(default_factory=dict)  # tickets per state at the end (accepted: still in force)
+    state_interval: int = 0  # tokens between the snapshots a prefill saves (0: not a hybrid stack)
+    snapshots: int = 0  # state snapshots the prefills saved (each its snapshot_bytes on the device)
+    snapshot_bytes: int = 0  # bytes of one snapshot, all state pools and layers (device format)
+    bytes_d2h_state: int = 0  # of bytes_d2h: the state pools' (snapshots backed up to the host)
 
     def as_dict(self) -> dict:
         return asdict(self)
