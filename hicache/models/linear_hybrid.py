@@ -123,20 +123,21 @@ def linear_hybrid(geometry: HybridGeometry, model: str = "linear-hybrid") -> Sta
 
 
 def deltanet(layer_kinds: Sequence[str], num_kv_heads: int, head_dim: int, key_heads: int, value_heads: int,
-             key_dim: int = 128, value_dim: int = 128, conv_kernel: int = 4, **dtypes) -> HybridGeometry:
+             key_dim: int = 128, value_dim: int = 128, conv_kernel: int = 4, **options) -> HybridGeometry:
     """A Gated DeltaNet hybrid (Qwen3.5, Qwen3-Next): the conv runs over q, k and v
     (``2 key_heads key_dim + value_heads value_dim`` channels), the state is
-    ``[value_heads, key_dim, value_dim]``."""
+    ``[value_heads, key_dim, value_dim]``; ``options``: page size and dtypes (`HybridGeometry`)."""
     return HybridGeometry(tuple(layer_kinds), num_kv_heads, head_dim, 2 * key_heads * key_dim + value_heads * value_dim,
-                          conv_kernel, (value_heads, key_dim, value_dim), **dtypes)
+                          conv_kernel, (value_heads, key_dim, value_dim), **options)
 
 
 def mamba2(layer_kinds: Sequence[str], num_kv_heads: int, head_dim: int, heads: int, mamba_head_dim: int,
-           n_groups: int, ssm_state: int, conv_kernel: int = 4, **dtypes) -> HybridGeometry:
+           n_groups: int, ssm_state: int, conv_kernel: int = 4, **options) -> HybridGeometry:
     """A Mamba-2 hybrid (Nemotron-H): the conv runs over x, B and C (``heads mamba_head_dim +
-    2 n_groups ssm_state`` channels), the state is ``[heads, mamba_head_dim, ssm_state]``."""
+    2 n_groups ssm_state`` channels), the state is ``[heads, mamba_head_dim, ssm_state]``;
+    ``options``: page size and dtypes (`HybridGeometry`)."""
     return HybridGeometry(tuple(layer_kinds), num_kv_heads, head_dim, heads * mamba_head_dim + 2 * n_groups * ssm_state,
-                          conv_kernel, (heads, mamba_head_dim, ssm_state), **dtypes)
+                          conv_kernel, (heads, mamba_head_dim, ssm_state), **options)
 
 
 # The public configs (each cited where its numbers come from).

@@ -15,8 +15,10 @@ import json
 import sys
 
 from hicache.config import EVICTION_POLICIES, IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES
-from hicache.reference.options import (HOST_DTYPES, KV_DTYPES, MAX_KL_TOLERANCE, MEAN_KL_TOLERANCE, SIZE_LIMITS,
-                                       TOLERANCE, TOP1_TOLERANCE, VerifyOptions)
+from hicache.reference.options import (HOST_DTYPES, KV_DTYPES, LINEAR_ARCH_NAMES, MAX_KL_TOLERANCE, MEAN_KL_TOLERANCE,
+                                       SIZE_LIMITS, TOLERANCE, TOP1_TOLERANCE, WRONG_BOUNDARY, VerifyOptions)
+
+ARCH_NAMES = ("deepseek-v4", "mha", *LINEAR_ARCH_NAMES)  # = hicache.reference.config.ARCHS (torch-free here)
 
 JSON_KEYS = ("requests", "tokens_from", "max_abs_logit_diff", "greedy_identical", "greedy_total", "ok",
              "mean_kl", "max_kl", "top1_agreement", "criterion")
@@ -25,7 +27,8 @@ JSON_KEYS = ("requests", "tokens_from", "max_abs_logit_diff", "greedy_identical"
 def add_verify_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The flags of ``hicache verify-model`` (defaults: `VerifyOptions`)."""
     d = VerifyOptions()
-    p.description = ("A tiny random-weight paged model (DeepSeek-V4 or GQA) served multi-turn through the "
+    p.description = ("A tiny random-weight paged model (DeepSeek-V4, GQA, Qwen3.5 or Nemotron-H) served multi-turn "
+                     "through the "
                      "radix tree, controller, host pools and storage; every request's logits are compared "
                      f"with an uninterrupted recompute. Exit 0: all within {TOLERANCE:g}, greedy tokens "
                      "identical and some prefix restored from host or storage (a bf16 kv pool, e.g. with "
@@ -33,7 +36,7 @@ def add_verify_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      f"{TOP1_TOLERANCE:g} over requests restored from host/storage, every request's max KL <= "
                      f"{MAX_KL_TOLERANCE:g}); 1: a mismatch, or nothing restored (see --allow-device-only); "
                      "2: a bad flag.")
-    p.add_argument("--arch", default=d.arch, help="deepseek-v4 (default) or mha")
+    p.add_argument("--arch", default=d.arch, help=f"one of {', '.join(ARCH_NAMES)} (default %(default)s)")
     p.add_argument("--layers", type=int, default=d.layers, help=f"decoder layers, {_range('--layers')} (default 4: SWA, CSA, HCA, CSA)")
     p.add_argument("--conversations", type=int, default=d.conversations, help=f"conversations, {_range('--conversations')} (default %(default)s)")
     p.add_argument("--turns", type=int, default=d.turns, help=f"turns per conversation, {_range('--turns')} (default %(default)s)")
@@ -70,7 +73,11 @@ def add_verify_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="the mha toy's kv pool: auto (bfloat16 with --hicache-host-dtype int8, else "
                         "float32; default), float32 or bfloat16 (judged by KL and top-1 agreement)")
     p.add_argument("--fault", default=None, metavar="POOL",
-                   help="negative control: corrupt what loads bring back for POOL; the run must fail")
+                   help="negative control: corrupt what loads bring back for POOL, or (hybrid models) "
+                        f"{WRONG_BOUNDARY}: resume from another boundary's snapshot; the run must fail")
+    p.add_argument("--hicache-state-interval", dest="state_interval", type=int, default=d.state_interval,
+                   help="tokens between the state snapshots a request saves, a multiple of the page (default: 2 "
+                        "pages for qwen3.5 / nemotron-h, every page for deepseek-v4)")
     p.add_argument("--allow-device-only", action="store_true",
                    help="accept a run in which no prefix came back from host or storage (default: exit 1, "
                         "nothing was restored, so nothing was checked)")
@@ -108,7 +115,8 @@ def run_verify_model(args: argparse.Namespace) -> int:
         raise ValueError(str(exc.__cause__ or exc)) from None  # the store's own message, without the
         # --hicache-storage-optional advice of a server (verify-model has no such flag)
     if opts.fault and not report.fault_rows:
-        raise ValueError(f"--fault {opts.fault}: no load brought that pool back, nothing was corrupted "
+        what = "no request resumed from a snapshot" if opts.fault == WRONG_BOUNDARY else "no load brought that pool back"
+        raise ValueError(f"--fault {opts.fault}: {what}, nothing was corrupted "
                          "(use more --conversations or a smaller --hicache-ratio)")
     unrestored = _nothing_restored(report, args)
     if args.json:
@@ -156,7 +164,9 @@ def _human(r, opts, unrestored: bool = False) -> str:
     if r.topk_exercised is not None:
         gap = "" if r.topk_min_gap is None else f", smallest score gap at the boundary {r.topk_min_gap:.1e}"
         lines.append(f"  indexer top-k: {r.topk_exercised:.0%} of queries had more entries to choose from{gap}")
-    if r.fault:
+    if r.fault == WRONG_BOUNDARY:
+        lines.append(f"  fault: {r.fault_rows} resumes from another boundary's snapshot (negative control)")
+    elif r.fault:
         lines.append(f"  fault: {r.fault_rows} rows of {r.fault} corrupted on loads (negative control)")
     verdict = "OK" if r.ok else f"MISMATCH in {r.mismatched_requests} of {r.requests} requests"
     if unrestored:

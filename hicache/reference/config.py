@@ -7,6 +7,8 @@ Two tiny random-weight models run on hicache's own device pools:
                   16: the pool keeps the name c128_kv), c4_state, and 16 (HCA) alternating:
                   c4_indexer_state                               [0, 4, 16, 4, 16, ...]
     mha           kv (k and v, GQA)                              every layer full attention
+    qwen3.5,      attn_kv, conv, recurrent                       `hicache.reference.linear_config`
+    nemotron-h
 
 DeepSeek-V4 keeps the real model's proportions where they decide what a cache must hold:
 page 32 : HCA ratio 16 = 2, as 256 : 128 (a page boundary never cuts an HCA window, so the
@@ -27,20 +29,14 @@ import torch
 
 from host_pools.spec import Stack
 from hicache.reference import fp8_ds_mla
+from hicache.reference.linear_config import LinearConfig, NemotronHConfig, Qwen35Config, check_positive
 from hicache.models.deepseek_v4 import V4Geometry, deepseek_v4, geometry_for_dims
 from hicache.models.dense import mha
 
-ARCHS = ("deepseek-v4", "mha")
+ARCHS = ("deepseek-v4", "mha", "qwen3.5", "nemotron-h")
 KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # the MHA toy's kv pool (--kv-dtype)
 KV_DTYPE_NAMES = {v: k for k, v in KV_DTYPES.items()}
 KV_FORMATS = ("fp32", "fp8_ds_mla")  # DeepSeek-V4's pool rows
-
-
-def _check_positive(obj: object, names: tuple[str, ...]) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{type(obj).__name__}.{name}: must be an integer >= 1, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -100,7 +96,7 @@ class Dsv4Config:
     arch = "deepseek-v4"
 
     def __post_init__(self) -> None:
-        _check_positive(self, ("num_layers", "hidden_size", "vocab_size", "num_heads", "head_dim", "rope_dim",
+        check_positive(self, ("num_layers", "hidden_size", "vocab_size", "num_heads", "head_dim", "rope_dim",
                                "window", "page_size", "q_lora_rank", "o_groups", "o_lora_rank", "index_n_heads",
                                "index_head_dim", "index_topk", "num_experts", "experts_per_token",
                                "moe_intermediate", "hc_mult", "hc_sinkhorn_iters"))
@@ -181,7 +177,7 @@ class MhaConfig:
     arch = "mha"
 
     def __post_init__(self) -> None:
-        _check_positive(self, ("num_layers", "hidden_size", "vocab_size", "intermediate_size", "num_heads",
+        check_positive(self, ("num_layers", "hidden_size", "vocab_size", "intermediate_size", "num_heads",
                                "num_kv_heads", "head_dim", "page_size"))
         if self.num_heads % self.num_kv_heads or self.head_dim % 2:
             raise ValueError(f"MhaConfig.num_kv_heads: must divide num_heads={self.num_heads} "
@@ -201,7 +197,8 @@ class MhaConfig:
                    model=self.identity)
 
 
-ToyConfig = Dsv4Config | MhaConfig
+ToyConfig = Dsv4Config | MhaConfig | LinearConfig
+LINEAR_ARCHS = {"qwen3.5": Qwen35Config, "nemotron-h": NemotronHConfig}
 
 
 def toy_config(arch: str, num_layers: int, seed: int, kv_format: str = "fp32",
@@ -210,8 +207,8 @@ def toy_config(arch: str, num_layers: int, seed: int, kv_format: str = "fp32",
     (DeepSeek-V4) pool rows in ``kv_format`` / (MHA) a ``kv`` pool of ``kv_dtype``.
 
     Args:
-        kv_format: DeepSeek-V4's pool rows, one of `KV_FORMATS` (mha: fp32 only).
-        kv_dtype: the MHA toy's ``kv`` pool dtype, a key of `KV_DTYPES` (DeepSeek-V4: float32 only).
+        kv_format: DeepSeek-V4's pool rows, one of `KV_FORMATS` (the others: fp32 only).
+        kv_dtype: the MHA toy's ``kv`` pool dtype, a key of `KV_DTYPES` (the others: float32 only).
     Raises:
         ValueError: unknown ``arch``, ``kv_format`` or ``kv_dtype`` (naming the allowed ones), a
             ``kv_format`` other than fp32 for mha or a ``kv_dtype`` other than float32 for
@@ -225,6 +222,13 @@ def toy_config(arch: str, num_layers: int, seed: int, kv_format: str = "fp32",
         raise ValueError(f"seed (--seed): must be >= 0, got {seed}")
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype (--kv-dtype): must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+    if arch in LINEAR_ARCHS:
+        if kv_format != "fp32":
+            raise ValueError(f"kv_format (--kv-format): {kv_format!r} is a DeepSeek-V4 format; the {arch} toy's "
+                             "pools are float64")
+        if kv_dtype != "float32":
+            raise ValueError(f"kv_dtype (--kv-dtype): {kv_dtype} is for --arch mha; the {arch} toy's pools are float64")
+        return LINEAR_ARCHS[arch](num_layers=num_layers, seed=seed)
     if arch == "deepseek-v4":
         if kv_dtype != "float32":
             raise ValueError(f"kv_dtype (--kv-dtype): {kv_dtype} is for --arch mha; deepseek-v4's pools are "

@@ -47,15 +47,7 @@ class MhaModel(PagedModel):
         q = rope_half((x @ w[f"{p}.q_proj.weight"].T).view(n, cfg.num_heads, d), cos, sin)
         k = rope_half((x @ w[f"{p}.k_proj.weight"].T).view(n, cfg.num_kv_heads, d), cos, sin)
         v = (x @ w[f"{p}.v_proj.weight"].T).view(n, cfg.num_kv_heads, d)
-        k_buf, v_buf = seq.pools["kv"].tensors[layer]
-        page = k_buf.shape[1]
-        rows = seq.rows("kv")
-        at = torch.arange(seq.length, seq.length + n, device=x.device)
-        k_buf[rows[at // page], at % page] = k.to(k_buf.dtype)
-        v_buf[rows[at // page], at % page] = v.to(v_buf.dtype)
-        end = seq.length + n
         # a bf16 pool is read back as fp32: the model computes in fp32 whatever the pool holds
-        keys = k_buf[rows].reshape(-1, cfg.num_kv_heads, d)[:end].to(q.dtype)
-        values = v_buf[rows].reshape(-1, cfg.num_kv_heads, d)[:end].to(q.dtype)
+        keys, values = seq.append_kv("kv", layer, k, v)
         out = gqa_attention(q, keys, values, bias).reshape(n, -1)
         return out @ w[f"{p}.o_proj.weight"].T

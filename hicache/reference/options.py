@@ -29,6 +29,9 @@ SIZE_LIMITS = {  # flag: (field, lowest, highest)
     "--device-tokens": ("device_tokens", 0, 1 << 20),  # 0: the default; the toy's whole workload fits in far less
 }
 SWA_FULL_TOKENS_RATIO = 1.0  # device swa tokens per anchor token: room for a snapshot per page
+LINEAR_ARCH_NAMES = ("qwen3.5", "nemotron-h")  # = hicache.reference.config.LINEAR_ARCHS (torch-free here)
+WRONG_BOUNDARY = "wrong-boundary"  # --fault: resume from another boundary's snapshot (hybrid stacks)
+TOY_INTERVAL_PAGES = 2  # the linear toys' default snapshot interval: a boundary without one between two with
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,8 @@ class VerifyOptions:
     write_policy: str = "write_through"
     eviction_policy: str = DEFAULT_EVICTION_POLICY  # the tree's device and host eviction order (hicache.config.EVICTION_POLICIES)
     mem_layout: str = "page_first"
-    fault: str | None = None  # a data pool whose loads are corrupted (negative control)
+    fault: str | None = None  # a data pool whose loads are corrupted, or WRONG_BOUNDARY (negative controls)
+    state_interval: int = 0  # tokens between snapshots; 0: 2 pages (linear toys), every page (deepseek-v4)
     kv_format: str = "fp32"  # deepseek-v4 pool rows: fp32 | fp8_ds_mla
     host_dtype: str = "auto"  # auto | int8: the host tier's format of the kv pool
     kv_dtype: str = "auto"  # the MHA toy's kv pool: auto | float32 | bfloat16 (see pool_kv_dtype)
@@ -80,8 +84,9 @@ def pool_kv_dtype(opts: VerifyOptions) -> str:
     if opts.kv_dtype not in KV_DTYPES:
         raise ValueError(f"--kv-dtype: must be one of {', '.join(KV_DTYPES)}, got {opts.kv_dtype!r}")
     if opts.host_dtype == "int8" and opts.arch != "mha":  # name the flag given, not the derived --kv-dtype
+        pools = "float64" if opts.arch in LINEAR_ARCH_NAMES else "float32 (or --kv-format fp8_ds_mla rows)"
         raise ValueError(f"--hicache-host-dtype: int8 quantizes bf16/fp16 KV; the {opts.arch} toy's pools are "
-                         "float32 (or --kv-format fp8_ds_mla rows): use --arch mha (a bfloat16 kv pool)")
+                         f"{pools}: use --arch mha (a bfloat16 kv pool)")
     if opts.kv_dtype == "auto":
         return "bfloat16" if opts.host_dtype == "int8" else "float32"
     if opts.kv_dtype == "float32" and opts.host_dtype == "int8":
@@ -90,13 +95,15 @@ def pool_kv_dtype(opts: VerifyOptions) -> str:
     return opts.kv_dtype
 
 
-def verify_config(opts: VerifyOptions, model_id: str) -> HiCacheConfig:
+def verify_config(opts: VerifyOptions, model_id: str, state_interval: int = 0) -> HiCacheConfig:
     """The run's `HiCacheConfig`, the one place it is built.
 
     Args:
         model_id: the reference model's identity (arch, dims, seed: `Dsv4Config.identity`,
             `MhaConfig.identity`); the stack's model name carries it into the storage
             namespaces.
+        state_interval: tokens between snapshots (sizes a recurrent state root; 0: the
+            config's default).
     Raises:
         ValueError: a flag out of range (naming it).
     """
@@ -108,4 +115,4 @@ def verify_config(opts: VerifyOptions, model_id: str) -> HiCacheConfig:
         storage_backend=opts.storage_backend, storage_dir=opts.storage_dir,
         storage_model_id=model_id,
         storage_prefetch_policy="wait_complete",  # every storage hit read: deterministic tiers
-        host_dtype=opts.host_dtype)
+        host_dtype=opts.host_dtype, state_interval=state_interval)

@@ -2,7 +2,10 @@
 
 ``DeepseekV4ForCausalLM`` needs transformers >= 5.19 (``scripts/setup.sh`` installs the
 pinned ``ORACLE_TRANSFORMERS`` without touching torch); ``LlamaForCausalLM`` is the MHA
-oracle. Both run eager, fp32, on CPU. transformers is imported only here, lazily.
+oracle, ``Qwen3_5ForCausalLM`` and ``NemotronHForCausalLM`` the linear-attention hybrids'
+(their pure-torch paths: no ``flash-linear-attention``, ``causal_conv1d`` or ``mamba_ssm``
+here, so transformers falls back to its reference code and says so once). All run eager,
+fp32, on CPU. transformers is imported only here, lazily.
 """
 from __future__ import annotations
 
@@ -10,23 +13,24 @@ from typing import Any
 
 import torch
 
-from hicache.reference.config import Dsv4Config, MhaConfig
+from hicache.reference.config import Dsv4Config, MhaConfig, ToyConfig
+from hicache.reference.linear_config import NemotronHConfig, Qwen35Config
+from hicache.reference.linear_weights import nemotron_h_weights, qwen35_weights
 from hicache.reference.weights import dsv4_weights, mha_weights
 
 ORACLE_TRANSFORMERS = "5.23.0"  # the version scripts/setup.sh pins
 MIN_TRANSFORMERS = (5, 19)  # the first release with DeepseekV4ForCausalLM
 
 
-def missing() -> str | None:
-    """Why the DeepSeek-V4 oracle cannot run here, or ``None`` when it can."""
+def missing(classes: tuple[str, ...] = ("DeepseekV4ForCausalLM",)) -> str | None:
+    """Why the oracle (transformers with ``classes``) cannot run here, or ``None`` when it can."""
     try:
         import transformers
     except ImportError as exc:
         return f"transformers is not installed ({exc}); scripts/setup.sh installs {ORACLE_TRANSFORMERS}"
-    try:
-        from transformers import DeepseekV4ForCausalLM  # noqa: F401
-    except ImportError:
-        return (f"transformers {transformers.__version__} has no DeepseekV4ForCausalLM (needs >= "
+    absent = [name for name in classes if not hasattr(transformers, name)]
+    if absent:
+        return (f"transformers {transformers.__version__} has no {', '.join(absent)} (needs >= "
                 f"{'.'.join(map(str, MIN_TRANSFORMERS))}); scripts/setup.sh installs {ORACLE_TRANSFORMERS}")
     return None
 
@@ -64,14 +68,44 @@ def mha_hf_config(cfg: MhaConfig) -> Any:
         attn_implementation="eager")
 
 
-def oracle_model(cfg: Dsv4Config | MhaConfig) -> torch.nn.Module:
+def qwen35_hf_config(cfg: Qwen35Config) -> Any:
+    """transformers' ``Qwen3_5TextConfig`` of ``cfg`` (text only: its 3-D RoPE is plain RoPE)."""
+    from transformers import Qwen3_5TextConfig
+    return Qwen3_5TextConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim, layer_types=[f"{k}_attention" for k in cfg.layer_kinds],
+        linear_conv_kernel_dim=cfg.conv_kernel, linear_key_head_dim=cfg.key_dim, linear_value_head_dim=cfg.value_dim,
+        linear_num_key_heads=cfg.key_heads, linear_num_value_heads=cfg.value_heads, rms_norm_eps=cfg.rms_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta,
+                         "partial_rotary_factor": cfg.rotary / cfg.head_dim},
+        max_position_embeddings=4096, tie_word_embeddings=False, attn_implementation="eager")
+
+
+def nemotron_h_hf_config(cfg: NemotronHConfig) -> Any:
+    """transformers' ``NemotronHConfig`` of ``cfg``."""
+    from transformers import NemotronHConfig as HfConfig
+    kinds = {"linear": "linear_attention", "full": "full_attention", "mlp": "mlp"}
+    return HfConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, layers_block_type=[kinds[k] for k in cfg.layer_kinds],
+        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        intermediate_size=cfg.intermediate_size, mamba_num_heads=cfg.mamba_heads, mamba_head_dim=cfg.mamba_head_dim,
+        n_groups=cfg.n_groups, ssm_state_size=cfg.ssm_state, conv_kernel=cfg.conv_kernel, use_conv_bias=True,
+        time_step_min=cfg.time_step_min, layer_norm_epsilon=cfg.rms_eps, chunk_size=16,
+        max_position_embeddings=4096, tie_word_embeddings=False, attn_implementation="eager")
+
+
+_ORACLES = {Dsv4Config: ("DeepseekV4ForCausalLM", dsv4_hf_config, dsv4_weights),
+            MhaConfig: ("LlamaForCausalLM", mha_hf_config, mha_weights),
+            Qwen35Config: ("Qwen3_5ForCausalLM", qwen35_hf_config, qwen35_weights),
+            NemotronHConfig: ("NemotronHForCausalLM", nemotron_h_hf_config, nemotron_h_weights)}
+
+
+def oracle_model(cfg: ToyConfig) -> torch.nn.Module:
     """transformers' model of ``cfg`` holding exactly the reference weights (strict load), eval, fp32."""
-    if isinstance(cfg, Dsv4Config):
-        from transformers import DeepseekV4ForCausalLM
-        model, weights = DeepseekV4ForCausalLM(dsv4_hf_config(cfg)), dsv4_weights(cfg)
-    else:
-        from transformers import LlamaForCausalLM
-        model, weights = LlamaForCausalLM(mha_hf_config(cfg)), mha_weights(cfg)
+    import transformers
+    name, hf_config, weights_of = _ORACLES[type(cfg)]
+    model, weights = getattr(transformers, name)(hf_config(cfg)), weights_of(cfg)
     model.load_state_dict(weights, strict=True)
     return model.float().eval()
 

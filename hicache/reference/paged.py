@@ -10,6 +10,8 @@ Every tensor the reference models read or write is a row of a `DevicePool`
     working swa slots (1 row)   --derive_rows-->  swa row      (ring: token p at p % window)
                                                   c4_state, c4_indexer_state rows (same index;
                                                   ring: token p at p % (2 * c4 ratio))
+    working conv slot (1 row)   --derive_rows-->  conv, recurrent rows (a linear-attention
+                                                  hybrid: the whole state of every linear layer)
 
 History entries of a compressed pool: entry ``e`` (tokens ``[e*r, (e+1)*r)``) lives in the
 row of the page holding those tokens, at ``e % (page_size // r)``.
@@ -18,10 +20,10 @@ Entries are read and written through the pool's codec (``codecs[name]``): none f
 rows (``[rows, entries, dim]``, indexed as they are), `hicache.reference.fp8_ds_mla.Fp8Rows`
 for DeepSeek-V4's fp8 byte rows (quantized on write, dequantized on read).
 
-The working row is the request's own ring; a *snapshot* at a page boundary is a copy of
-it (every pool rooted at ``swa``, every layer) into a fresh row (`copy_state`), which the
-tree takes with ``insert(..., extra={"swa": slots})``; resuming from a node's snapshot copies
-the other way. The HCA compressor's partial window is request-local scratch (``scratch``):
+The working row of the state root (`state_root`: ``swa``, or ``conv``) is the request's own
+state; a *snapshot* at a boundary is a copy of it (every pool rooted there, every layer)
+into a fresh row (`copy_state`), which the tree takes with ``insert(..., extra={root:
+slots})``; resuming from a node's snapshot copies the other way. The HCA compressor's partial window is request-local scratch (``scratch``):
 it is empty at every page boundary (the page is a multiple of the HCA ratio), so no
 snapshot needs it.
 """
@@ -74,8 +76,10 @@ class PagedSeq:
     Attributes:
         stack / pools: the model's stack and its device pools (keyed by name).
         slots: anchor device slots of whole pages covering every position computed.
-        work: slots of the working ``swa`` row, or ``None`` (a stack without ``swa``).
-        length: tokens computed so far (the next token's position).
+        work: slots of the working row of the state root (`state_root`), or ``None`` (a
+            stack without state pools).
+        length: tokens computed so far (the next token's position); at 0 the working row is
+            zeroed (the state before the first token).
         scratch: request-local state the pools do not hold (partial HCA windows).
         codecs: the codec of each pool whose rows are not typed entries (the model's
             ``codecs``); a byte-row pool without one is refused.
@@ -98,12 +102,15 @@ class PagedSeq:
             raise ValueError(f"codecs: pools {raw} hold byte rows; pass the model's codecs")
         device = next(p.device for p in self.pools.values())
         own = {self.stack.anchor.name: self.slots}
+        root = state_root(self.stack)
         if self.work is not None:
-            own["swa"] = self.work
+            own[root] = self.work
         rows = self.stack.derive_rows(own)
         if self.work is not None:
-            self._work_row = int(rows["swa"][0])
+            self._work_row = int(rows[root][0])
         self._rows = {name: r.to(device) for name, r in rows.items()}
+        if self.work is not None and self.length == 0:  # a fresh sequence starts from the empty state
+            clear_state(self.stack, self.pools, self.work)
 
     @property
     def capacity(self) -> int:
@@ -131,6 +138,21 @@ class PagedSeq:
         return self._rows[pool]
 
     # ---- history: compressed entries / MHA pages ----------------------------------------
+    def append_kv(self, pool: str, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the chunk's ``k`` / ``v`` (``[n, kv_heads, d]``, positions from ``length``)
+        into ``pool``'s page rows (buffers ``k``, ``v``: ``[rows, page, kv_heads, d]``) and
+        read back the keys and values of every position up to the chunk's end, in the
+        chunk's dtype (a bf16 pool is read back as the model computes)."""
+        spec = self.pools[pool].spec
+        k_buf, v_buf = self.pools[pool].tensors[spec.layer_ids.index(layer)]
+        page, rows = k_buf.shape[1], self.rows(pool)
+        at = torch.arange(self.length, self.length + k.shape[0], device=k.device)
+        k_buf[rows[at // page], at % page] = k.to(k_buf.dtype)
+        v_buf[rows[at // page], at % page] = v.to(v_buf.dtype)
+        end = self.length + k.shape[0]
+        return (k_buf[rows].reshape(-1, *k.shape[1:])[:end].to(k.dtype),
+                v_buf[rows].reshape(-1, *v.shape[1:])[:end].to(v.dtype))
+
     def codec(self, pool: str) -> RowCodec:
         """How ``pool``'s rows hold entries."""
         return self.codecs.get(pool, TYPED)
@@ -157,6 +179,11 @@ class PagedSeq:
         per_row = codec.entries(t)
         codec.write(t, self.rows(pool)[e // per_row], e % per_row, values)
 
+    def state(self, pool: str, layer: int) -> torch.Tensor:
+        """The working row of a recurrent ``pool`` at model layer ``layer`` (a view: writes
+        to it write the pool)."""
+        return self.tensor(pool, layer)[self._work_row]
+
     # ---- rings: the working swa row and its sidecars ------------------------------------
     def read_ring(self, pool: str, layer: int, start: int, end: int) -> torch.Tensor:
         """Tokens ``[start, end)`` of a ring (``start >= end - ring size``)."""
@@ -174,11 +201,27 @@ class PagedSeq:
         codec.write(t, torch.full_like(slots, self._work_row), slots, values[-keep:])
 
 
+def state_root(stack: Stack) -> str | None:
+    """The stack's state root (``swa``, ``conv``), whose slots a snapshot takes; ``None`` without one."""
+    return next(iter(stack.snapshot_slots), None)
+
+
+def clear_state(stack: Stack, pools: Mapping[str, DevicePool], slots: torch.Tensor) -> None:
+    """Zero the state root's row ``slots`` and every pool derived from it, all layers: the
+    state before the first token."""
+    for name, rows in stack.derive_rows({state_root(stack): slots}).items():
+        pool = pools[name]
+        for bufs in pool.tensors:
+            for t in bufs:
+                t[rows.to(pool.device)] = 0
+
+
 def copy_state(stack: Stack, pools: Mapping[str, DevicePool], src: torch.Tensor, dst: torch.Tensor) -> None:
-    """Copy the ``swa`` row ``src`` (slots) and every pool derived from it to row ``dst``,
-    all layers, in place: a snapshot (working row -> fresh row) or a resume (snapshot ->
-    working row)."""
-    src_rows, dst_rows = stack.derive_rows({"swa": src}), stack.derive_rows({"swa": dst})
+    """Copy the state root's row ``src`` (slots) and every pool derived from it to row
+    ``dst``, all layers, in place: a snapshot (working row -> fresh row) or a resume
+    (snapshot -> working row)."""
+    root = state_root(stack)
+    src_rows, dst_rows = stack.derive_rows({root: src}), stack.derive_rows({root: dst})
     for name, rows in src_rows.items():
         pool = pools[name]
         s, d = rows.to(pool.device), dst_rows[name].to(pool.device)

@@ -5,10 +5,12 @@ A request is a prompt plus ``decode`` greedy tokens. Its life is a server's:
     match_prefix(prompt[:-1])  -> storage prefetch of the rest (wait_complete) and match
     again -> lock the match end -> load_back the host part (start_loading, wait; a fault
     corrupts what came back) -> resume: the matched node's device snapshot copied into a
-    fresh working swa row -> prefill the rest in chunks cut at page boundaries, then decode;
-    at every page boundary crossed, the working row is copied to a fresh row (a snapshot)
-    -> insert each boundary with its snapshot -> free the partly filled last page and the
-    working row -> start_writing, wait, drain the storage writes -> unlock
+    fresh working row of the state root (``swa``, ``conv``) -> prefill the rest in chunks
+    cut at page boundaries, then decode; at every ``interval`` boundary crossed (every
+    page for DeepSeek-V4) and at the last page boundary of the sequence, the working row is
+    copied to a fresh row (a snapshot) -> insert each boundary with its snapshot -> free
+    the partly filled last page and the working row -> start_writing, wait, drain the
+    storage writes -> unlock
 
     positions  |<- device ->|<- host ->|<- storage ->|<- computed prompt ->|<- decode ->|
                0                                    start            len(prompt)     end
@@ -26,7 +28,7 @@ import torch
 
 from hicache.radix import HiRadixCache
 from hicache.radix.node import TreeNode
-from hicache.reference.paged import PagedSeq, copy_state
+from hicache.reference.paged import PagedSeq, clear_state, copy_state
 
 TIERS = ("device", "host", "storage", "computed")
 
@@ -69,22 +71,48 @@ class Fault:
         self.rows_corrupted += rows.numel()
 
 
+class WrongBoundary:
+    """Negative control: a request resumes from the snapshot of another boundary than its
+    match end's (the nearest ancestor's on the device, else the empty state of boundary
+    0), beside the right history. ``rows_corrupted`` counts such resumes."""
+
+    pool = "wrong-boundary"
+
+    def __init__(self) -> None:
+        self.rows_corrupted = 0
+
+    def apply(self, dst: dict[str, torch.Tensor]) -> None:
+        """Loads come back as they are (the fault is in the resume)."""
+
+    def source(self, node: TreeNode, root: str) -> torch.Tensor | None:
+        """Device slots of the snapshot to resume from instead of ``node``'s (``None``: zeros)."""
+        self.rows_corrupted += 1
+        cur = node.parent
+        while cur is not None and not (cur.state_device and root in cur.state_device):
+            cur = cur.parent
+        return None if cur is None else cur.state_device[root]
+
+
 class ModelServer:
     """Serves requests of ``model`` (`Dsv4Model` / `MhaModel`) on ``cache`` through ``tree``.
 
     Args:
         cache: the `hicache.HiCache` whose device pools the model reads and writes.
         tree: the `HiRadixCache` over it (storage tier included when configured).
-        fault: corrupts loads of one pool (`Fault`), or ``None``.
+        fault: corrupts loads of one pool (`Fault`) or resumes (`WrongBoundary`), or ``None``.
+        interval: tokens between snapshots (a multiple of the page; default one page).
     Not thread-safe.
     """
 
-    def __init__(self, model: Any, cache: Any, tree: HiRadixCache, fault: Fault | None = None) -> None:
+    def __init__(self, model: Any, cache: Any, tree: HiRadixCache, fault: Fault | WrongBoundary | None = None,
+                 interval: int | None = None) -> None:
         self.model, self.cache, self.tree, self.fault = model, cache, tree, fault
         self.stack, self.pools = cache.stack, cache.device_pools
         self.page = self.stack.page_size
+        self.interval = interval or self.page
         self.anchor = self.stack.anchor.name
-        self.window = tree.state_sizes.get("swa", 0)
+        self.root, self.window = next(iter(tree.state_sizes.items()), (None, 0))
+        self._last = 0  # the current request's last page boundary (`_compute`)
 
     def serve(self, prompt: np.ndarray, decode: int) -> Served:
         """Serve one request; the tree keeps its pages (and snapshots) afterwards.
@@ -147,18 +175,29 @@ class ModelServer:
                              f"({self.pools[self.anchor].num_tokens} tokens); raise it")
         work = None
         if self.window:
-            work = self._alloc("swa", self.window, self.tree.evict_states)
+            work = self._alloc(self.root, self.window, self.tree.evict_states)
             if work is None:
                 self.pools[self.anchor].free(new)
-                raise ValueError("--device-tokens: no device swa row left for the working state; raise it")
+                raise ValueError(f"--device-tokens: no device {self.root} row left for the working state; raise it")
             if start:
-                copy_state(self.stack, self.pools, node.state_device["swa"], work)
+                self._resume(node, work)
         return PagedSeq(self.stack, self.pools, torch.cat([prefix, new]), work, length=start,
                         codecs=self.model.codecs)
+
+    def _resume(self, node: TreeNode, work: torch.Tensor) -> None:
+        """The working row takes ``node``'s device snapshot (a `WrongBoundary` fault: another's)."""
+        src = node.state_device[self.root]
+        if isinstance(self.fault, WrongBoundary):
+            src = self.fault.source(node, self.root)
+        if src is None:
+            clear_state(self.stack, self.pools, work)
+        else:
+            copy_state(self.stack, self.pools, src, work)
 
     def _compute(self, prompt: np.ndarray, decode: int, node: TreeNode, prefix: torch.Tensor
                  ) -> tuple[torch.Tensor, list[int]]:
         end = prompt.size + decode - 1
+        self._last = end - end % self.page  # the last boundary inserted: it gets a snapshot too
         seq = self._open(end, node, prefix)
         tokens = torch.from_numpy(prompt)
         snaps: dict[int, dict] = {}
@@ -177,17 +216,18 @@ class ModelServer:
         return torch.cat(logits).cpu(), generated
 
     def _snapshot(self, seq: PagedSeq, snaps: dict[int, dict]) -> None:
-        """At a page boundary: copy the working row to a fresh swa row (skipped when short)."""
-        if not self.window or seq.length % self.page:
+        """At an interval boundary or the last one: copy the working row to a fresh row of
+        the state root (skipped when short)."""
+        if not self.window or seq.length % self.page or (seq.length % self.interval and seq.length != self._last):
             return
         partial = [kv.shape[0] for kv, _ in seq.scratch.values() if kv.shape[0]]
         if partial:
             raise RuntimeError(f"snapshot at {seq.length}: HCA windows still partial ({partial} tokens); "
                                "the page must be a multiple of the HCA ratio")
-        snap = self._alloc("swa", self.window, self.tree.evict_states)
+        snap = self._alloc(self.root, self.window, self.tree.evict_states)
         if snap is not None:
             copy_state(self.stack, self.pools, seq.work, snap)
-            snaps[seq.length] = {"swa": snap}
+            snaps[seq.length] = {self.root: snap}
 
     def _insert(self, tokens: np.ndarray, seq: PagedSeq, snaps: dict[int, dict]) -> None:
         """Insert every boundary with its snapshot (as the tree's own slots grow), then the
@@ -207,7 +247,7 @@ class ModelServer:
             if slots.numel() > last:
                 self.pools[self.anchor].free(slots[last:])
         if seq.work is not None:
-            self.pools["swa"].free(seq.work)
+            self.pools[self.root].free(seq.work)
         self.cache.controller.start_writing()
         tree.wait()
         if tree.storage is not None:
@@ -217,5 +257,5 @@ class ModelServer:
         if slots.numel():
             self.pools[self.anchor].free(slots)
         for snap in snaps.values():
-            self.pools["swa"].free(snap["swa"])
+            self.pools[self.root].free(snap[self.root])
         snaps.clear()

@@ -24,13 +24,16 @@ import torch
 from hicache.build import build, build_device_pools
 from hicache.radix import HiRadixCache
 from hicache.reference.agreement import Agreement
-from hicache.reference.config import Dsv4Config, ToyConfig, toy_config
+from hicache.reference.config import LINEAR_ARCHS, Dsv4Config, MhaConfig, ToyConfig, toy_config
 from hicache.reference.dsv4 import Dsv4Model
-from hicache.reference.options import (MAX_KL_TOLERANCE, TOLERANCE, VerifyOptions, check_sizes, pool_kv_dtype,
-                                       verify_config)
+from hicache.reference.linear_config import NemotronHConfig, Qwen35Config
+from hicache.reference.nemotron_h import NemotronHModel
+from hicache.reference.qwen35 import Qwen35Model
+from hicache.reference.options import (MAX_KL_TOLERANCE, TOLERANCE, TOY_INTERVAL_PAGES, WRONG_BOUNDARY, VerifyOptions,
+                                       check_sizes, pool_kv_dtype, verify_config)
 from hicache.reference.mha import MhaModel
-from hicache.reference.paged import PagedSeq
-from hicache.reference.serve import TIERS, Fault, ModelServer, Served
+from hicache.reference.paged import PagedModel, PagedSeq
+from hicache.reference.serve import TIERS, Fault, ModelServer, Served, WrongBoundary
 from hicache.reference.workload import longest_request, schedule
 from hicache.tmpdirs import OwnedDir
 
@@ -73,28 +76,47 @@ class VerifyReport:
         return asdict(self)
 
 
-def make_model(cfg: ToyConfig, device: str) -> Dsv4Model | MhaModel:
-    return Dsv4Model(cfg, device) if isinstance(cfg, Dsv4Config) else MhaModel(cfg, device)
+MODELS = {Dsv4Config: Dsv4Model, MhaConfig: MhaModel, Qwen35Config: Qwen35Model, NemotronHConfig: NemotronHModel}
+
+
+def make_model(cfg: ToyConfig, device: str) -> PagedModel:
+    """The paged reference model of ``cfg`` on ``device``."""
+    return MODELS[type(cfg)](cfg, device)
 
 
 class Recompute:
     """The reference: a whole sequence in one prefill on private device pools."""
 
-    def __init__(self, model: Dsv4Model | MhaModel, cfg: ToyConfig, device: str) -> None:
+    def __init__(self, model: PagedModel, cfg: ToyConfig, device: str) -> None:
         self.model, self.stack, self.device = model, cfg.stack(), torch.device(device)
-        self.window = getattr(cfg, "window", 0)
+        self.root, self.window = next(iter(self.stack.snapshot_slots.items()), (None, 0))
         self.pools, self.capacity = None, 0
 
     def logits(self, tokens: np.ndarray) -> torch.Tensor:
         page = self.stack.page_size
         if tokens.size > self.capacity:  # grow to whole pages (doubling, to rebuild rarely)
             self.capacity = max(-(-tokens.size // page) * page, 2 * self.capacity)
-            roots = {self.stack.anchor.name: self.capacity, "swa": self.window}
+            roots = {self.stack.anchor.name: self.capacity, self.root: self.window}
             rows = {p.name: roots[self.stack.root_of(p.name).name] // p.tokens_per_row for p in self.stack}
             self.pools = build_device_pools(self.stack, rows, self.device)
         work = torch.arange(self.window) if self.window else None
         seq = PagedSeq(self.stack, self.pools, torch.arange(self.capacity), work, codecs=self.model.codecs)
         return self.model.forward(seq, torch.from_numpy(tokens)).cpu()
+
+
+def snapshot_interval(opts: VerifyOptions, cfg: ToyConfig) -> int:
+    """Tokens between the snapshots requests save: ``--hicache-state-interval``, by default
+    `TOY_INTERVAL_PAGES` pages for the linear toys (their recurrent roots are sized by it)
+    and every page for DeepSeek-V4 (its swa root by ``SWA_FULL_TOKENS_RATIO``).
+
+    Raises:
+        ValueError: an interval that is not a multiple of the page (naming the flag).
+    """
+    page = cfg.page_size
+    if opts.state_interval % page or opts.state_interval < 0:
+        raise ValueError(f"--hicache-state-interval: must be a multiple of the page ({page} tokens), "
+                         f"got {opts.state_interval}")
+    return opts.state_interval or page * (TOY_INTERVAL_PAGES if cfg.arch in LINEAR_ARCHS else 1)
 
 
 def device_tokens(opts: VerifyOptions, page_size: int) -> int:
@@ -107,10 +129,11 @@ def device_tokens(opts: VerifyOptions, page_size: int) -> int:
 def check_options(opts: VerifyOptions, cfg: ToyConfig) -> None:
     """Flag checks `HiCacheConfig` does not make; ``ValueError`` naming the flag."""
     stack = cfg.stack()
-    pools = [p.name for p in stack.data_pools()]
-    if opts.fault is not None and opts.fault not in pools:
-        raise ValueError(f"--fault: {opts.fault!r} is not a pool of the {opts.arch} model; allowed: "
-                         f"{', '.join(pools)}")
+    faults = [p.name for p in stack.data_pools()] + ([WRONG_BOUNDARY] if stack.snapshot_slots else [])
+    if opts.fault is not None and opts.fault not in faults:
+        raise ValueError(f"--fault: {opts.fault!r} is not a pool of the {opts.arch} model; "
+                         f"allowed: {', '.join(faults)}")
+    snapshot_interval(opts, cfg)  # a page multiple
     if opts.storage_backend not in ("none", "file"):
         raise ValueError(f"--hicache-storage-backend: must be one of none, file, got {opts.storage_backend!r}")
     need = -(-longest_request(opts.turns, opts.decode_tokens) // cfg.page_size) * cfg.page_size
@@ -136,18 +159,21 @@ def run_verify(opts: VerifyOptions, progress=None) -> VerifyReport:
     with contextlib.ExitStack() as stack:
         if opts.storage_backend == "file" and not opts.storage_dir:
             opts = replace(opts, storage_dir=str(stack.enter_context(OwnedDir("hicache-verify-")).path))
-        cache = build(cfg.stack(), device_tokens(opts, cfg.page_size), verify_config(opts, cfg.identity),
+        interval = snapshot_interval(opts, cfg)
+        cache = build(cfg.stack(), device_tokens(opts, cfg.page_size), verify_config(opts, cfg.identity, interval),
                       opts.device)
         stack.callback(cache.close)
         tree = HiRadixCache(cache)
         stack.callback(tree.close)
         model = make_model(cfg, opts.device)
-        fault = Fault(cache, opts.fault, opts.seed, model.codecs.get(opts.fault)) if opts.fault else None
+        fault = _fault(opts, cache, model)
         report = VerifyReport(arch=opts.arch, model=cfg.identity, fault=opts.fault, host_dtype=opts.host_dtype,
-                              kv_dtype=kv_dtype, criterion="exact" if kv_dtype == "float32" else "distribution")
+                              kv_dtype="float64" if cfg.arch in LINEAR_ARCHS else kv_dtype,  # the linear toys' pools
+                              criterion="exact" if kv_dtype == "float32" else "distribution")
         agreement = Agreement()
-        _serve_all(ModelServer(model, cache, tree, fault), Recompute(model, cfg, opts.device), system, turns,
-                   opts.decode_tokens, report, agreement, progress)
+        server = ModelServer(model, cache, tree, fault, interval)
+        _serve_all(server, Recompute(model, cfg, opts.device), system, turns, opts.decode_tokens, report, agreement,
+                   progress)
         for key, value in agreement.as_json().items():
             setattr(report, key, value)
         report.fault_rows = fault.rows_corrupted if fault else 0
@@ -160,6 +186,15 @@ def run_verify(opts: VerifyOptions, progress=None) -> VerifyReport:
     if report.criterion == "distribution":
         report.ok = report.ok and agreement.within_tolerance()
     return report
+
+
+def _fault(opts: VerifyOptions, cache, model: PagedModel) -> Fault | WrongBoundary | None:
+    """The run's negative control (``--fault``), or ``None``."""
+    if opts.fault is None:
+        return None
+    if opts.fault == WRONG_BOUNDARY:
+        return WrongBoundary()
+    return Fault(cache, opts.fault, opts.seed, model.codecs.get(opts.fault))
 
 
 class Comparison(NamedTuple):

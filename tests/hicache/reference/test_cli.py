@@ -36,7 +36,12 @@ def test_human_report_and_a_caught_fault_exit_1(capsys):
     (["--fault", "kv"], "--fault: 'kv' is not a pool of the deepseek-v4 model; allowed: swa, c4_kv, c4_indexer, "
                         "c128_kv, c4_state, c4_indexer_state"),
     (["--arch", "mha", "--fault", "swa"], "--fault: 'swa' is not a pool of the mha model; allowed: kv"),
-    (["--arch", "gpt"], "--arch): must be one of deepseek-v4, mha"),
+    (["--arch", "gpt"], "--arch): must be one of deepseek-v4, mha, qwen3.5, nemotron-h"),
+    (["--arch", "qwen3.5", "--fault", "kv"], "--fault: 'kv' is not a pool of the qwen3.5 model; allowed: attn_kv, "
+                                             "conv, recurrent, wrong-boundary"),
+    (["--arch", "nemotron-h", "--hicache-state-interval", "48"], "--hicache-state-interval: must be a multiple of "
+                                                                 "the page (32 tokens)"),
+    (["--arch", "qwen3.5", "--kv-format", "fp8_ds_mla"], "the qwen3.5 toy's pools are float64"),
     (["--hicache-io-backend", "cuda"], "argument --hicache-io-backend/--io-backend: invalid choice"),
     (["--hicache-write-policy", "never"], "argument --hicache-write-policy: invalid choice"),
     (["--hicache-eviction-policy", "fifo"], "argument --hicache-eviction-policy: invalid choice"),

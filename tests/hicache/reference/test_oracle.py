@@ -34,11 +34,12 @@ MODES = {"prefill": None, "chunks": [37, 1, 1, 22, 19], "decode": [48] + [1] * 3
 
 
 def paged_logits(model, cfg, ids: torch.Tensor, chunks: list[int] | None) -> torch.Tensor:
-    """The paged model on fresh pools, its pages scattered (not slot order), fed in ``chunks``."""
+    """The paged model on fresh pools, its pages scattered (not slot order), its working state
+    in the state root's second snapshot (``swa``, ``conv``), fed in ``chunks``."""
     stack, page = cfg.stack(), cfg.page_size
     pages = -(-ids.numel() // page)
-    window = getattr(cfg, "window", 0)
-    roots = {stack.anchor.name: 2 * pages * page, "swa": 2 * window}
+    root, window = next(iter(stack.snapshot_slots.items()), (None, 0))
+    roots = {stack.anchor.name: 2 * pages * page, root: 2 * window}
     pools = build_device_pools(stack, {p.name: roots[stack.root_of(p.name).name] // p.tokens_per_row
                                        for p in stack}, torch.device("cpu"))
     order = torch.randperm(2 * pages, generator=torch.Generator().manual_seed(7))[:pages]
