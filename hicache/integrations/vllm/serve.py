@@ -5,7 +5,8 @@ environment. hicache's own flags are taken out of the command line and translate
 ``--kv-transfer-config`` (see ``config.kv_transfer_config``); every other argument goes
 to vLLM untouched, except a ``--hicache-*`` flag hicache does not know (a typo), which is
 refused before vLLM starts, as is a MODEL vLLM could not load (`model_source.py`: not a
-path, not cached, and offline). Without ``--enable-hierarchical-cache`` it starts plain
+path, not cached, and offline) and, with the host tier, a linear-attention hybrid vLLM's
+build cannot cache (`hybrid_models.py`: Mamba-2 on CPU, Qwen3.5 without torchvision). Without ``--enable-hierarchical-cache`` it starts plain
 vLLM. The server listens on 127.0.0.1 unless ``--host`` says otherwise (vLLM alone would
 listen on every interface). ``MODEL`` may be ``smollm2-135m``, the model folder
 ``scripts/setup_vllm.sh`` made. vLLM runs as a `process.ServerGroup`: its own process
@@ -26,7 +27,8 @@ from typing import Sequence
 from hicache.config import HiCacheConfig, add_hicache_args
 from hicache.integrations.vllm import env
 from hicache.integrations.vllm.config import PREFIX_FLAG, SpecConfig, kv_transfer_config
-from hicache.integrations.vllm.model_source import check_model
+from hicache.integrations.vllm.hybrid_models import architectures, refusal, vllm_build
+from hicache.integrations.vllm.model_source import check_model, hub_cache_dirs
 from hicache.integrations.vllm.noise import relay
 from hicache.integrations.vllm.process import ServerGroup
 
@@ -92,8 +94,9 @@ def serve_command(model: str, config: HiCacheConfig, vllm_args: Sequence[str],
         ValueError: no vLLM Python or a bad ``--vllm-python``, an unknown ``--hicache-*``
             flag, ``--kv-transfer-config`` given together with
             ``--enable-hierarchical-cache``, an unsupported hicache setting, a
-            ``--hicache-size`` over this host's budget, or a MODEL that is neither a
-            path nor cached and cannot be downloaded (`model_source.check_model`).
+            ``--hicache-size`` over this host's budget, a MODEL that is neither a path nor
+            cached and cannot be downloaded (`model_source.check_model`), or, with the host
+            tier, a hybrid the vLLM build cannot cache (`hybrid_models.refusal`).
     """
     check_vllm_args(vllm_args)
     py = resolve_python(python)
@@ -108,6 +111,10 @@ def serve_command(model: str, config: HiCacheConfig, vllm_args: Sequence[str],
             SpecConfig(config).check_budget({"vllm_kv": int(config.hicache_size_gb * 1e9)}, 1)
     # last: it may ask the Hugging Face Hub whether it can be reached
     model = check_model(model, vllm_args)
+    if config.enable_hierarchical_cache:
+        why = refusal(architectures(model, hub_cache_dirs(vllm_args)), vllm_build(py))
+        if why:
+            raise ValueError(f"MODEL {model}: {why}")
     return [str(py), "-m", env.API_SERVER, "--model", model, *host, *vllm_args, *hicache]
 
 

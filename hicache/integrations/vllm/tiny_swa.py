@@ -44,16 +44,22 @@ def write(out: Path, tokenizer_dir: Path, window: int = 128) -> Path:
     return publish(tmp, out, f"tiny Gemma-3, window {window}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def writer_main(prog: str, description: str, write_fn, argv: list[str] | None = None) -> int:
+    """The command line of a tiny model writer: ``--out`` and ``--tokenizer`` (the SmolLM2
+    folder), one line and status 2 without it; prints the folder written."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--out", type=Path, required=True, help="model folder to write")
     parser.add_argument("--tokenizer", type=Path, required=True, help="the SmolLM2 model folder")
     args = parser.parse_args(argv)
     if not (args.tokenizer / "config.json").exists():
-        print(f"tiny_swa: error: --tokenizer: no model folder at {args.tokenizer}", file=sys.stderr)
+        print(f"{prog}: error: --tokenizer: no model folder at {args.tokenizer}", file=sys.stderr)
         return 2
-    print(write(args.out.expanduser(), args.tokenizer.expanduser()))
+    print(write_fn(args.out.expanduser(), args.tokenizer.expanduser()))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return writer_main("tiny_swa", __doc__.splitlines()[0], write, argv)
 
 
 if __name__ == "__main__":
