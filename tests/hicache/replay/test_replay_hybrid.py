@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from hicache import HiCacheConfig, build
 from hicache.cli import main
@@ -92,17 +93,22 @@ def test_snapshot_bounds_match_a_brute_force_and_cap_the_plain_ones(seed):
     assert TraceBounds(reqs, page).at(8 * page).lru_snapshots is None
 
 
-def test_tiny_hybrid_replays_exact_bytes_with_snapshots_on_every_tier(tmp_path):
+@pytest.mark.parametrize("host_dtype", ["auto", "int8"])
+def test_tiny_hybrid_replays_exact_bytes_with_snapshots_on_every_tier(tmp_path, host_dtype):
     stack = linear_hybrid(TINY, "tiny-hybrid")
     requests = load_trace(str(shipped_slice(tmp_path)))
-    cfg = HiCacheConfig(hicache_ratio=2.0, io_backend="torch", state_interval=512)
+    cfg = HiCacheConfig(hicache_ratio=2.0, io_backend="torch", state_interval=512, host_dtype=host_dtype)
     cache = build(stack, 8192, cfg, device="cpu", budget=BIG)
     try:
+        host = {name: pool.spec for name, pool in cache.host_group.pools.items()}
         replayer = Replayer(cache, 2.0)
         st = replayer.run(requests)
         replayer.close()
     finally:
         cache.close()
+    # int8 quantizes the full-attention KV alone; the state pools stay the device's bytes
+    assert (host["attn_kv"].buffers[0].dtype == torch.int8) == (host_dtype == "int8")
+    assert host["conv"] == stack.pool("conv") and host["recurrent"] == stack.pool("recurrent")
     assert st.mismatches == 0 and st.host_hit_tokens > 0 and st.snapshots > len(requests)
     assert st.state_interval == 512 and st.snapshot_bytes == 3 * (3 * 32 * 2 + 2 * 8 * 8 * 4)
     assert 0 < st.bytes_d2h_state < st.bytes_d2h  # snapshots went to the host beside the KV pages
@@ -116,7 +122,7 @@ def test_preset_replay_through_host_and_storage_cli(tmp_path, capsys):
     argv = ["replay", "--trace", str(trace), "--model", "qwen3.5-35b-a3b", "--layers", "1", "--device-tokens",
             "4096", "--hicache-ratio", "2", "--hicache-state-interval", "512", "--hicache-storage-backend", "file",
             "--hicache-storage-dir", str(tmp_path / "store"), "--hicache-storage-capacity", "0.5",
-            "--json", "--no-progress"]
+            "--hicache-host-headroom", "0", "--json", "--no-progress"]  # tens of MB: no headroom to keep
     assert main(argv) == 0
     runs = json.loads(capsys.readouterr().out)["runs"]
     assert [r["mismatches"] for r in runs] == [0, 0]
