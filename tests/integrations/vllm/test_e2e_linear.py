@@ -12,18 +12,11 @@ set-up could not build the environment or the model (fails under ``CI``).
 """
 from __future__ import annotations
 
-import sys
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
 from hicache.integrations.vllm import env
-from hicache.integrations.vllm.client import VllmServer, free_port
-from hicache.integrations.vllm.config import null_kv_transfer_config
-from hicache.integrations.vllm.workload import run_turns
-from tests.integrations.vllm.leftovers import check_stopped_cleanly, held_by_tree
-from tests.integrations.vllm.test_e2e_swa import labelled
+from tests.integrations.vllm.leftovers import check_stopped_cleanly
+from tests.integrations.vllm.pair import labelled, side_by_side
 from tests.set_up import needs
 
 MODEL = env.linear_model_dir()
@@ -41,41 +34,9 @@ VLLM_ARGS = ["--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "1024"
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    log_dir = tmp_path_factory.mktemp("vllm_linear")
-    ports = free_port(), free_port()
-    control = VllmServer([str(env.vllm_python()), "-m", env.API_SERVER, "--model", str(MODEL),
-                          "--host", "127.0.0.1", "--port", str(ports[0]), *VLLM_ARGS,
-                          "--kv-transfer-config", null_kv_transfer_config()],
-                         log_dir / "control.log", ports[0])
-    hicache = VllmServer([sys.executable, "-m", "hicache.cli", "serve-vllm", str(MODEL),
-                          "--port", str(ports[1]), *VLLM_ARGS, "--enable-hierarchical-cache",
-                          "--hicache-ratio", "4", "--hicache-prefix-tokens", "512"],
-                         log_dir / "hicache.log", ports[1])
-    servers = {"control": control, "hicache": hicache}
-    try:
-        for s in servers.values():
-            s.start()
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda s: s.wait_ready(900), servers.values()))
-        held = {name: held_by_tree(s) for name, s in servers.items()}  # /dev/shm, by inode
-        out = {}
-        for name, server in servers.items():  # one at a time: 2 cores
-            ids: list[tuple[int, ...]] = []
-
-            def ask(conversation: int, turn: int, prompt: str, server=server, ids=ids) -> str:
-                done = server.complete(str(MODEL), prompt, MAX_TOKENS)
-                ids.append(done.token_ids)
-                return done.text
-
-            run_turns(CONVERSATIONS, TURNS, SENTENCES, ask)
-            out[name] = ids
-        out["metrics"] = hicache.metrics()
-        out["raw"] = urllib.request.urlopen(f"{hicache.url}/metrics", timeout=10).read().decode()
-        out["servers"], out["held"] = servers, held
+    with side_by_side(MODEL, VLLM_ARGS, tmp_path_factory.mktemp("vllm_linear"),
+                      (CONVERSATIONS, TURNS, SENTENCES, MAX_TOKENS), ready_s=900) as out:
         yield out
-    finally:
-        for s in servers.values():
-            s.stop()
 
 
 def test_greedy_token_ids_identical_with_states_restored_from_the_host(runs):

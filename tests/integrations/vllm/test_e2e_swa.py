@@ -11,17 +11,11 @@ when the set-up could not build the environment or the model (fails under ``CI``
 """
 from __future__ import annotations
 
-import sys
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
 from hicache.integrations.vllm import env
-from hicache.integrations.vllm.client import VllmServer, free_port
-from hicache.integrations.vllm.config import null_kv_transfer_config
-from hicache.integrations.vllm.workload import run_turns
-from tests.integrations.vllm.leftovers import check_stopped_cleanly, held_by_tree
+from tests.integrations.vllm.leftovers import check_stopped_cleanly
+from tests.integrations.vllm.pair import labelled, side_by_side
 from tests.set_up import needs
 
 MODEL = env.swa_model_dir()
@@ -39,51 +33,9 @@ VLLM_ARGS = ["--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "1024"
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    log_dir = tmp_path_factory.mktemp("vllm_swa")
-    ports = free_port(), free_port()
-    control = VllmServer([str(env.vllm_python()), "-m", env.API_SERVER, "--model", str(MODEL),
-                          "--host", "127.0.0.1", "--port", str(ports[0]), *VLLM_ARGS,
-                          "--kv-transfer-config", null_kv_transfer_config()],
-                         log_dir / "control.log", ports[0])
-    hicache = VllmServer([sys.executable, "-m", "hicache.cli", "serve-vllm", str(MODEL),
-                          "--port", str(ports[1]), *VLLM_ARGS, "--enable-hierarchical-cache",
-                          "--hicache-ratio", "4", "--hicache-prefix-tokens", "512"],
-                         log_dir / "hicache.log", ports[1])
-    servers = {"control": control, "hicache": hicache}
-    try:
-        for s in servers.values():
-            s.start()
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda s: s.wait_ready(600), servers.values()))
-        held = {name: held_by_tree(s) for name, s in servers.items()}  # /dev/shm, by inode
-        out = {}
-        for name, server in servers.items():  # one at a time: 2 cores
-            ids: list[tuple[int, ...]] = []
-
-            def ask(conversation: int, turn: int, prompt: str, server=server, ids=ids) -> str:
-                done = server.complete(str(MODEL), prompt, MAX_TOKENS)
-                ids.append(done.token_ids)
-                return done.text
-
-            run_turns(CONVERSATIONS, TURNS, SENTENCES, ask)
-            out[name] = ids
-        out["metrics"] = hicache.metrics()
-        out["raw"] = urllib.request.urlopen(f"{hicache.url}/metrics", timeout=10).read().decode()
-        out["servers"], out["held"] = servers, held
+    with side_by_side(MODEL, VLLM_ARGS, tmp_path_factory.mktemp("vllm_swa"),
+                      (CONVERSATIONS, TURNS, SENTENCES, MAX_TOKENS)) as out:
         yield out
-    finally:
-        for s in servers.values():
-            s.stop()
-
-
-def labelled(raw: str, name: str) -> dict[str, float]:
-    """``{group: value}`` of a gauge labelled ``group`` in Prometheus text."""
-    out = {}
-    for line in raw.splitlines():
-        if line.startswith(name + "{") and 'group="' in line:
-            group = line.split('group="', 1)[1].split('"', 1)[0]
-            out[group] = float(line.rsplit(" ", 1)[1])
-    return out
 
 
 def test_greedy_token_ids_identical_and_prefixes_came_back(runs):
