@@ -18,6 +18,7 @@ recurrent stack and the trace's 512-token block for a windowed one.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from host_pools.spec import Stack
@@ -50,7 +51,7 @@ class SnapshotRule:
             return None
         if any(r.recurrent for r in roots) or config.state_interval:
             return cls(state_interval(stack, config), True)
-        return cls(BLOCK_TOKENS, False)
+        return cls(math.lcm(BLOCK_TOKENS, stack.page_size), False)  # a block boundary that is a page's
 
     def boundaries(self, start: int, end: int) -> list[int]:
         """Token boundaries a prefill from ``start`` to ``end`` saves, ascending (none when
