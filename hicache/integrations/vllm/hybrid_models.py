@@ -24,15 +24,15 @@ No vLLM import.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import NamedTuple, Sequence
+
+from bounded_input import read_json
 
 MAMBA2 = ("NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "FalconH1ForCausalLM", "GraniteMoeHybridForCausalLM",
           "Zamba2ForCausalLM", "Mamba2ForCausalLM")
 QWEN3_5 = ("Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5ForConditionalGeneration",
            "Qwen3_5MoeForConditionalGeneration")
-MAX_CONFIG_BYTES = 1 << 20  # a config.json past this is not a model's
 
 
 class VllmBuild(NamedTuple):
@@ -64,9 +64,8 @@ def architectures(model: str, dirs: Sequence[Path] = ()) -> list[str]:
         folder = "models--" + model.replace("/", "--")
         path = next((p for d in dirs for p in sorted(d.glob(f"{folder}/snapshots/*/config.json"))), path)
     try:
-        with open(path, "rb") as f:
-            config = json.loads(f.read(MAX_CONFIG_BYTES))
-    except (OSError, ValueError):
+        config = read_json(path, "a model config")
+    except (OSError, ValueError):  # vLLM says what is wrong with it
         return []
     names = config.get("architectures") if isinstance(config, dict) else None
     return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []

@@ -13,11 +13,11 @@ Runs in the vLLM environment (transformers), once, from ``scripts/setup_vllm.sh`
 """
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path
 
+from bounded_input import read_json
 from hicache.integrations.vllm.smollm2 import fresh_folder, publish
 from hicache.integrations.vllm.tiny_swa import TOKENIZER_FILES, writer_main
 
@@ -30,7 +30,7 @@ def write(out: Path, tokenizer_dir: Path) -> Path:
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
     tmp = fresh_folder(out)
-    tok = json.loads((tokenizer_dir / "config.json").read_text())
+    tok = read_json(tokenizer_dir / "config.json", "a model config")
     config = Qwen3NextConfig(
         vocab_size=tok["vocab_size"], hidden_size=128, intermediate_size=256, num_hidden_layers=len(LAYERS),
         layer_types=LAYERS, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
