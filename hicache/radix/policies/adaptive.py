@@ -126,6 +126,9 @@ class Adaptive(EvictionPolicy):
         else:
             self._lead = 0
 
+    def all_scores(self) -> list[Score]:
+        return [s for c in self._per_tier for s in c.values()] + [m.score for m in self.shadows.minis]
+
     def stats(self) -> dict:
         """The live score, why (each candidate's hit rate in the mini caches), switches and memory."""
         out = super().stats()

@@ -128,7 +128,11 @@ class EvictionPolicy:
         """What the policy keeps and why it orders as it does (a metric: JSON-ready)."""
         ghosts = self.history
         return {"policy": self.name, "live": self.live, "ghosts": 0 if ghosts is None else len(ghosts),
-                "memory_bytes": 0 if ghosts is None else ghosts.nbytes()}
+                "memory_bytes": (0 if ghosts is None else ghosts.nbytes()) + sum(s.nbytes() for s in self.all_scores())}
+
+    def all_scores(self) -> list[Score]:
+        """Every score the policy keeps (live or not: their memory)."""
+        return list(self.scores.values())
 
     @property
     def live(self) -> str:

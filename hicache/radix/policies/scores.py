@@ -27,7 +27,8 @@ import bisect
 import math
 from typing import Callable
 
-MAX_CHECKPOINTS = 1 << 16
+MAX_CHECKPOINTS = 1 << 16  # an aging score's checkpoints kept at most (~4.5 MB)
+_CHECKPOINT_BYTES = 72  # two list slots, an int and a float (tracemalloc)
 
 
 class Score:
@@ -45,6 +46,10 @@ class Score:
 
     def refresh(self) -> None:
         """Take the traffic's pace into account (an order calls it before it ranks)."""
+
+    def nbytes(self) -> int:
+        """An estimate of the memory the score keeps (its aging checkpoints)."""
+        return 0
 
 
 class Frequency(Score):
@@ -92,6 +97,9 @@ class AgedFrequency(Score):
         self.values.append(key)
         if len(self.clocks) > MAX_CHECKPOINTS:
             del self.clocks[:MAX_CHECKPOINTS // 2], self.values[:MAX_CHECKPOINTS // 2]
+
+    def nbytes(self) -> int:
+        return len(self.clocks) * _CHECKPOINT_BYTES
 
 
 class Pace:
