@@ -168,3 +168,18 @@ def format_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths)) for b in body]
     return "\n".join(lines)
+
+
+def eviction_policies(parser: Any, value: str, counts: dict[str, int]) -> list[str]:
+    """The ``--hicache-eviction-policy`` list of a bench (``all`` or comma-separated names),
+    after checking ``counts`` (flag -> value) are at least 1; `parser.error` (exit 2, one
+    line) otherwise."""
+    from hicache.config import EVICTION_POLICIES
+    policies = list(EVICTION_POLICIES) if value == "all" else value.split(",")
+    bad = [x for x in policies if x not in EVICTION_POLICIES]
+    if bad:
+        parser.error(f"--hicache-eviction-policy: {bad} not in {list(EVICTION_POLICIES)}")
+    small = [flag for flag, n in counts.items() if n < 1]
+    if small:
+        parser.error(f"{', '.join(small)}: need at least 1")
+    return policies

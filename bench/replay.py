@@ -21,13 +21,15 @@ seconds on this machine (one run each: a shared machine makes them noisy). JSON 
 bench/results/local/replay_bounds.json.
 
 ``--matrix`` replays every workload of the default-policy measurement (the shipped trace
-at 262,144 device tokens; the built-in chat, shared-prompts and agents workloads at
-32,768) with every ``--policies`` side by side, at ratios 0, 1, 2, 4, on DeepSeek-V4
-Flash (2 layers, bf16 host), and the built-in workloads again on DeepSeek-V3 (1 layer)
-with ``--hicache-host-dtype int8`` (V4 Flash has no pool int8 applies to; `SKIP` says why
-not the trace). It prints one row per (workload, host, ratio):
-each policy's hit rate, the bounds, and each policy's margin over LRU; JSON to
-bench/results/local/replay_policies.json. ``--quick``: 200 requests of each.
+and the ``sessions`` workload at 262,144 device tokens; the built-in chat, shared-prompts
+and agents workloads at 32,768) with every ``--policies`` side by side, at ratios 0, 1,
+2, 4, on DeepSeek-V4 Flash (2 layers, bf16 host), and the chat, shared-prompts and agents
+workloads again on DeepSeek-V3 (1 layer) with ``--hicache-host-dtype int8`` (V4 Flash has
+no pool int8 applies to; `SKIP` says why not the others). It prints one row per
+(workload, host, ratio): each policy's hit rate, the bounds, each policy's margin over LRU
+and the adaptive default's over its best fixed candidate (with the score it ended on);
+JSON to bench/results/local/replay_policies.json, the plot (hit rate against ratio per
+policy, the bounds dashed) beside it. ``--quick``: 200 requests of each.
 
 ``--gap`` explains the distance between a replay's LRU and the ideal LRU bound on the
 shipped trace (262,144 device tokens, ratio 0 and 4): the ideal LRU again with, one at a
@@ -98,12 +100,15 @@ def time_bounds(copies: int) -> list[dict]:
 
 MATRIX_WORKLOADS = {"trace": ["--trace", str(TRACE), "--device-tokens", "262144"],
                     "chat": ["--workload", "chat"], "shared-prompts": ["--workload", "shared-prompts"],
-                    "agents": ["--workload", "agents"]}
+                    "agents": ["--workload", "agents"],
+                    "sessions": ["--workload", "sessions", "--device-tokens", "262144"]}
 MATRIX_HOSTS = {"bf16": ["--model", "deepseek-v4-flash", "--layers", "2"],
                 "int8": ["--model", "deepseek-v3", "--layers", "1", "--hicache-host-dtype", "int8"]}
 # The trace through the int8 host takes hours on a CPU (the torch quantization of ~60 M tokens per run),
-# and at a given ratio an int8 host holds as many tokens as a bf16 one: the same hits. Built-ins only.
-SKIP = {("trace", "int8")}
+# and at a given ratio an int8 host holds as many tokens as a bf16 one: the same hits. The chat,
+# shared-prompts and agents workloads only (sessions: 12 M prompt tokens per run, as the trace).
+SKIP = {("trace", "int8"), ("sessions", "int8")}
+from hicache.radix.policies.adaptive import CANDIDATES  # noqa: E402  (the adaptive default's)
 HEADROOM_GIB = 0.25  # host memory left free: the CPU VM this ran on had about 1 GiB available
 
 
@@ -131,6 +136,11 @@ def matrix_pair(name: str, host: str, policies: str, quick: bool) -> list[dict]:
                 "infinite": round(first["bound_infinite"], 4)}
         row |= {f"{p}-lru": round(r["hit_rate"] - mine["lru"]["hit_rate"], 4) for p, r in mine.items()
                 if p != "lru" and "lru" in mine}
+        fixed = [mine[c]["hit_rate"] for c in CANDIDATES if c in mine]
+        if "adaptive" in mine:  # the default against its best fixed candidate, and which one it ran at the end
+            adaptive = mine["adaptive"]
+            row |= {"adaptive-best": round(adaptive["hit_rate"] - max(fixed), 4) if fixed else None,
+                    "adaptive_live": adaptive["live_score"], "adaptive_switches": adaptive["score_switches"]}
         rows.append(row | {"wall_s": round(time.perf_counter() - t0, 1)})
     return rows
 
@@ -151,7 +161,39 @@ def matrix_main(argv: list[str]) -> int:
         write_json(out, rows, config, torch.device("cpu"))
     print(format_table(rows, list(rows[0])))
     print(f"json: {write_json(out, rows, config, torch.device('cpu'))}")
+    print(f"plot: {plot_matrix(rows, out.with_suffix('.png'))}")
     return 0
+
+
+def plot_matrix(rows: list[dict], path: Path) -> Path:
+    """Hit rate against ratio per policy, one panel per (workload, host), the three bounds dashed."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    pairs = list(dict.fromkeys((r["workload"], r["host"]) for r in rows))
+    cols = 3
+    fig, axes = plt.subplots(-(-len(pairs) // cols), cols, figsize=(5.2 * cols, 3.9 * -(-len(pairs) // cols)),
+                             squeeze=False)
+    skip = {"workload", "host", "ratio", "capacity_tokens", "ideal_lru", "belady", "infinite", "wall_s",
+            "adaptive-best", "adaptive_live", "adaptive_switches"}
+    for ax, (name, host) in zip(axes.flat, pairs):
+        mine = sorted((r for r in rows if (r["workload"], r["host"]) == (name, host)), key=lambda r: r["ratio"])
+        x = [r["ratio"] for r in mine]
+        for policy in [k for k in mine[0] if k not in skip and "-lru" not in k]:
+            ax.plot(x, [r[policy] for r in mine], marker="o", markersize=3,
+                    linewidth=2.2 if policy == "adaptive" else 1, label=policy)
+        for key, label, style in (("ideal_lru", "ideal LRU", ":"), ("belady", "Belady", "--"),
+                                  ("infinite", "infinite", "-.")):
+            ax.plot(x, [r[key] for r in mine], linestyle=style, color="gray", label=label)
+        ax.set(title=f"{name}, {host} host", xlabel="--hicache-ratio (0 = device only)", ylabel="hit rate")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(pairs):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def constrained_lru(requests: list, page: int, capacity: int, snapshots: bool, whole_nodes: bool) -> float:

@@ -246,12 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args)
         return 0
-    from hicache.config import EVICTION_POLICIES
-    policies = list(EVICTION_POLICIES) if args.policy == "all" else args.policy.split(",")
-    bad = [x for x in policies if x not in EVICTION_POLICIES]
-    if bad or args.conversations < 1 or args.jobs < 1:
-        p.error(f"--hicache-eviction-policy: {bad} not in {list(EVICTION_POLICIES)}" if bad
-                else "--conversations and --jobs: need at least 1")
+    policies = harness.eviction_policies(p, args.policy, {"--conversations": args.conversations,
+                                                           "--jobs": args.jobs})
     if args.before is not None and not (args.before / "hicache").is_dir():
         p.error(f"--before: {args.before} is not a checkout (no hicache/ in it)")
     runs = [("ours", sys.executable, None, page, policy) for page in args.pages for policy in policies]

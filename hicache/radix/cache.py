@@ -60,6 +60,8 @@ from hicache.radix.insert import Inserter
 from hicache.radix.landing import StorageEdits
 from hicache.radix.node import EMPTY_SLOTS, InsertResult, MatchResult, TreeNode, as_key, copy_slots, lock, unlock
 from hicache.radix.policies import make_policy
+from hicache.radix.policies.ghosts import tree_key
+from hicache.radix.policies.requests import TokenChains
 from hicache.radix.prefetch import Prefetch, PrefetchOutcome, PrefetchResult
 from hicache.radix.storage import StorageSide
 from hicache.radix.tiers import SlotLedger
@@ -114,9 +116,7 @@ class HiRadixCache:
         self.counters: Counter = Counter()
         self._index = RadixIndex(self.page_size)
         self._ledger = SlotLedger(cache, self._index, self.state_sizes)
-        order = make_policy(cache.config.eviction_policy, {"device": self.device_pool.num_tokens,
-                                                           "host": self.host_pool.num_tokens}, self.page_size,
-                            clock=lambda: self._index.clock)
+        order = self._make_order(cache.config.eviction_policy)
         self._evictor = Evictor(self._index, self._ledger, self.counters, order)
         self._transfers = Transfers(self.ctrl, self._index, self._ledger, self.counters, policy=self.policy,
                                     host_enabled=self.host_enabled)
@@ -132,6 +132,18 @@ class HiRadixCache:
                 from hicache.radix.store import open_store
                 storage = open_store(cache)
         self._attach_storage(storage)
+
+    def _make_order(self, name: str):
+        """The eviction policy, over the tokens the tiers hold together (a write-through
+        host holds copies of the device's pages: the larger tier; write-back: both)."""
+        device, host = self.device_pool.num_tokens, self.host_pool.num_tokens if self.host_enabled else 0
+        distinct = device + host if self.policy == "write_back" else max(device, host)
+        order = make_policy(name, {"device": device, "host": host}, lambda: self._index.clock,
+                            distinct_tokens=distinct, ghost_key=tree_key(self.page_size),
+                            chains=TokenChains(self.page_size))
+        self._order = order
+        self._heard = order.requested if order.hears_requests else None  # the policy hears each request
+        return order
 
     def _attach_storage(self, store: TierStore | None) -> None:
         """Wire the storage tier in (or none): below the host for eviction, host frees
@@ -177,6 +189,8 @@ class HiRadixCache:
         key = as_key(token_ids, self.page_size, strict=False)
         self._enter()
         try:
+            if self._heard is not None:
+                self._heard(key)
             path, d, e, slots = self._index.match(key, self.hybrid)  # slots: the caller's
             root = self._index.root
             last_dev = path[d] if d >= 0 else root
@@ -492,10 +506,11 @@ class HiRadixCache:
             return copy_slots(node._state_device), copy_slots(node._state_host)
 
     def stats(self) -> dict:
-        """Counters of the tree (backups, loads, evictions, prefetches...), the controller's
-        and, with a storage tier, the store's (bytes, objects, faults, busy seconds)."""
+        """Counters of the tree (backups, loads, evictions, prefetches...), the controller's,
+        the eviction policy's (``policy``: the live score and why, ghosts, memory) and, with a
+        storage tier, the store's (bytes, objects, faults, busy seconds)."""
         with self.mutex:
-            out = {"tree": dict(self.counters), "controller": self.ctrl.stats()}
+            out = {"tree": dict(self.counters), "controller": self.ctrl.stats(), "policy": self._order.stats()}
             if self._storage is not None:
                 out["storage"] = self._storage.store.stats()
             return out

@@ -69,7 +69,9 @@ class TreeNode:
         _state_device / _state_host: snapshot slots at ``end`` per state root pool, or ``None``.
         lock_ref: users of the node (a lock covers the path to the root); locked nodes are
             never evicted on any tier.
-        hit_count: inserts that went through the node (``write_through_selective``).
+        hit_count: requests that carried the node (every insert through it), hit or miss: a
+            node created again takes its ghost's count (`hicache.radix.policies.ghosts`); the
+            eviction scores and ``write_through_selective`` read it.
         last_access: logical clock of the last match or insert touching it (LRU).
         pending: op id of the transfer in flight on this node, or ``None``.
         dead: removed from the tree (stale entries in eviction candidate sets check it).

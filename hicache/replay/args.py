@@ -14,7 +14,7 @@ from bounded_input import STALL_S
 from hicache.config import (EVICTION_POLICIES, HOST_DTYPES, IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES, HiCacheConfig,
                             add_storage_args)
 
-WORKLOAD_NAMES = ("chat", "shared-prompts", "agents", "agents-hinted")  # = builtin.WORKLOADS (no numpy here)
+WORKLOAD_NAMES = ("chat", "shared-prompts", "agents", "agents-hinted", "sessions")  # = builtin.WORKLOADS (no numpy here)
 HINT_MODES = ("on", "off", "wrong")  # --hints: the trace's hints, none, a bad client's (hicache.replay.hintplay)
 
 
@@ -66,7 +66,8 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
                    help="a built-in workload instead of --trace (default chat): chat (multi-turn conversations), "
                         "shared-prompts (many users on a few long system prompts, short private tails), agents "
                         "(agents re-reading a growing context), agents-hinted (agent sessions between tool calls, "
-                        "with other traffic, carrying an agent framework's hints)")
+                        "with other traffic, carrying an agent framework's hints), sessions (multi-turn sessions back "
+                        "after heavy-tailed gaps among one-off prompts, in the Mooncake trace's format)")
     p.add_argument("--model", default="deepseek-v3", help="preset name (default %(default)s)")
     p.add_argument("--layers", type=int, default=None,
                    help="use only the first N layers (default: the fewest that hold every pool family of the "

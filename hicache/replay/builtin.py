@@ -25,32 +25,20 @@ import random
 from typing import Callable, NamedTuple
 
 from hicache.replay.hinted import agents_hinted_workload
-from hicache.replay.workload import BLOCK_TOKENS, Request
+from hicache.replay.sessions import sessions_workload
+from hicache.replay.workload import BLOCK_TOKENS, FreshIds, Request
 
 __all__ = ["WORKLOADS", "Workload", "agents_hinted_workload", "agents_workload", "chat_workload",
            "shared_prompts_workload"]
 
 
-class _Ids:
-    """Fresh block ids, counted up from a start (ids below it belong to shared prefixes)."""
-
-    def __init__(self, start: int) -> None:
-        self.next = start
-
-    def extend(self, ids: list[int], length: int) -> None:
-        """Append fresh ids until ``ids`` cover ``length`` tokens."""
-        while len(ids) * BLOCK_TOKENS < length:
-            ids.append(self.next)
-            self.next += 1
-
-
-def _shared_prefixes(lengths: list[int]) -> tuple[list[list[int]], _Ids]:
+def _shared_prefixes(lengths: list[int]) -> tuple[list[list[int]], FreshIds]:
     """Shared prefixes of ``lengths`` blocks (ids 0, 1, ... in turn), and the fresh ids after them."""
     prefixes, start = [], 0
     for n in lengths:
         prefixes.append(list(range(start, start + n)))
         start += n
-    return prefixes, _Ids(start)
+    return prefixes, FreshIds(start)
 
 
 def _interleave(queues: list[list[tuple[int, int, tuple[int, ...]]]], rng: random.Random) -> list[Request]:
@@ -76,7 +64,7 @@ def chat_workload(seed: int = 0, conversations: int = 64, max_turns: int = 8,
     different conversations interleave at random.
     """
     rng = random.Random(seed)
-    fresh = _Ids(2 * system_prompts)
+    fresh = FreshIds(2 * system_prompts)
     queues = []
     for _ in range(conversations):
         sp = rng.randrange(system_prompts)
@@ -154,4 +142,6 @@ WORKLOADS: dict[str, Workload] = {
     "agents": Workload(agents_workload, "the built-in agents (16 agents re-reading a growing context, 3-12 steps)"),
     "agents-hinted": Workload(agents_hinted_workload, "the built-in hinted agents (40 sessions, 4 at a time, between "
                                                       "tool calls of stated lengths, other traffic all along)"),
+    "sessions": Workload(sessions_workload, "the built-in sessions (1,000 requests: multi-turn sessions back after "
+                                            "heavy-tailed gaps among one-off prompts, `hicache.replay.sessions`)"),
 }

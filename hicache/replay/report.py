@@ -14,7 +14,8 @@ JSON_KEYS = ("hicache_ratio", "eviction_policy", "hit_rate", "device_hit_rate", 
              "transfers_failed", "mismatches",
              "host_dtype", "host_capacity_bytes", "peak_host_bytes", "capacity_tokens", "bound_lru", "bound_belady",
              "bound_infinite", "hints", "hints_sent", "hint_states", "state_interval", "snapshots",
-             "snapshot_bytes", "bytes_d2h_state", "bound_lru_snapshots", "bound_infinite_snapshots")
+             "snapshot_bytes", "bytes_d2h_state", "bound_lru_snapshots", "bound_infinite_snapshots",
+             "live_score", "score_switches", "score_why", "policy_memory_bytes")
 HINT_SUFFIX = {"on": "+h", "wrong": "+w"}  # a policy's column label with the trace's hints, or wrong ones
 BOUNDS_LEGEND = ("bounds, from the trace alone at each row's device + host (+ storage) tokens (hicache.replay.bounds): ideal LRU = "
                  "what LRU reaches without a server's constraints; Belady = no eviction policy can beat it; "
@@ -60,7 +61,9 @@ def json_row(st: RunStats, bound: Bounds | None = None) -> dict:
             "hints": st.hints, "hints_sent": st.hints_sent, "hint_states": dict(st.hint_states),
             "state_interval": st.state_interval or None, "snapshots": st.snapshots, "snapshot_bytes": st.snapshot_bytes,
             "bytes_d2h_state": st.bytes_d2h_state, "bound_lru_snapshots": bound and bound.lru_snapshots,
-            "bound_infinite_snapshots": bound and bound.infinite_snapshots}
+            "bound_infinite_snapshots": bound and bound.infinite_snapshots,
+            "live_score": st.live_score, "score_switches": st.score_switches, "score_why": st.score_why,
+            "policy_memory_bytes": st.policy_memory_bytes}
 
 
 def run_label(st: RunStats) -> str:
@@ -77,7 +80,8 @@ def format_table(stack, runs: Sequence[RunStats], bounds: Sequence[Bounds], devi
     head = (f"{'ratio':>6} {'policy':<{pw}}{'hit':>7}{'device':>8}{'host':>8}"
             + (f"{'storage':>9}" if with_storage else "")
             + f"{'recomputed':>12}{'pages h2d':>11}{'pages d2h':>11}"
-            f"{'GB h2d':>9}{'GB d2h':>9}{'h2d GB/s':>10}{'d2h GB/s':>10}{'peak host GB':>14}{'wall s':>8}")
+            f"{'GB h2d':>9}{'GB d2h':>9}{'h2d GB/s':>10}{'d2h GB/s':>10}{'peak host GB':>14}{'wall s':>8}"
+            f"  {'live score':<18}")
     dtypes = sorted({st.host_dtype for st in runs})
     lines = [f"model {stack.model}, page {stack.page_size} tokens, {torch.device(device).type} replay, host dtype "
              f"{'/'.join(dtypes)} (transfer GB/s: launch to completion; GB are host-format bytes)", head, "-" * len(head)]
@@ -88,13 +92,18 @@ def format_table(stack, runs: Sequence[RunStats], bounds: Sequence[Bounds], devi
                      + f"{st.tokens_recomputed:>12,}{st.pages_h2d:>11,}{st.pages_d2h:>11,}{st.bytes_h2d / 1e9:>9.3f}"
                      f"{st.bytes_d2h / 1e9:>9.3f}{_gbps(st.bytes_h2d, st.seconds_h2d):>10.2f}"
                      f"{_gbps(st.bytes_d2h, st.seconds_d2h):>10.2f}{st.peak_host_bytes / 1e9:>14.3f}"
-                     f"{st.wall_s:>8.1f}")
+                     f"{st.wall_s:>8.1f}  {_live(st):<18}")
     lines.append("every device hit and every page loaded (from host or storage) checked byte for byte: "
                  + ", ".join(f"{st.bytes_checked / 1e9:.2f} GB" for st in runs) + "; mismatches "
                  + ", ".join(str(st.mismatches) for st in runs))
     if with_storage:
         lines += ["", _storage_table(runs, storage)]
     return "\n".join([*lines, "", bounds_table(runs, bounds)])
+
+
+def _live(st: RunStats) -> str:
+    """The policy's live score at the end, with the adaptive policy's switches."""
+    return st.live_score + (f" ({st.score_switches} switches)" if st.score_why else "")
 
 
 def _storage_table(runs: Sequence[RunStats], storage: str) -> str:

@@ -127,6 +127,7 @@ class Replayer:
         self.tree.check_integrity()
         self._collect_transfers()
         self.stats.hints_sent, self.stats.hint_states = len(self.hints.tickets), self.hints.states()
+        self.stats.collect_policy(self.tree.stats()["policy"])
         self.stats.wall_s = time.perf_counter() - t0
         return self.stats
 

@@ -65,6 +65,15 @@ class RunStats:
     snapshots: int = 0  # state snapshots the prefills saved (each its snapshot_bytes on the device)
     snapshot_bytes: int = 0  # bytes of one snapshot, all state pools and layers (device format)
     bytes_d2h_state: int = 0  # of bytes_d2h: the state pools' (snapshots backed up to the host)
+    live_score: str = ""  # the eviction policy's score at the end (adaptive: the candidate it chose)
+    score_switches: int = 0  # adaptive: changes of its live score
+    score_why: dict = field(default_factory=dict)  # adaptive: each candidate's hit rate in its mini caches
+    policy_memory_bytes: int = 0  # the policy's ghosts, checkpoints and mini caches
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def collect_policy(self, policy: dict) -> None:
+        """Which score ranked at the end and why, from the tree's ``stats()["policy"]`` (mutates)."""
+        self.live_score, self.score_switches = policy["live"], policy.get("switches", 0)
+        self.score_why, self.policy_memory_bytes = policy.get("why", {}), policy["memory_bytes"]

@@ -91,6 +91,20 @@ class TraceLimits(NamedTuple):
     stall_s: float = STALL_S  # seconds the trace may give no request (--trace-stall-timeout)
 
 
+class FreshIds:
+    """Fresh block ids, counted up from a start (ids below it belong to shared prefixes): the
+    built-in workloads' generator of blocks no other request shares (not thread-safe)."""
+
+    def __init__(self, start: int) -> None:
+        self.next = start
+
+    def extend(self, ids: list[int], length: int) -> None:
+        """Append fresh ids until ``ids`` cover ``length`` tokens."""
+        while len(ids) * BLOCK_TOKENS < length:
+            ids.append(self.next)
+            self.next += 1
+
+
 def _splitmix64(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         z = x + np.uint64(0x9E3779B97F4A7C15)

@@ -25,7 +25,7 @@ def test_defaults():
     c = HiCacheConfig()
     assert dataclasses.asdict(c) == {
         "enable_hierarchical_cache": False, "hicache_ratio": 2.0, "hicache_size_gb": 0.0,
-        "write_policy": "write_back", "eviction_policy": "tiered", "io_backend": "auto", "mem_layout": "page_first",
+        "write_policy": "write_back", "eviction_policy": "adaptive", "io_backend": "auto", "mem_layout": "page_first",
         "swa_full_tokens_ratio": 0.1, "state_interval": 0, "ranks_per_host": 1, "host_headroom_gb": None,
         "max_copy_programs": None, "storage_backend": "none", "storage_dir": "",
         "storage_master": "127.0.0.1:50051", "storage_capacity_gb": 0.0, "storage_prefetch_policy": "timeout",

@@ -157,12 +157,18 @@ class HostBlockIndex:
                 self._order[entry.group].add(key)
 
     def touch(self, keys: Collection[Hashable]) -> None:
-        """A request carries ``keys``: most recently used, one touch more (unknown keys are
-        ignored: they may be device-only)."""
+        """A request carries ``keys`` (its chain, root first): each held key is most recently
+        used and counts one request more; a key evicted before counts it in its ghost (the
+        policy's: `hicache.integrations.vllm.order`); a key never held is ignored."""
+        if self.num_groups == 1:
+            self._order[0].touch(keys)
+            return
+        per_group: list[list[Hashable]] = [[] for _ in range(self.num_groups)]
         for key in keys:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._order[entry.group].touch(key)
+            per_group[self.group(key)].append(key)
+        for order, chain in zip(self._order, per_group):
+            if chain:
+                order.touch(chain)
 
     def prepare_store(self, keys: Collection[Hashable]) -> StorePlan | None:
         """Give chunk ids to the absent ``keys``, evicting idle LRU keys when short.

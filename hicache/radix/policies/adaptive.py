@@ -1,134 +1,140 @@
-"""`Adaptive`: LRU and LFU as two experts, weighted by the misses each one caused (LeCaR-like).
+"""`Adaptive` (the default): the candidate score that would have hit most on the live traffic.
 
-Neither LRU nor LFU wins on every workload (a trace of returning users favours counts,
-one of fresh conversations favours recency), so each tier keeps a weight per expert and
-lets the traffic decide:
+No fixed score wins everywhere: recency wins where the next request reuses what was just
+used (a chat's next turn), frequency where a few prefixes return among many that do not
+(popular system prompts, sessions that come back after a while), and how much frequency
+should weigh against recency depends on the traffic. So the policy runs the candidates
+side by side on a sample of the traffic (`hicache.radix.policies.shadow`: miniature
+simulation) and ranks the live cache by the one that hits most:
 
-    evict (one call)    pick an expert with probability = its weight (seeded: a replay is
-                        reproducible); its order is the heap of the call
-                          lru   last access
-                          lfu   hit count kept across evictions (ghosts), then last access
-    a victim leaves     device copy dropped: the node remembers the expert (and when);
-                        deleted: a ghost remembers it (`hicache.radix.policies.ghosts`)
-    it comes back       device: a load or a revive of a node whose device copy an expert
-                        dropped; tree: a node created where a ghost is
-                        -> that expert's weight *= exp(-LEARNING_RATE * DISCOUNT ** age),
-                           age = tokens the tier evicted since, over its capacity; both
-                           weights renormalized to sum 1 (never below MIN_WEIGHT)
+    every request    (`requested`: the tree's match, the plugin's lookup) the traffic's
+                     pace is counted; a sampled request is served by every mini cache
+    every `WINDOW`   each candidate's hit tokens in the window join its running total
+    sampled requests (older windows weigh `DECAY` less each); the live score changes to
+                     the best candidate only when it leads the live one by `MARGIN`
+                     (relative) at `PATIENCE` decisions in a row: hysteresis, so that
+                     near-equal candidates do not flap
+    evictions        rank by the live candidate; every candidate's aging (lfuda's L)
+                     follows the live cache's victims, so a switch finds it current
 
-A miss blamed on an expert soon after its eviction counts more than one long after; a
-workload that changes moves the weights within a few of its misses.
+    candidates   rf1 (live first: recency with a little frequency), lru, lfuda, rf4, rf16
+                 (`hicache.radix.policies.scores`)
+
+Cost: a hash of two 64-byte pieces per request, and the mini caches' work on the sampled
+ones (bounded by `hicache.radix.policies.shadow.MAX_CHUNKS` chunks each); memory:
+``stats()["memory_bytes"]``. Which score is live and why (each candidate's hit rate in
+the mini caches) is in ``stats()``.
 """
 from __future__ import annotations
 
-import math
-import random
-from typing import Iterable, NamedTuple
+from typing import Callable, Iterable, Sequence
 
-from hicache.radix.node import TreeNode
-from hicache.radix.policies.base import EvictionPolicy, Victims
-from hicache.radix.policies.ghosts import Ghost, Ghosts
+from hicache.radix.policies.base import EvictionPolicy
+from hicache.radix.policies.ghosts import Ghosts
+from hicache.radix.policies.scores import Pace, Score, make_score
+from hicache.radix.policies.shadow import Shadows
 
-
-class _Blame(NamedTuple):
-    """Who to blame when a deleted node comes back."""
-
-    tier: str  # the tier whose eviction deleted it
-    expert: int  # the expert that chose it (-1: deleted below a victim, no one chose it)
-    when: int  # the tier's evicted tokens when it left
-    device_expert: int  # the expert that dropped its device copy before (-1: none)
-    device_when: int
-
-LRU_EXPERT, LFU_EXPERT = 0, 1
-LEARNING_RATE = 0.45  # LeCaR's
-DISCOUNT = 0.005  # a miss one tier capacity of evictions later weighs 0.5 % of a fresh one
-MIN_WEIGHT = 0.01  # an expert never vanishes: it can win back a changed workload
+CANDIDATES = ("rf1", "lru", "lfuda", "rf4", "rf16")  # the first is live until the mini caches say otherwise
+WINDOW = 16  # sampled requests per decision
+DECAY = 0.8  # weight of the running totals at each decision
+MARGIN = 0.03  # a challenger must beat the live score's total by this much (relative)
+PATIENCE = 3  # at this many decisions in a row
 
 
 class Adaptive(EvictionPolicy):
-    """LRU and LFU experts per tier, weighted by their misses (module docstring).
+    """The live score chosen among `CANDIDATES` by mini caches (module docstring).
 
     Args:
-        capacity_tokens: anchor tokens of each tier (``{"device": n, "host": m}``).
-        page_bytes: key bytes of one page.
-        seed: seed of the expert draws.
+        tiers: the owner's tier names.
+        distinct_tokens: tokens the tiers hold together (what the mini caches model).
+        chains: the owner's requests as chains (`hicache.radix.policies.requests`).
+        history: the ghosts of items that left; clock: the owner's clock.
+        candidates: the candidate scores' names (default `CANDIDATES`).
     """
 
     name = "adaptive"
+    hears_requests = True
 
-    def __init__(self, capacity_tokens: dict[str, int], page_bytes: int, seed: int = 0) -> None:
-        self.capacity = {t: max(1, n) for t, n in capacity_tokens.items()}
-        self.weights = {t: [0.5, 0.5] for t in capacity_tokens}
-        self.evicted_tokens = dict.fromkeys(capacity_tokens, 0)
-        self.ghosts = Ghosts(sum(self.capacity.values()), page_bytes)
-        self._marks: dict[TreeNode, tuple[int, int]] = {}  # device copy dropped by (expert, when)
-        self.rng = random.Random(seed)  # the expert draws (a test may give its own)
-        self._expert = dict.fromkeys(capacity_tokens, LRU_EXPERT)  # the expert of the last draw
+    def __init__(self, tiers: Iterable[str], distinct_tokens: int, chains, history: Ghosts | None,
+                 clock: Callable[[], int], candidates: Sequence[str] = CANDIDATES) -> None:
+        tiers = tuple(tiers)
+        self.pace = Pace(distinct_tokens, clock)
+        self.candidates = tuple(candidates)
+        self._per_tier = [{t: make_score(n, self.pace) for t in tiers} for n in self.candidates]
+        self.shadows = Shadows([make_score(n, self.pace) for n in self.candidates], distinct_tokens,
+                               chains.chunk_tokens)
+        self.chains = chains
+        self.index = 0  # the live candidate
+        super().__init__(self._per_tier[0], history, clock)
+        self._ages = any(type(s).evicted is not Score.evicted for c in self._per_tier for s in c.values())
+        self.totals = [0.0] * len(self.candidates)  # decayed hit tokens per candidate
+        self.tokens = 0.0  # decayed tokens of the sampled requests (the totals' denominator)
+        self._window_tokens = 0
+        self._lead = 0  # decisions in a row the best challenger led by MARGIN
+        self.switches = 0
+        self._shadow_versions = [0] * len(self.candidates)
 
-    # ---- order ---------------------------------------------------------------------------
-    def entry(self, tier: str, node: TreeNode) -> tuple:
-        return _ENTRIES[self._expert[tier]](node)
+    @property
+    def version(self) -> int:
+        return self.switches + sum(s.version for c in self._per_tier for s in c.values())
 
-    def victims(self, tier: str, nodes: Iterable[TreeNode]) -> Victims:
-        expert = self.draw(tier)
-        entry = _ENTRIES[expert]
-        return Victims([entry(n) for n in nodes], entry)
+    @property
+    def live(self) -> str:
+        return self.candidates[self.index]
 
-    def draw(self, tier: str) -> int:
-        """Draw the expert of ``tier``'s next eviction (LRU with probability its weight)."""
-        w = self.weights[tier]
-        self._expert[tier] = LRU_EXPERT if self.rng.random() < w[LRU_EXPERT] / (w[0] + w[1]) else LFU_EXPERT
-        return self._expert[tier]
+    def _evicted(self, tier: str, item) -> None:
+        for scores in self._per_tier:  # every candidate ages with the live cache's victims
+            score = scores.get(tier)
+            if score is not None:
+                score.evicted(score.key(item.last_access, item.hit_count), self.clock())
 
-    # ---- history -------------------------------------------------------------------------
-    def dropped(self, tier: str, node: TreeNode) -> None:
-        self.evicted_tokens[tier] += node.num_tokens
-        if tier == "device":
-            self._marks[node] = (self._expert[tier], self.evicted_tokens[tier])
-
-    def deleted(self, tier: str, nodes: list[TreeNode]) -> None:
-        self.evicted_tokens[tier] += nodes[0].num_tokens
-        when = self.evicted_tokens[tier]
-        for i, node in enumerate(nodes):
-            dev_expert, dev_when = self._marks.pop(node, (-1, 0))
-            expert = self._expert[tier] if i == 0 else -1
-            blame = _Blame(tier, expert, when, dev_expert, dev_when)
-            self.ghosts.add(node, Ghost(node.hit_count, node.num_tokens, blame))
-
-    def created(self, node: TreeNode) -> None:
-        ghost = self.ghosts.take(node)
-        if ghost is None:
+    # ---- the traffic ---------------------------------------------------------------------
+    def requested(self, request) -> None:
+        """A request arrived: counted once (heard again: nothing), simulated if sampled."""
+        heard = self.chains.heard(request)
+        if heard is None:
             return
-        node.hit_count = max(node.hit_count, ghost.hit_count)  # counts kept across the eviction
-        blame = ghost.memo
-        if blame.expert >= 0:
-            self._blame(blame.tier, blame.expert, blame.when)
-        if blame.device_expert >= 0 and blame.tier != "device":
-            self._blame("device", blame.device_expert, blame.device_when)
-
-    def regained(self, tier: str, nodes: Iterable[TreeNode]) -> None:
-        if tier != "device":
+        tokens, sample = heard
+        self.pace.add(tokens)
+        shadows = self.shadows
+        if not shadows.sampled(sample):
             return
-        for node in nodes:
-            mark = self._marks.pop(node, None)
-            if mark is not None:
-                self._blame(tier, *mark)
+        chain = self.chains.chain(request)
+        shadows.observe(chain, self.clock())
+        self._window_tokens += sum(t for _, t in chain)
+        if shadows.requests % WINDOW == 0:
+            self._decide()
 
-    def _blame(self, tier: str, expert: int, when: int) -> None:
-        """A miss ``expert``'s eviction on ``tier`` (at ``when`` evicted tokens) caused."""
-        age = (self.evicted_tokens[tier] - when) / self.capacity[tier]
-        w = self.weights[tier]
-        w[expert] *= math.exp(-LEARNING_RATE * DISCOUNT ** age)
-        total = w[0] + w[1]
-        w[0], w[1] = max(MIN_WEIGHT, w[0] / total), max(MIN_WEIGHT, w[1] / total)
+    def _decide(self) -> None:
+        """Fold the window into the totals; switch on a lead held `PATIENCE` times (hysteresis)."""
+        hits = self.shadows.take_hits()
+        self.totals = [DECAY * t + h for t, h in zip(self.totals, hits)]
+        self.tokens = DECAY * self.tokens + self._window_tokens
+        self._window_tokens = 0
+        for i, mini in enumerate(self.shadows.minis):  # a blend's W follows the pace
+            mini.score.refresh()
+            if mini.score.version != self._shadow_versions[i]:
+                self._shadow_versions[i] = mini.score.version
+                self.shadows.rescore(i)
+        best = max(range(len(self.totals)), key=self.totals.__getitem__)
+        if best != self.index and self.totals[best] > self.totals[self.index] * (1 + MARGIN):
+            self._lead += 1
+            if self._lead >= PATIENCE:
+                self.index, self._lead = best, 0
+                self.scores = self._per_tier[best]
+                self.switches += 1
+        else:
+            self._lead = 0
 
+    def all_scores(self) -> list[Score]:
+        return [s for c in self._per_tier for s in c.values()] + [m.score for m in self.shadows.minis]
 
-def _lru(node: TreeNode) -> tuple:
-    return (node.last_access, node.id, node)
-
-
-def _lfu(node: TreeNode) -> tuple:
-    return (node.hit_count, node.last_access, node.id, node)
-
-
-_ENTRIES = (_lru, _lfu)
+    def stats(self) -> dict:
+        """The live score, why (each candidate's hit rate in the mini caches), switches and memory."""
+        out = super().stats()
+        denom = max(self.tokens, 1.0)
+        out.update({"switches": self.switches, "sample_rate": self.shadows.rate,
+                    "sampled_requests": self.shadows.requests,
+                    "why": {n: round(t / denom, 4) for n, t in zip(self.candidates, self.totals)},
+                    "memory_bytes": out["memory_bytes"] + self.shadows.nbytes()})
+        return out

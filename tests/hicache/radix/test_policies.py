@@ -1,5 +1,6 @@
-"""Eviction policies (`hicache.radix.policies`): each one's order on a hand-made sequence,
-the history of the ones that keep one, and hit counts under write-back."""
+"""Eviction policies (`hicache.radix.policies`) in the tree: each one's order on a hand-made
+sequence, counts that see every request and outlive eviction (every policy, the tiered
+default's host deletions included), and counts under write-back."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,22 +9,10 @@ import torch
 
 from hicache.config import EVICTION_POLICIES
 from hicache.models import mha
-from hicache.radix.node import TreeNode
-from hicache.radix.policies import NAMES, Adaptive, make_policy
-from hicache.radix.policies.adaptive import LFU_EXPERT, LRU_EXPERT
+from hicache.radix.policies import NAMES, make_policy
 from tests.hicache.radix.test_cache import make, seq
 
 PS = 4
-
-
-class Fixed:
-    """A stand-in for the adaptive policy's random draws: always ``value``."""
-
-    def __init__(self, value: float) -> None:
-        self.value = value
-
-    def random(self) -> float:
-        return self.value
 
 
 def tree_of(eviction: str, policy: str = "write_through", device_pages: int = 8, ratio: float = 2.0):
@@ -96,11 +85,12 @@ def test_lfu_order_is_hit_count_then_last_access():
     tree.check_integrity()
 
 
-@pytest.mark.parametrize(("draw", "expected"), [(0.0, [1, 2, 3, 4, 0]), (0.999, [3, 4, 0, 2, 1])])
-def test_adaptive_order_is_its_drawn_experts(draw, expected):
-    cache, tree = tree_of("adaptive")
-    policy = tree._evictor.policy
-    policy.rng = Fixed(draw)  # 0.0 < LRU's weight: LRU; 0.999 > it: LFU
+@pytest.mark.parametrize(("eviction", "expected"), [
+    ("rf1", [3, 4, 0, 2, 1]),  # W = 32 ticks: one request more outweighs the 2-8 ticks between them
+    ("adaptive", [3, 4, 0, 2, 1]),  # nothing learnt yet: its first candidate, rf1
+])
+def test_blend_and_adaptive_orders(eviction, expected):
+    cache, tree = tree_of(eviction)
     seqs = counted_sequence(cache, tree)
     assert device_order(tree, seqs) == expected
     tree.check_integrity()
@@ -148,53 +138,9 @@ def test_tiered_device_ages_out_host_is_lru():
     tree.check_integrity()
 
 
-# ---- history: ghosts, blame, counts kept --------------------------------------------
-def node(first: int, start: int = 0, pages: int = 1, hits: int = 1) -> TreeNode:
-    tokens = seq(first, pages, PS)
-    return TreeNode(key=tokens.tobytes(), end=start + tokens.size, hit_count=hits)
-
-
-def test_adaptive_blames_the_expert_whose_victim_comes_back():
-    policy = Adaptive({"device": 64, "host": 128}, PS * 8)
-    policy.rng = Fixed(0.0)  # LRU evicts on both tiers
-    # 1. the host's LRU expert deletes a node with 5 hits: a ghost remembers it
-    policy.draw("host")
-    gone = node(7, hits=5)
-    policy.deleted("host", [gone])
-    assert len(policy.ghosts) == 1
-    # 2. the same prefix joins the tree again: its 5 hits come back, LRU's weight falls
-    again = node(7, hits=0)
-    policy.created(again)
-    assert again.hit_count == 5 and len(policy.ghosts) == 0
-    assert policy.weights["host"][LRU_EXPERT] < 0.5 < policy.weights["host"][LFU_EXPERT]
-    assert policy.weights["device"] == [0.5, 0.5]
-    # 3. a node whose device copy LFU dropped is loaded back: the device blames LFU
-    policy.rng = Fixed(0.999)
-    policy.draw("device")
-    kept = node(9)
-    policy.dropped("device", kept)
-    policy.regained("device", [kept])
-    assert policy.weights["device"][LFU_EXPERT] < 0.5
-    # 4. another prefix at the same place is no ghost of it
-    policy.deleted("host", [node(11, hits=2)])
-    other = node(12, hits=0)
-    policy.created(other)
-    assert other.hit_count == 0 and len(policy.ghosts) == 1
-
-
-def test_adaptive_follows_a_workload_that_changes():
-    policy = Adaptive({"device": 64, "host": 128}, PS * 8)
-    for expert in (LRU_EXPERT, LFU_EXPERT):  # LRU's victims keep returning, then LFU's
-        policy.rng = Fixed(0.0 if expert == LRU_EXPERT else 0.999)
-        for i in range(6):
-            policy.draw("host")
-            policy.deleted("host", [node(1000 * expert + i)])
-            policy.created(node(1000 * expert + i, hits=0))
-        assert policy.weights["host"][expert] < policy.weights["host"][1 - expert]
-
-
-@pytest.mark.parametrize("eviction", ["lfuda", "adaptive"])
-def test_hit_counts_outlive_the_node(eviction):
+# ---- counts: every request, kept across eviction ---------------------------------------
+@pytest.mark.parametrize("eviction", NAMES)
+def test_a_miss_raises_the_count_and_counts_outlive_the_node(eviction):
     cache, tree = tree_of(eviction, ratio=1.0)
     a = seq(0, 2, PS)
     serve(cache, tree, a, 4)
@@ -202,16 +148,31 @@ def test_hit_counts_outlive_the_node(eviction):
     tree.evict(8 * PS)
     tree.evict_host(8 * PS)
     assert node_of(tree, a) is None
-    serve(cache, tree, a)
+    serve(cache, tree, a)  # a miss: the node comes back with its count, and this request
     assert node_of(tree, a).hit_count == 5  # 4 before it left, 1 now
     tree.check_integrity()
 
 
-@pytest.mark.parametrize("eviction", ["lfu", "lfuda", "adaptive"])
+def test_the_default_keeps_counts_of_host_deletions():
+    """tiered and adaptive with a host tier: a prefix deleted on the host (not the device)
+    keeps its count (the device's order used to hear of no deletion there)."""
+    for eviction in ("tiered", "adaptive"):
+        cache, tree = tree_of(eviction, ratio=2.0)
+        a, fill = seq(0, 1, PS), [seq(100 * (i + 1), 1, PS) for i in range(3)]
+        serve(cache, tree, a, 3)
+        tree.evict(8 * PS)  # every device copy dropped: a lives on the host only
+        for f in fill:
+            serve(cache, tree, f)
+        tree.evict(8 * PS)
+        assert tree.evict_host(16 * PS) and node_of(tree, a) is None  # deleted on the host
+        serve(cache, tree, a)
+        assert node_of(tree, a).hit_count == 4, eviction
+        tree.check_integrity()
+
+
+@pytest.mark.parametrize("eviction", ["lfu", "lfuda"])
 def test_hit_counts_kept_under_write_back(eviction):
     cache, tree = tree_of(eviction, policy="write_back", ratio=2.0)
-    if eviction == "adaptive":
-        tree._evictor.policy.rng = Fixed(0.999)  # LFU
     a, b = seq(0, 1, PS), seq(100, 1, PS)
     serve(cache, tree, a, 3)
     serve(cache, tree, b)
@@ -224,5 +185,8 @@ def test_hit_counts_kept_under_write_back(eviction):
 
 
 def test_an_unknown_policy_is_refused_naming_the_flag():
-    with pytest.raises(ValueError, match="--hicache-eviction-policy.*lru, lfu, adaptive, lfuda, tiered"):
-        make_policy("fifo", {"device": 1, "host": 1}, PS)
+    with pytest.raises(ValueError, match="--hicache-eviction-policy.*lru, lfu, lfuda, rf1, rf4, rf16, tiered, "
+                                         "adaptive"):
+        make_policy("fifo", {"device": 1, "host": 1})
+    with pytest.raises(ValueError, match="chains"):
+        make_policy("adaptive", {"device": 1, "host": 1})

@@ -98,7 +98,7 @@ def hit_rate(st: RunStats) -> float:
 STORE_TIMING = 0.005
 
 
-@pytest.mark.parametrize("eviction", ["lru", "tiered"])  # the policy of the issue, the default now
+@pytest.mark.parametrize("eviction", ["lru", "adaptive"])  # the policy of the issue, the default now
 @pytest.mark.parametrize(("ratio", "storage"), [(1.0, False), (2.0, False), (4.0, False), (2.0, True), (4.0, True)])
 def test_write_back_hits_at_least_as_often_as_write_through(ratio, storage, eviction, tmp_path):
     """Before the fix (LRU): 0.22 vs 0.27 (ratio 2), 0.23 vs 0.45 (ratio 4), 0.22 vs 0.52 with storage."""

@@ -17,6 +17,7 @@ import transfer_kernels.backends.triton as triton_backend
 from hicache import HiCacheConfig, build
 from hicache.cli import main
 from hicache.models import preset
+from hicache.radix.policies.adaptive import CANDIDATES
 from hicache.replay.run import RunStats
 from host_pools.memory import HostBudget
 
@@ -203,4 +204,15 @@ def test_a_replay_that_restored_nothing_says_so_in_its_verdict(capsys):
 
 def test_json_output_stays_one_object(capsys):
     assert main(["replay", *TINY, "--json"]) == 0
-    assert set(json.loads(capsys.readouterr().out)) == {"runs", "verdict", "verdict_line"}
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"runs", "verdict", "verdict_line"}
+    for run in doc["runs"]:  # the default policy says which score ranked at the end, why, and its memory
+        assert run["eviction_policy"] == "adaptive" and run["live_score"] in CANDIDATES
+        assert set(run["score_why"]) == set(CANDIDATES) and run["score_switches"] >= 0
+        assert run["policy_memory_bytes"] >= 0
+
+
+def test_the_table_shows_the_live_score(capsys):
+    assert main(["replay", *TINY, "--hicache-eviction-policy", "tiered"]) == 0
+    out = capsys.readouterr().out
+    assert "live score" in out and "device:lfuda,host:lru" in out

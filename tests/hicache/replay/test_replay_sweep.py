@@ -144,7 +144,7 @@ def test_a_later_run_without_memory_keeps_the_finished_rows(monkeypatch, capsys)
             doc = json.loads(out)
             assert [r["hicache_ratio"] for r in doc["runs"]] == [0, 2] and doc["verdict"] == "NO MEMORY"
         else:
-            assert [r.split()[:2] for r in out.splitlines()[3:5]] == [["0", "tiered"], ["2", "tiered"]]
+            assert [r.split()[:2] for r in out.splitlines()[3:5]] == [["0", "adaptive"], ["2", "adaptive"]]
 
 
 def test_a_torch_allocation_failure_is_no_memory_too(monkeypatch, capsys):
