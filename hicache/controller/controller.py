@@ -351,6 +351,12 @@ class HybridCacheController:
         with self.mutex:
             return self._queue.pending()
 
+    def backlog_bytes(self, direction: str) -> int:
+        """Bytes of the ``direction`` (``"h2d"`` / ``"d2h"``) ops queued or in flight, not yet
+        acked: what a new transfer that way waits behind (the load gate's backlog,
+        `hicache.cost.links`). Changes nothing; scheduler thread."""
+        return self._stats.bytes_of(self._queue.unacked(direction))
+
     def close(self) -> None:
         """Wait for every launched copy, roll back queued ops, release host memory.
 

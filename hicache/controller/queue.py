@@ -62,6 +62,10 @@ class OpQueue:
         return {op.op_id for queue in self._inflight.values() for batch in queue
                 if batch.freed for op in batch.ops}
 
+    def unacked(self, direction: str) -> list[Op]:
+        """Ops of ``direction`` queued or in flight (not yet acked), oldest first."""
+        return [op for batch in self._inflight[direction] for op in batch.ops] + self._queued[direction]
+
     def pending(self) -> int:
         """Operations queued or in flight (not yet acked)."""
         return (sum(len(q) for q in self._queued.values())

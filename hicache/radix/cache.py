@@ -32,6 +32,7 @@ their state and talk through a few calls (composition; each part a module):
                             -> changes the tree only through       hicache.radix.landing
                                StorageEdits, at poll
     Hints                   client hints; eviction's one filter    hicache.radix.hints
+    LoadCut (optional)      where a load is cut (cost policy)      hicache.radix.loadcut
 
 The storage tier's public calls (``prefetch``, ``stop_prefetch``, ``wait_prefetch``,
 ``drain_storage``, ``close``) are thin methods here that forward to the `StorageSide`.
@@ -58,6 +59,7 @@ from hicache.radix.hybrid import snapshot_sizes
 from hicache.radix.index import RadixIndex
 from hicache.radix.insert import Inserter
 from hicache.radix.landing import StorageEdits
+from hicache.radix.loadcut import LoadCut
 from hicache.radix.node import EMPTY_SLOTS, InsertResult, MatchResult, TreeNode, as_key, copy_slots, lock, unlock
 from hicache.radix.policies import make_policy
 from hicache.radix.prefetch import Prefetch, PrefetchOutcome, PrefetchResult
@@ -81,6 +83,8 @@ class HiRadixCache:
             ``cache.config`` asks for (``--hicache-storage-*``; needs the host tier).
         clock: the client hints' clock in seconds (retain deadlines; default ``time.monotonic``;
             a replay passes its trace's time).
+        load_gate: ``--hicache-load-policy cost``: a `hicache.cost.LoadGate` that cuts what
+            `load_target` loads back and what a prefetch reads; None (``always``): all found.
     Raises:
         ValueError: a stack with an own-indexed pool other than the anchor that is not a
             STATE pool.
@@ -97,7 +101,8 @@ class HiRadixCache:
     """
 
     def __init__(self, cache: Any, *, host_tier: bool | None = None,
-                 storage: TierStore | str | None = "config", clock: Callable[[], float] | None = None) -> None:
+                 storage: TierStore | str | None = "config", clock: Callable[[], float] | None = None,
+                 load_gate: Any = None) -> None:
         self.cache, self.stack, self.ctrl = cache, cache.stack, cache.controller
         # ONE lock for the tree and its controller (no lock order to keep); the per-request
         # calls take it through its bound methods: half the instructions of a `with`
@@ -108,6 +113,7 @@ class HiRadixCache:
         self.anchor = self.stack.anchor.name
         self.state_sizes = snapshot_sizes(self.stack)
         self.hybrid = bool(self.state_sizes)
+        self._cut = None if load_gate is None else LoadCut(load_gate, self.hybrid)
         self.device_pool = cache.device_pools[self.anchor]
         self.host_pool = cache.host_group.pools[self.anchor]
         self.host_enabled = self.host_pool.num_tokens > 0 if host_tier is None else host_tier
@@ -139,7 +145,7 @@ class HiRadixCache:
         side = None
         if store is not None:
             edits = StorageEdits(self._index, self._ledger, self._evictor, self.ctrl, self.policy)
-            side = StorageSide(store, edits, self.cache.host_group.pools, self.state_sizes, self.counters)
+            side = StorageSide(store, edits, self.cache.host_group.pools, self.state_sizes, self.counters, self._cut)
         self._storage = side
         self._evictor.below["host"] = NothingBelow() if side is None else side
         self._ledger.route_host_frees(None if side is None else side.free_host)
@@ -276,6 +282,20 @@ class HiRadixCache:
         return self._evictor.evict_snapshots(tier, num_slots)
 
     # ---- transfers ---------------------------------------------------------------------
+    def load_target(self, token_ids: Any, m: MatchResult) -> TreeNode:
+        """The node whose host chain to `load_back` for the match ``m`` of ``token_ids``.
+
+        Without a load gate: ``m.last_host_node`` (everything found). With one
+        (``--hicache-load-policy cost``): the deepest node up to which loading beats
+        recomputing (`hicache.radix.loadcut`); ``m.last_device_node`` when nothing pays. On a
+        non-hybrid stack a cut inside a node splits it (as `match_prefix` of the prompt's
+        first tokens does); on a hybrid one a cut is a snapshot boundary. Mutates the tree
+        only by that split.
+        """
+        if self._cut is None or m.last_host_node is m.last_device_node:
+            return m.last_host_node
+        return self._cut.node(m, len(token_ids), lambda end: self.match_prefix(token_ids[:end]).last_host_node)
+
     def load_back(self, node: TreeNode) -> dict[str, torch.Tensor] | None:
         """Queue the load of ``node``'s host-only history chain (and its host snapshot).
 

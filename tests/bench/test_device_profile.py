@@ -1,0 +1,30 @@
+"""``bench/device_profile.py``: the fit of measured transfers and a profile file updated in place
+(no measurement here: the GPU check and the benches run those)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench import device_profile
+from hicache.cost import Link, Store, load_profile
+
+
+def test_fit_recovers_rate_and_fixed_cost():
+    samples = [(n, 0.001 + n / 20e9) for n in (1e6, 8e6, 64e6)]
+    gbps, fixed = device_profile.fit(samples)
+    assert gbps == pytest.approx(20.0) and fixed == pytest.approx(0.001)
+    with pytest.raises(ValueError, match="two sizes"):
+        device_profile.fit([(1e6, 0.1), (1e6, 0.2)])
+
+
+def test_a_profile_is_written_then_updated_keeping_what_it_did_not_measure(tmp_path):
+    path, cpu = tmp_path / "p.json", torch.device("cpu")
+    link = Link(3.0, 0.001, 0.0, measured=True, source="measured here")
+    device_profile.update(path, "h100", cpu, h2d=link)
+    first = load_profile(path)
+    assert first.h2d == link and first.measured and first.name == "measured-cpu"
+    assert first.d2h.source.startswith("not measured here: from the h100 profile")
+    device_profile.update(path, "h100", cpu, storage={"file": Store(2.0, 1.0, 0.001, 0.002, measured=True, source="bench")})
+    second = load_profile(path)
+    assert second.h2d == link and second.storage["file"].read_gbps == 2.0  # the links kept, the store added
+    assert second.storage["mooncake"] == first.storage["mooncake"]
