@@ -19,7 +19,7 @@ valgrind's headers). Phases, per turn, as `bench/tree.py` times them:
     insert   insert, which queues the backup    (SGLang: insert)
     step     start_writing + poll               (SGLang: check_hicache_events)
     decide   ours only: the load-or-recompute decision of ``--hicache-load-policy cost``
-             (``load_target`` on the match, then the gate weighing the turn's whole prefix
+             (``load_target`` on the match, then the gate's ``end`` weighing the turn's whole prefix
              as if it were on the host: what a request with a host hit pays), Llama-3.1-8B
              on the h100 profile; ``decide_share`` = decide / (match + insert + step)
 
@@ -156,9 +156,12 @@ def _ours_turns(page: int, policy: str, conversations: int):
     convs = T.conversations()[:conversations]
     gate = None
     if not os.environ.get(CODE_ENV):  # this checkout: the cost policy's gate (--before has none)
-        from hicache.cost import LoadGate, load_profile, make_cost
-        gate = LoadGate(make_cost(load_profile("h100"), "llama-3.1-8b"), page)
+        from hicache.cost import LiveBacklog, LoadGate, load_profile, make_cost
+        h100 = load_profile("h100")
+        gate = LoadGate(make_cost(h100, "llama-3.1-8b"), page)
     tree = T.build_tree(page, True, eviction_policy=policy, load_gate=gate)
+    if gate is not None:  # a server's backlog: the tree's controller's queued loads
+        gate.backlog = LiveBacklog(tree.ctrl, None, h100.h2d, None)
     dev, ctrl = tree.device_pool, tree.ctrl
     gc.disable()  # a collection lands in whichever phase it falls: not counted in any
 
@@ -168,7 +171,7 @@ def _ours_turns(page: int, policy: str, conversations: int):
         if gate is not None:
             yield "decide"
             tree.load_target(seq, m)
-            gate.choose(n, 0, m.device_hit_length)  # the decision of a request whose prefix is on the host
+            gate.end(n, 0, m.last_host_node.end)  # the decision of a request whose prefix is on the host
         yield "alloc"
         slots = torch.cat((m.device_slots, dev.alloc(n - m.device_hit_length)))
         yield "insert"

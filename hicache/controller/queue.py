@@ -63,8 +63,12 @@ class OpQueue:
                 if batch.freed for op in batch.ops}
 
     def unacked(self, direction: str) -> list[Op]:
-        """Ops of ``direction`` queued or in flight (not yet acked), oldest first."""
-        return [op for batch in self._inflight[direction] for op in batch.ops] + self._queued[direction]
+        """Ops of ``direction`` queued or in flight (not yet acked), oldest first (read only: with
+        nothing in flight, the queue's own list)."""
+        inflight, queued = self._inflight[direction], self._queued[direction]
+        if not inflight:
+            return queued
+        return [op for batch in inflight for op in batch.ops] + queued
 
     def pending(self) -> int:
         """Operations queued or in flight (not yet acked)."""

@@ -66,7 +66,7 @@ class LoadCost:
                  hybrid: bool = False) -> None:
         self.prefill, self.footprint, self.h2d, self.store, self.hybrid = prefill, footprint, h2d, store, hybrid
         self._token_b = footprint.token_bytes
-        self._snap_b = footprint.snapshot_bytes if hybrid else 0
+        self._snap_b = self.snapshot_bytes = footprint.snapshot_bytes if hybrid else 0  # bytes with every load
         self._h2d_fixed, self._h2d_inv = h2d.enqueue_s + h2d.first_byte_s, 1 / (h2d.gbps * 1e9)
         self._st_fixed = store.read_latency_s if store else 0.0
         self._st_inv = 1 / (store.read_gbps * 1e9) if store else 0.0
@@ -107,6 +107,24 @@ class LoadGate:
     def __init__(self, cost: LoadCost, page: int, backlog: Callable[[str], float] = no_backlog) -> None:
         self.cost, self.page, self.backlog = cost, page, backlog
         self.cuts = 0
+        # `end`'s shortcut: recomputing a token costs at least its linear layers, loading it
+        # its bytes; past a load's fixed cost and wait every loaded token gains the difference
+        prefill = cost.prefill
+        self._gain_s = prefill.linear_s - cost.footprint.token_bytes / (cost.h2d.gbps * 1e9)
+        self._load_fixed_s = cost.h2d.enqueue_s + cost.h2d.first_byte_s + cost.snapshot_bytes / (cost.h2d.gbps * 1e9)
+        self._floor_tokens = -(-(prefill.floor_s - prefill.fixed_s) // prefill.linear_s)  # a rest this long is above it
+
+    def end(self, prompt: int, start: int, host_end: int, storage_end: int | None = None,
+            cuts: Sequence[int] | None = None) -> int:
+        """`choose`'s ``end`` alone (what a scheduler needs), with a shortcut for the common
+        case: a host part alone, whose every token loads faster than its linear layers alone
+        recompute, the load's fixed cost and wait paid off, before a rest above the prefill's
+        floor: then loading it all is `choose`'s answer too (T is concave there)."""
+        if storage_end is None and cuts is None and prompt - host_end >= self._floor_tokens:
+            loaded = host_end - start
+            if loaded > 0 and self._gain_s * loaded >= self.backlog(H2D) + self._load_fixed_s:
+                return host_end
+        return self.choose(prompt, start, host_end, storage_end, cuts).end
 
     def choose(self, prompt: int, start: int, host_end: int, storage_end: int | None = None,
                cuts: Sequence[int] | None = None) -> Cut:
@@ -121,34 +139,35 @@ class LoadGate:
             The `Cut` (``end == start``: recompute everything past the device).
         """
         last = host_end if storage_end is None else storage_end
-        wait_h2d, wait_st = self.backlog(H2D), (self.backlog(STORAGE) if last > host_end else 0.0)
-        time = self.cost.seconds
-
-        def t(end: int) -> float:
-            return time(prompt, start, end, host_end, wait_h2d, wait_st)
-
-        if cuts is None:
-            ends = {start, host_end, last, *self._at_floor(prompt, start, last)}
+        backlog, load, prefill = self.backlog, self.cost.load_seconds, self.cost.prefill
+        wait_h2d = backlog(H2D)
+        wait_st = backlog(STORAGE) if last > host_end else 0.0
+        best_end, best_t = start, prefill.seconds(prompt - start, start)  # nothing loaded: no wait either
+        never = always = best_t
+        if last <= start:
+            return tuple.__new__(Cut, (start, never, never, never))
+        rest = prefill.seconds(prompt - last, last)  # T(last)'s prefill, computed once
+        if cuts is None:  # the tier boundaries, and where the rest's prefill reaches its floor
+            ends = [host_end] if last == host_end else [host_end, last]
+            if rest <= prefill.floor_s:
+                ends = sorted({*ends, *self._at_floor(prompt, start, last)})
         else:
-            ends = {start, *(c for c in cuts if start < c <= last)}
-        best_end = start
-        best_t = never = always = t(start)
-        for end in sorted(ends):
-            if end > start:
-                always = t(end)  # the deepest last: everything found
+            ends = sorted(c for c in cuts if start < c <= last)
+        for end in ends:
+            if end > start:  # the deepest last: everything found
+                always = load(start, end, host_end, wait_h2d, wait_st) + (
+                    rest if end == last else prefill.seconds(prompt - end, end))
                 if always <= best_t:  # ties load: the same time, fewer GPU-seconds
                     best_end, best_t = end, always
         if best_t < always:
             self.cuts += 1
-        return Cut(best_end, best_t, always, never)
+        return tuple.__new__(Cut, (best_end, best_t, always, never))  # without the named tuple's Python __new__
 
     def _at_floor(self, prompt: int, start: int, last: int) -> tuple[int, ...]:
-        """The pages around the cut past which the rest's prefill stays at its floor (none
-        when even loading up to ``last`` leaves more to compute than the floor covers)."""
+        """The pages around the cut past which the rest's prefill stays at its floor (the
+        rest after ``last`` is at it)."""
         prefill = self.cost.prefill
         floor = prefill.floor_s
-        if last <= start or prefill.seconds(prompt - last, last) > floor:
-            return ()
         page = self.page
         lo, hi = start // page, last // page  # floor reached at hi; find the first page where it is
         while hi - lo > 1:

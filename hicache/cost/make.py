@@ -1,10 +1,14 @@
 """The cost model of a named model preset on a device profile, in one call (`make_cost`)."""
 from __future__ import annotations
 
-from hicache.cost.decide import LoadCost
+from typing import Any
+
+from hicache.config import HiCacheConfig
+from hicache.cost.decide import LoadCost, LoadGate
 from hicache.cost.footprint import Footprint
+from hicache.cost.links import LiveBacklog
 from hicache.cost.prefill import PrefillModel
-from hicache.cost.profile import DeviceProfile
+from hicache.cost.profile import DeviceProfile, load_profile
 from hicache.models.presets import PRESETS, preset
 from hicache.models.shape import ModelShape
 
@@ -37,3 +41,22 @@ def make_cost(profile: DeviceProfile, model: str, host_dtype: str = "auto", stor
     store = None if storage_backend == "none" else profile.store(storage_backend)
     return LoadCost(PrefillModel(shape, profile.prefill), footprint, profile.h2d, store,
                     hybrid=footprint.snapshot_bytes > 0)
+
+
+def live_gate(config: HiCacheConfig, stack: Any, controller: Any, store: Any = None) -> LoadGate | None:
+    """The load gate a server's tree consults (``config.load_policy`` ``cost``): the preset
+    ``stack.model``'s cost on ``config.device_profile``, the controller's and ``store``'s
+    queued bytes as the links' backlog (`LiveBacklog`). None under ``always``, or for a
+    stack that is no preset with a shape (nothing to weigh recomputing with).
+
+    Raises:
+        ValueError: an unreadable ``device_profile`` (the flag named), or a storage backend
+            the profile has no figures for.
+    """
+    got = PRESETS.get(getattr(stack, "model", ""))
+    if config.load_policy != "cost" or got is None or got.shape is None:
+        return None
+    profile = load_profile(config.device_profile, "--hicache-device-profile")
+    backend = config.storage_backend if store is not None else "none"
+    cost = make_cost(profile, stack.model, config.host_dtype, backend)
+    return LoadGate(cost, stack.page_size, LiveBacklog(controller, store, profile.h2d, cost.store))

@@ -78,11 +78,14 @@ class PrefillModel:
     def __init__(self, shape: ModelShape, rates: PrefillRates) -> None:
         self.shape, self.rates = shape, rates
         gemm = rates.fp8_tflops if shape.weight_dtype == "fp8" else rates.bf16_tflops
-        self._linear_s = 2 * shape.linear_params / (gemm * 1e12)  # per token
+        self._linear_s = self.linear_s = 2 * shape.linear_params / (gemm * 1e12)  # seconds per token
         self._head_s = 2 * shape.head_params / (gemm * 1e12)
         self._attn_per_flop = 1 / (rates.attention_tflops * 1e12)
         self._floor_s = shape.weight_bytes / (rates.hbm_gbps * 1e9)
         self._terms = tuple(_Term(g.attention, g.count) for g in shape.groups)
+        # full attention alone (Llama, Qwen): sum of L over the new positions, one closed form
+        full = all(t.window is None and not t.ratio and not t.state and not t.index for t in self._terms)
+        self._full_s = sum(t.entry for t in self._terms) * self._attn_per_flop if full else None
         self.fixed_s = rates.fixed_s
         self.floor_s = rates.fixed_s + self._floor_s  # the least a forward takes
 
@@ -101,6 +104,11 @@ class PrefillModel:
         """Estimated seconds to prefill ``n`` new tokens after ``cached`` cached ones (module
         docstring; ``n`` of 0 runs the last prompt token again)."""
         if n <= 0:
-            n, cached = 1, max(cached - 1, 0)
-        compute = self._linear_s * n + self._head_s + self.attention_flops(n, cached) * self._attn_per_flop
+            n, cached = 1, (cached - 1 if cached else 0)
+        full = self._full_s
+        if full is not None:  # the decision's hot path: no call below this one
+            attention = full * (n * cached + n * (n + 1) // 2)
+        else:
+            attention = self.attention_flops(n, cached) * self._attn_per_flop
+        compute = self._linear_s * n + self._head_s + attention
         return self.fixed_s + (compute if compute > self._floor_s else self._floor_s)

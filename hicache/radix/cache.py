@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
+from hicache.cost import live_gate
 from hicache.radix.check import check_tree
 from hicache.radix.evict import Evictor, NothingBelow
 from hicache.radix.hints import HintTicket, build_hints
@@ -83,8 +84,11 @@ class HiRadixCache:
             ``cache.config`` asks for (``--hicache-storage-*``; needs the host tier).
         clock: the client hints' clock in seconds (retain deadlines; default ``time.monotonic``;
             a replay passes its trace's time).
-        load_gate: ``--hicache-load-policy cost``: a `hicache.cost.LoadGate` that cuts what
-            `load_target` loads back and what a prefetch reads; None (``always``): all found.
+        load_gate: what cuts what `load_target` loads back and what a prefetch reads: a
+            `hicache.cost.LoadGate`, None (load all found), or ``"config"`` (default): the
+            gate ``cache.config`` asks for (``--hicache-load-policy cost`` on
+            ``--hicache-device-profile``, the controller's and the store's queued bytes as
+            backlog; `hicache.cost.live_gate`), none for a stack that is no preset with a shape.
     Raises:
         ValueError: a stack with an own-indexed pool other than the anchor that is not a
             STATE pool.
@@ -102,7 +106,7 @@ class HiRadixCache:
 
     def __init__(self, cache: Any, *, host_tier: bool | None = None,
                  storage: TierStore | str | None = "config", clock: Callable[[], float] | None = None,
-                 load_gate: Any = None) -> None:
+                 load_gate: Any = "config") -> None:
         self.cache, self.stack, self.ctrl = cache, cache.stack, cache.controller
         # ONE lock for the tree and its controller (no lock order to keep); the per-request
         # calls take it through its bound methods: half the instructions of a `with`
@@ -113,7 +117,6 @@ class HiRadixCache:
         self.anchor = self.stack.anchor.name
         self.state_sizes = snapshot_sizes(self.stack)
         self.hybrid = bool(self.state_sizes)
-        self._cut = None if load_gate is None else LoadCut(load_gate, self.hybrid)
         self.device_pool = cache.device_pools[self.anchor]
         self.host_pool = cache.host_group.pools[self.anchor]
         self.host_enabled = self.host_pool.num_tokens > 0 if host_tier is None else host_tier
@@ -137,6 +140,9 @@ class HiRadixCache:
             if self.host_enabled and cache.config.storage_backend != "none":
                 from hicache.radix.store import open_store
                 storage = open_store(cache)
+        if load_gate == "config":
+            load_gate = live_gate(cache.config, self.stack, self.ctrl, storage)
+        self._cut = None if load_gate is None else LoadCut(load_gate, self.hybrid)
         self._attach_storage(storage)
 
     def _attach_storage(self, store: TierStore | None) -> None:

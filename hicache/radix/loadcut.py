@@ -29,7 +29,7 @@ class LoadCut:
     """Where a match's load is cut (module docstring).
 
     Args:
-        gate: a `hicache.cost.LoadGate` (its ``choose``).
+        gate: a `hicache.cost.LoadGate` (its ``end``).
         hybrid: cuts only at snapshot boundaries.
     Holds no state of its own (scheduler thread).
     """
@@ -52,7 +52,7 @@ class LoadCut:
                 if node._state_device or node._state_host:
                     ends[node.end] = node
                 node = node.parent
-        end = self.gate.choose(prompt, dev.end, last.end, None, list(ends) if self.hybrid else None).end
+        end = self.gate.end(prompt, dev.end, last.end, None, list(ends) if self.hybrid else None)
         if end >= last.end:
             return last
         if end <= dev.end:
@@ -76,5 +76,5 @@ class LoadCut:
         up to the cut (hybrid: ``tree_cuts`` from `walk_ends` and ``bounds``, pages from
         ``start`` with a stored snapshot)."""
         cuts = [*tree_cuts, *(start + b * page for b in bounds if b <= found)] if self.hybrid else None
-        end = self.gate.choose(prompt, device_end, start, start + found * page, cuts).end
+        end = self.gate.end(prompt, device_end, start, start + found * page, cuts)
         return max(0, (end - start) // page)

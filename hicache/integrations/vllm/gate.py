@@ -78,4 +78,4 @@ def plugin_gate(config: HiCacheConfig, model_config: Mapping[str, Any] | None, l
 def paying_hit(gate: LoadGate, prompt: int, computed: int, hit: int) -> int:
     """``hit`` when loading it beats recomputing it, else 0 (all or none: module docstring)."""
     full = computed + hit
-    return hit if gate.choose(prompt, computed, full, None, [full]).end == full else 0
+    return hit if gate.end(prompt, computed, full, None, [full]) == full else 0

@@ -43,6 +43,17 @@ def test_the_gate_equals_trying_every_page():
         assert cut.seconds <= min(cut.always_s, cut.never_s) and start <= cut.end <= last and cut.end % PAGE == 0
 
 
+def test_the_shortcut_gives_the_same_end_as_weighing_every_candidate():
+    rng, waits = random.Random(2), {"h2d": 0.0}
+    g = gate(lambda link: waits.get(link, 0.0))
+    for _ in range(300):
+        pages = rng.randrange(1, 2000)
+        start = rng.randrange(pages + 1) * PAGE
+        host_end = rng.randrange(start // PAGE, pages + 1) * PAGE
+        waits["h2d"] = rng.choice((0.0, 0.0, 0.01, 1.0))
+        assert g.end(pages * PAGE, start, host_end) == g.choose(pages * PAGE, start, host_end).end
+
+
 def test_a_slow_store_is_recomputed_near_the_start_and_read_deep_into_a_long_prompt():
     g = gate()
     short = g.choose(4096, 0, 0, 4096 - PAGE)  # the whole prompt but a page in storage

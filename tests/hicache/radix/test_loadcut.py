@@ -30,6 +30,9 @@ class Scripted:
         self.calls.append((prompt, start, host_end, storage_end, None if cuts is None else sorted(cuts)))
         return Cut(self.pick(start, host_end, storage_end, cuts), 0.0, 0.0, 0.0)
 
+    def end(self, *args) -> int:
+        return self.choose(*args).end
+
 
 def tree_on(stack, gate, device_pages=16, **kw):
     cache = build(stack, device_pages * stack.page_size, config("/nonexistent", storage_backend="none", **kw),
