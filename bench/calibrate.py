@@ -85,7 +85,8 @@ def profile_links(rows: list[dict], device: torch.device) -> dict[str, Link]:
         gbps, fixed = device_profile.fit(samples)
         links[direction] = Link(gbps, fixed, 0.0, measured=True, source=(
             f"measured on {harness.device_name(device)} by bench/load_batch.py --calibrate: {len(samples)} jobs of "
-            "hicache's loads or backups (each pool's rows, the best backend idle), fitted as a fixed cost + bytes / GB/s"))
+            "hicache's loads or backups (each pool's rows, the best backend idle), fitted as a fixed cost + "
+            "bytes / GB/s"))
     return links
 
 

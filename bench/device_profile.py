@@ -110,7 +110,8 @@ def measure_prefill(device: torch.device, base: PrefillRates, base_name: str = "
     if cuda and hasattr(torch, "_scaled_mm") and hasattr(torch, "float8_e4m3fn"):
         try:
             a8, one = a.to(torch.float8_e4m3fn), torch.ones((), device=device)
-            run = lambda: torch._scaled_mm(a8, a8.t().contiguous().t(), one, one, out_dtype=torch.bfloat16)  # noqa: E731
+            b8 = a8.t().contiguous().t()  # column-major, as the scaled GEMM wants its second operand
+            run = lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16)  # noqa: E731
             fp8 = 2 * n ** 3 / (harness.time_fn(run, device, warmup=2, reps=5).p50_ms / 1e3) / 1e12
         except (RuntimeError, TypeError):  # no fp8 GEMM on this device or torch
             pass

@@ -222,7 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "per batch call (10-50 calls); raw = the same bytes through the plainest calls, same run"}
     harness.write_json(out, rows, config, device)
     stores = {b: device_profile.fit_store(rows, b) for b in args.backends if any(r["backend"] == b for r in rows)}
-    profile = device_profile.update(device_profile.profile_path(device, args.profile_out), "h100", device, storage=stores)
+    path = device_profile.profile_path(device, args.profile_out)
+    profile = device_profile.update(path, "h100", device, storage=stores)
     print(f"wrote {out} and {profile}")
     return 0
 

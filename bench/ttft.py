@@ -11,8 +11,9 @@ Two questions, both answered from a device profile (`hicache.cost`), so both are
                   (vLLM's CPU hit loads every full 16-token block but the one holding the last
                   prompt token, then computes the rest) and its ratio, beside that range.
     --table       `hicache replay` of the shipped trace and the built-in workloads at host
-                  ratios 1, 2, 4 (the trace's first ``--trace-requests``) on three tiers: h100 with the host only, with a local NVMe file
-                  store (the profile's ``file`` figures) and with a slow remote store (1 GB/s,
+                  ratios 1, 2, 4 (the trace's first ``--trace-requests``) on three tiers: h100
+                  with the host only, with a local NVMe file store (the profile's ``file``
+                  figures) and with a slow remote store (1 GB/s,
                   2 ms: a profile written here); the slow store also under ``--hicache-load-policy
                   always``. Rows: TTFT p50 / p99 with and without the cache, prefill GPU-seconds
                   saved, requests whose hits the gate recomputed; every replay's mismatches.

@@ -18,6 +18,6 @@ from hicache.cost.profile import (DEFAULT_PROFILE, PROFILE_NAMES, DeviceProfile,
 from hicache.cost.timeline import SUMMARY_KEYS, RequestTime, Timeline
 
 __all__ = ["Cut", "DEFAULT_PROFILE", "DeviceProfile", "Footprint", "LOAD_POLICIES", "Link", "LinkClocks",
-           "LiveBacklog", "LoadCost", "LoadGate", "live_gate", "PROFILE_NAMES", "PrefillModel", "PrefillRates", "RequestTime",
-           "SUMMARY_KEYS", "Store", "Timeline", "load_profile", "make_cost", "preset_shape", "profile_dict",
-           "profile_from_dict", "save_profile"]
+           "LiveBacklog", "LoadCost", "LoadGate", "PROFILE_NAMES", "PrefillModel", "PrefillRates", "RequestTime",
+           "SUMMARY_KEYS", "Store", "Timeline", "live_gate", "load_profile", "make_cost", "preset_shape",
+           "profile_dict", "profile_from_dict", "save_profile"]

@@ -25,7 +25,7 @@ import dataclasses
 import json
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from hicache.bounded import read_capped
 from hicache.fields import checked_value, field_kinds
@@ -130,14 +130,20 @@ _SECTIONS = {"h2d": Link, "d2h": Link, "prefill": PrefillRates}
 _TOP = ("format", "version", "name", "device", "date", "measured", "h2d", "d2h", "storage", "prefill")
 
 
+def _check_keys(doc: dict, names: Sequence[str], optional: Sequence[str], where: str) -> None:
+    """An unknown key, or a missing one that is not ``optional``: a ``ValueError`` naming it."""
+    unknown = sorted(set(doc) - set(names))
+    missing = [n for n in names if n not in doc and n not in optional]
+    if unknown or missing:
+        what = f"unknown key {unknown[0]!r}" if unknown else f"missing key {missing[0]!r}"
+        raise ValueError(f"{where}: {what}; keys: {', '.join(names)}")
+
+
 def _section(cls: type, doc: Any, where: str) -> Any:
     if not isinstance(doc, dict):
         raise ValueError(f"{where}: must be a JSON object, got {type(doc).__name__}")
     names = [f.name for f in dataclasses.fields(cls)]
-    unknown, missing = sorted(set(doc) - set(names)), [n for n in names if n not in doc and n not in ("source", "measured")]
-    if unknown or missing:
-        raise ValueError(f"{where}: {'unknown key ' + repr(unknown[0]) if unknown else 'missing key ' + repr(missing[0])}"
-                         f"; keys: {', '.join(names)}")
+    _check_keys(doc, names, ("source", "measured"), where)
     try:
         return cls(**doc, where=where)
     except TypeError as exc:
@@ -153,9 +159,7 @@ def profile_from_dict(doc: Any, where: str = "device profile") -> DeviceProfile:
     """
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
         raise ValueError(f"{where}: not a device profile (format must be {FORMAT!r}, version {VERSION})")
-    unknown, missing = sorted(set(doc) - set(_TOP)), [k for k in _TOP if k not in doc]
-    if unknown or missing:
-        raise ValueError(f"{where}: {'unknown key ' + repr(unknown[0]) if unknown else 'missing key ' + repr(missing[0])}")
+    _check_keys(doc, _TOP, (), where)
     for key in ("name", "device", "date"):
         if not isinstance(doc[key], str) or not doc[key]:
             raise ValueError(f"{where}: {key} must be a non-empty string, got {doc[key]!r}")

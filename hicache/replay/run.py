@@ -184,7 +184,8 @@ class Replayer:
         got = tree.wait_prefetch(p)
         m = tree.match_prefix(tokens)
         cut = got.outcome in (PrefetchOutcome.RECOMPUTE, PrefetchOutcome.COMPLETE)
-        return m, first_end, p.start, max(m.last_host_node.end, p.start + (got.found_tokens if cut else got.read_tokens))
+        loadable = got.found_tokens if cut else got.read_tokens
+        return m, first_end, p.start, max(m.last_host_node.end, p.start + loadable)
 
     # ---- the cached prefix ---------------------------------------------------------
     def _prefix(self, i: int, tokens, hashes: list[int], m, target, first_end: int) -> torch.Tensor:

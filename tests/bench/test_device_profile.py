@@ -24,7 +24,8 @@ def test_a_profile_is_written_then_updated_keeping_what_it_did_not_measure(tmp_p
     first = load_profile(path)
     assert first.h2d == link and first.measured and first.name == "measured-cpu"
     assert first.d2h.source.startswith("not measured here: from the h100 profile")
-    device_profile.update(path, "h100", cpu, storage={"file": Store(2.0, 1.0, 0.001, 0.002, measured=True, source="bench")})
+    store = Store(2.0, 1.0, 0.001, 0.002, measured=True, source="bench")
+    device_profile.update(path, "h100", cpu, storage={"file": store})
     second = load_profile(path)
     assert second.h2d == link and second.storage["file"].read_gbps == 2.0  # the links kept, the store added
     assert second.storage["mooncake"] == first.storage["mooncake"]
