@@ -83,12 +83,14 @@ def tiers(folder: Path) -> dict[str, list[str]]:
 
 
 def replay(workload: str, flags: list[str], args: argparse.Namespace) -> list[dict]:
-    what = ["--trace", str(ROOT / "data" / "mooncake_synthetic_trace.jsonl.xz")] if workload == "trace" \
-        else ["--workload", workload]
+    # the trace's prompts are long: 262,144 device tokens, as the eviction matrix replays it (bench/replay.py)
+    what = ["--trace", str(ROOT / "data" / "mooncake_synthetic_trace.jsonl.xz"), "--device-tokens", "262144"] \
+        if workload == "trace" else ["--workload", workload]
     count = args.trace_requests if workload == "trace" else args.max_requests
     limit = ["--max-requests", str(count)] if count else []
     cmd = [sys.executable, "-m", "hicache.cli", "replay", "--json", "--no-progress", "--allow-device-only", *what,
-           "--model", args.model, "--layers", str(args.layers), "--hicache-ratio", "1,2,4", *limit, *flags]
+           "--model", args.model, "--layers", str(args.layers), "--hicache-ratio", "1,2,4", *limit, *flags,
+           "--hicache-host-headroom", "0.25"]  # a shared VM: the replay's pools are small, the default headroom not
     run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if run.returncode:
         raise RuntimeError(f"{' '.join(cmd)}: exit {run.returncode}: {run.stderr[-2000:]}")
