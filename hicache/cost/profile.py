@@ -27,7 +27,7 @@ from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hicache.bounded import read_capped
+from bounded_input import STALL_S, Deadline, open_source, parse_json, read_capped
 from hicache.fields import checked_value, field_kinds
 
 FORMAT, VERSION = "hicache-device-profile", 1
@@ -200,14 +200,11 @@ def load_profile(spec: str | Path, flag: str = "--device-profile") -> DeviceProf
     text = str(spec)
     path = PROFILE_DIR / f"{text}.json" if text in PROFILE_NAMES else Path(text).expanduser()
     where = f"{flag} {text}"
-    try:
-        with open(path, "rb") as f:
+    try:  # without blocking on a FIFO, never past MAX_PROFILE_BYTES: a user's path
+        with open_source(path, Deadline(STALL_S)) as f:
             raw = read_capped(f, MAX_PROFILE_BYTES, where, "a device profile")
     except OSError as exc:
         raise ValueError(f"{where}: not a shipped profile ({', '.join(PROFILE_NAMES)}) and not a readable file "
                          f"({exc.strerror or exc})") from None
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"{where}: not JSON ({exc})") from None
+    doc = parse_json(raw, where, max_bytes=MAX_PROFILE_BYTES)  # depth, digits, UTF-8: one line naming the flag
     return profile_from_dict(doc, where)

@@ -65,6 +65,16 @@ class RunStats:
     snapshots: int = 0  # state snapshots the prefills saved (each its snapshot_bytes on the device)
     snapshot_bytes: int = 0  # bytes of one snapshot, all state pools and layers (device format)
     bytes_d2h_state: int = 0  # of bytes_d2h: the state pools' (snapshots backed up to the host)
+    # estimated on --device-profile (hicache.replay.timing; none without it): seconds
+    load_policy: str = ""
+    device_profile: str = ""
+    ttft_p50_s: float = 0.0
+    ttft_p99_s: float = 0.0
+    ttft_nocache_p50_s: float = 0.0
+    ttft_nocache_p99_s: float = 0.0
+    prefill_gpu_s_saved: float = 0.0
+    prefill_gpu_s_nocache: float = 0.0
+    requests_recomputing_hits: int = 0  # requests whose found tokens the cost policy recomputed in part
 
     def as_dict(self) -> dict:
         return asdict(self)

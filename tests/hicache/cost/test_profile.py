@@ -57,10 +57,12 @@ def test_a_bad_profile_is_one_value_error_naming_the_flag_and_key(tmp_path, edit
     assert words in str(info.value) and str(info.value).startswith("--device-profile ")
 
 
-@pytest.mark.parametrize("text,words", [("{", "not JSON"), ("x" * (MAX_PROFILE_BYTES + 1), "more than")])
+@pytest.mark.parametrize("text,words", [("{", "not valid JSON"), ("x" * (MAX_PROFILE_BYTES + 1), "more than"),
+                                        ("[" * 100 + "]" * 100, "nested deeper than")])
 def test_not_json_or_too_large_is_refused(tmp_path, text, words):
-    with pytest.raises(ValueError, match=words):
+    with pytest.raises(ValueError, match=words) as info:
         load_profile(_write(tmp_path, text))
+    assert str(info.value).startswith("--device-profile ") and "\n" not in str(info.value)
 
 
 def test_an_unknown_name_lists_the_shipped_ones():
