@@ -133,11 +133,11 @@ def _target(name: str, value: float | None, op: str, bound: float) -> dict[str, 
 
 def profile_beside_shipped(path: Path) -> tuple[dict | None, dict[str, float]]:
     """The measured profile's document, and per `COMPARED` figure measured / shipped h100."""
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None, {}
     from hicache.cost import load_profile, profile_dict
+    try:  # read as any profile is: bounded, checked key by key
+        doc = profile_dict(load_profile(path, "profile step"))
+    except ValueError:
+        return None, {}
     shipped = profile_dict(load_profile("h100"))
     out = {}
     for section, field in COMPARED:
