@@ -221,11 +221,28 @@ def main(argv: Sequence[str] | None = None) -> int:
               "note": "files without fsync, read back from the page cache; p50/p99 over one sample "
                       "per batch call (10-50 calls); raw = the same bytes through the plainest calls, same run"}
     harness.write_json(out, rows, config, device)
-    stores = {b: device_profile.fit_store(rows, b) for b in args.backends if any(r["backend"] == b for r in rows)}
+    stores = fitted_stores(rows, args.backends)
+    if not stores:
+        print(f"wrote {out}; no device profile written (no backend's figures could be fitted)")
+        return 0
     path = device_profile.profile_path(device, args.profile_out)
     profile = device_profile.update(path, "h100", device, storage=stores)
     print(f"wrote {out} and {profile}")
     return 0
+
+
+def fitted_stores(rows: list[dict], backends: Sequence[str]) -> dict:
+    """Each backend's `Store` fitted from its rows; one whose times did not grow with the
+    bytes (a loaded machine's noise on small batches) is left out, with a line saying so."""
+    stores = {}
+    for b in backends:
+        if not any(r["backend"] == b for r in rows):
+            continue
+        try:
+            stores[b] = device_profile.fit_store(rows, b)
+        except ValueError as e:
+            print(f"device profile: {b} left out: {e}")
+    return stores
 
 
 if __name__ == "__main__":

@@ -29,3 +29,14 @@ def test_a_profile_is_written_then_updated_keeping_what_it_did_not_measure(tmp_p
     second = load_profile(path)
     assert second.h2d == link and second.storage["file"].read_gbps == 2.0  # the links kept, the store added
     assert second.storage["mooncake"] == first.storage["mooncake"]
+
+
+def test_a_store_whose_times_do_not_grow_is_left_out_of_the_profile(capsys):
+    from bench import storage
+    rows = [{"backend": "file", "op": op, "KB": kb, "batch_pages": 2, "p50_ms": ms}
+            for op in ("get", "set") for kb, ms in ((64, 0.6), (512, 0.4))]  # noise: bigger was faster
+    rows += [{"backend": "mooncake", "op": op, "KB": kb, "batch_pages": 2, "p50_ms": kb / 100}
+             for op in ("get", "set") for kb in (64, 512)]
+    stores = storage.fitted_stores(rows, ["file", "mooncake", "absent"])
+    assert set(stores) == {"mooncake"} and isinstance(stores["mooncake"], Store)
+    assert "device profile: file left out: samples: the time does not grow" in capsys.readouterr().out
