@@ -71,5 +71,5 @@ def test_a_slow_link_is_skipped_and_greedy_outputs_stay_identical(runs):
     skip, load = runs["metrics"]["slow-link"], runs["metrics"]["slow-gpu"]
     assert skip["hicache:stored_blocks_total"] > 0  # the prefixes were on the host ...
     assert skip["hicache:recomputed_hit_tokens_total"] > 0  # ... found, and recomputed
-    assert skip["hicache:loaded_blocks_total"] == 0 and skip.get("vllm:kv_offload_load_bytes_total", 0) == 0
+    assert skip.get("hicache:loaded_blocks_total", 0) == 0 and skip.get("vllm:kv_offload_load_bytes_total", 0) == 0
     assert load["hicache:loaded_blocks_total"] > 0 and load["hicache:recomputed_hit_tokens_total"] == 0
