@@ -38,9 +38,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from hicache.cost import load_profile, make_cost, profile_dict  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results" / "local"
+RESULTS = harness.RESULTS_DIR
 BLOG = {"source": "vllm-project/vllm-project.github.io _posts/2025-12-29-offloading-connector.md, Figure 1 "
                   "(single request TTFT, Llama-3.1-8B-Instruct, NVIDIA H100): 'loading KV values from the CPU "
                   "reduces TTFT by X2-X22, depending on the prompt size'; prompt sizes from its benchmark "

@@ -296,11 +296,12 @@ class HiRadixCache:
         recomputing (`hicache.radix.loadcut`); ``m.last_device_node`` when nothing pays. On a
         non-hybrid stack a cut inside a node splits it (as `match_prefix` of the prompt's
         first tokens does); on a hybrid one a cut is a snapshot boundary. Mutates the tree
-        only by that split.
+        only by that split; holds the tree's mutex.
         """
         if self._cut is None or m.last_host_node is m.last_device_node:
             return m.last_host_node
-        return self._cut.node(m, len(token_ids), lambda end: self.match_prefix(token_ids[:end]).last_host_node)
+        with self.mutex:
+            return self._cut.node(m, len(token_ids), lambda end: self.match_prefix(token_ids[:end]).last_host_node)
 
     def load_back(self, node: TreeNode) -> dict[str, torch.Tensor] | None:
         """Queue the load of ``node``'s host-only history chain (and its host snapshot).

@@ -40,7 +40,7 @@ from hicache.radix.prefetch import PrefetchOutcome
 from hicache.replay.content import ContentModel, ReplayMismatch, prefix_hashes, state_seed
 from hicache.replay.hintplay import HintPlayer
 from hicache.replay.snapshots import SnapshotRule
-from hicache.replay.stats import RunStats, tier_tokens
+from hicache.replay.stats import RunStats, collect_transfers, host_bytes_used, tier_tokens
 from hicache.replay.timing import RunTiming
 from hicache.replay.workload import Request, request_tokens
 
@@ -131,7 +131,7 @@ class Replayer:
         self.tree.wait()
         self.tree.drain_storage()
         self.tree.check_integrity()
-        self._collect_transfers()
+        collect_transfers(self.stats, self.ctrl.stats(), self.tree.storage, self.stack)
         self.stats.hints_sent, self.stats.hint_states = len(self.hints.tickets), self.hints.states()
         if self.timing is not None:
             for key, value in self.timing.summary().items():
@@ -166,7 +166,7 @@ class Replayer:
             tree.drain_storage(writes_only=True)  # a hint's prefetch keeps running
         self.hints.send(req, tokens, "after")
         st.tokens_recomputed += req.input_length - prefix.numel()
-        st.peak_host_bytes = max(st.peak_host_bytes, self._host_bytes_used())
+        st.peak_host_bytes = max(st.peak_host_bytes, host_bytes_used(self.cache))
         if self.timing is not None:
             self.timing.record(req, m.device_hit_length, host_end, found_end, prefix.numel(), tree)
 
@@ -287,29 +287,3 @@ class Replayer:
         self.ctrl.start_writing()
         self.ctrl.start_loading()
         self.tree.poll()
-
-    def _host_bytes_used(self) -> int:
-        host = self.cache.host_group.pools
-        total = 0
-        for spec in self.stack.data_pools():
-            used = host[self.stack.root_of(spec.name).name].allocator.used()
-            row_bytes = host[spec.name].spec.row_bytes  # the host format's (int8 + scales when int8)
-            total += used // spec.tokens_per_row * spec.num_layers * row_bytes
-        return total
-
-    def _collect_transfers(self) -> None:
-        ctrl = self.ctrl.stats()
-        st = self.stats
-        if self.tree.storage is not None:
-            store = self.tree.storage.stats()
-            st.storage = True
-            st.bytes_storage_read, st.bytes_storage_written = store["bytes_read"], store["bytes_written"]
-            st.seconds_storage_read, st.seconds_storage_write = store["read_busy_s"], store["write_busy_s"]
-        st.transfers_ok = ctrl["d2h"]["ops"] + ctrl["h2d"]["ops"]
-        st.transfers_failed = ctrl["d2h"]["failed_ops"] + ctrl["h2d"]["failed_ops"]
-        st.bytes_d2h = sum(ctrl["d2h"]["bytes"].values())
-        st.bytes_d2h_state = sum(n for name, n in ctrl["d2h"]["bytes"].items()
-                                 if self.stack.root_of(name).name in self.stack.snapshot_slots)
-        st.bytes_h2d = sum(ctrl["h2d"]["bytes"].values())
-        st.pages_d2h = ctrl["d2h"]["tokens"].get(self.anchor, 0) // self.page
-        st.pages_h2d = ctrl["h2d"]["tokens"].get(self.anchor, 0) // self.page
