@@ -14,6 +14,10 @@ span bytes, size class) becomes one exact rule (traits met several times take th
 whose worst relative time over them is least); the seed table's rules follow, for the
 traits not measured. The table goes to ``--table-out`` (default
 ``bench/results/local/auto_table_<device>.json``); load it with ``HICACHE_AUTO_TABLE``.
+
+The same measurements give the device profile's links (`bench.device_profile`): per
+direction, each job's best backend idle, fitted as a fixed cost per transfer + bytes / GB/s,
+written to ``--profile-out`` (`hicache replay --device-profile FILE` reads it).
 """
 from __future__ import annotations
 
@@ -22,9 +26,10 @@ import math
 
 import torch
 
-from bench import harness
+from bench import device_profile, harness
 from bench.load_cases import make_backends, open_bench
 from bench.load_extra import Gemms, PoolJob, pool_jobs
+from hicache.cost import Link
 from transfer_kernels import copy_rows, make_plan
 from transfer_kernels.backends import auto_table
 from transfer_kernels.backends.auto import traits
@@ -48,7 +53,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             for direction in args.directions:
                 for pages in args.pages:
                     for job in pool_jobs(bench, direction, pages, 1):
-                        rows.append(dict(model=model, layout=layout, pages=pages,
+                        rows.append(dict(model=model, layout=layout, pages=pages, direction=direction,
                                          **measure(job, backends, device, gemms)))
                         r = rows[-1]
                         print(f"{model} {layout} {direction} {pages}p {r['pool']}: {r['path']} "
@@ -63,7 +68,30 @@ def run(args: argparse.Namespace) -> list[dict]:
               for k, v in vars(args).items()}
     print(f"wrote {out} ({len(table.rules)} rules) and "
           f"{harness.write_json(args.out.with_name(args.out.stem + '_calibrate.json'), rows, config, device)}")
+    links = profile_links(rows, device)
+    if links:
+        path = device_profile.profile_path(device, args.profile_out)
+        print(f"wrote {device_profile.update(path, 'h100', device, **links)}")
     return rows
+
+
+def profile_links(rows: list[dict], device: torch.device) -> dict[str, Link]:
+    """Per direction measured at two sizes or more: its `Link` (each job's best backend idle)."""
+    links = {}
+    for direction in ("h2d", "d2h"):
+        samples = [(r["MB"] * 1e6, min(r["idle_us"].values()) / 1e6) for r in rows if r["direction"] == direction]
+        if len({b for b, _ in samples}) < 2:
+            continue
+        try:
+            gbps, fixed = device_profile.fit(samples)
+        except ValueError as e:  # a loaded machine's noise: that direction stays as the profile had it
+            print(f"device profile: {direction} left out: {e}")
+            continue
+        links[direction] = Link(gbps, fixed, 0.0, measured=True, source=(
+            f"measured on {harness.device_name(device)} by bench/load_batch.py --calibrate: {len(samples)} jobs of "
+            "hicache's loads or backups (each pool's rows, the best backend idle), fitted as a fixed cost + "
+            "bytes / GB/s"))
+    return links
 
 
 def measure(job: PoolJob, backends: dict, device: torch.device, gemms: Gemms | None) -> dict:

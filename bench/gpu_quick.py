@@ -8,10 +8,13 @@ each step under its share of the budget:
                triton and dma, H2D and D2H: idle, beside bf16 GEMMs, both ways at once
     host_only  bench/load_batch.py --host-only: each backend's host cost, device calls out
     verify     hicache verify-model --device cuda (DeepSeek-V4, bytes and logits)
+    profile    bench/device_profile.py: the device's measured profile (links, prefill rates),
+               ``OUT/profile.json`` (``hicache replay --device-profile OUT/profile.json``)
 
 and writes ONE JSON, ``OUT/gpu_quick.json`` (``read`` loads it back): per step its exit
-status, seconds and log tail, the load and host-only rows, and the previous round's
-targets with their figures (``None`` where a step did not give them). ``--smoke`` runs
+status, seconds and log tail, the load and host-only rows, the previous round's
+targets with their figures (``None`` where a step did not give them), and the measured
+profile beside the shipped ``h100`` one (measured / shipped per figure). ``--smoke`` runs
 CPU-sized stand-ins of every step (the test suite checks the orchestration and the JSON
 on a machine without a GPU).
 
@@ -33,8 +36,10 @@ from typing import Any, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMAT, VERSION = "hicache-gpu-quick", 1
-STEPS = ("tests", "load", "host_only", "verify")
-SHARE = {"tests": 0.26, "load": 0.40, "host_only": 0.15, "verify": 0.17}  # of the budget
+STEPS = ("tests", "load", "host_only", "verify", "profile")
+SHARE = {"tests": 0.25, "load": 0.33, "host_only": 0.14, "verify": 0.16, "profile": 0.10}  # of the budget
+COMPARED = (("h2d", "gbps"), ("h2d", "enqueue_s"), ("d2h", "gbps"), ("prefill", "bf16_tflops"),
+            ("prefill", "fp8_tflops"), ("prefill", "attention_tflops"), ("prefill", "hbm_gbps"))
 PRO = "deepseek-v4-pro"
 
 
@@ -44,6 +49,7 @@ def step_commands(out: Path, smoke: bool) -> dict[str, list[str]]:
     tests = sorted({*glob.glob(str(ROOT / "tests/hicache/**/test_controller_cuda*.py"), recursive=True),
                     *glob.glob(str(ROOT / "tests/integrations/vllm/test_mover*.py"))})
     model = f"{PRO}:2" if smoke else PRO
+    profile = [py, str(ROOT / "bench/device_profile.py"), "--out", str(out / "profile.json")]
     load = [py, str(ROOT / "bench/load_batch.py"), "--models", model, "--layouts", "page_first",
             "--backends", "auto,triton,dma", "--directions", "h2d,d2h"]
     if smoke:
@@ -54,14 +60,16 @@ def step_commands(out: Path, smoke: bool) -> dict[str, list[str]]:
                 "host_only": load + ["--host-only", "--pages", "1", "--ops", "1", "--batches", "1",
                                      "--out", str(out / "host_only.json")],
                 "verify": [py, "-m", "hicache.cli", "verify-model", "--device", "cpu", "--layers", "2",
-                           "--conversations", "1", "--turns", "2", "--allow-device-only", "--json"]}
+                           "--conversations", "1", "--turns", "2", "--allow-device-only", "--json"],
+                "profile": profile + ["--device", "cpu"]}
     return {"tests": [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
                       str(ROOT / "tests/transfer_kernels"), *tests],
             "load": load + ["--pages", "16,64", "--ops", "1", "--batches", "8",
                             "--extras", "steady,compute,bidir", "--out", str(out / "load.json")],
             "host_only": load + ["--host-only", "--pages", "16,64", "--ops", "1,16", "--batches", "10",
                                  "--out", str(out / "host_only.json")],
-            "verify": [py, "-m", "hicache.cli", "verify-model", "--device", "cuda", "--json"]}
+            "verify": [py, "-m", "hicache.cli", "verify-model", "--device", "cuda", "--json"],
+            "profile": profile}
 
 
 def run_step(name: str, cmd: list[str], limit: float, out: Path) -> dict[str, Any]:
@@ -123,6 +131,22 @@ def _target(name: str, value: float | None, op: str, bound: float) -> dict[str, 
     return {"target": f"{name} {op} {bound}", "value": value, "met": met}
 
 
+def profile_beside_shipped(path: Path) -> tuple[dict | None, dict[str, float]]:
+    """The measured profile's document, and per `COMPARED` figure measured / shipped h100."""
+    from hicache.cost import load_profile, profile_dict
+    try:  # read as any profile is: bounded, checked key by key
+        doc = profile_dict(load_profile(path, "profile step"))
+    except ValueError:
+        return None, {}
+    shipped = profile_dict(load_profile("h100"))
+    out = {}
+    for section, field in COMPARED:
+        got, ref = doc.get(section, {}).get(field), shipped[section][field]
+        if isinstance(got, (int, float)) and ref:
+            out[f"{section}.{field}"] = got / ref
+    return doc, out
+
+
 def read(path: str | Path) -> dict[str, Any]:
     """The document a run wrote (``ValueError`` naming the file when it is not one)."""
     try:
@@ -144,6 +168,9 @@ def summary(doc: dict[str, Any]) -> str:
         value = "not measured" if t["value"] is None else f"{t['value']:.3g}"
         verdict = {True: "met", False: "NOT met", None: "-"}[t["met"]]
         lines.append(f"  {t['target']}: {value} ({verdict})")
+    if doc.get("profile_vs_h100"):
+        lines.append("  measured profile / shipped h100: " + ", ".join(
+            f"{k} {v:.2f}" for k, v in doc["profile_vs_h100"].items()))
     return "\n".join(lines)
 
 
@@ -162,6 +189,7 @@ def run(out: Path, steps: Sequence[str], budget_s: float, smoke: bool) -> dict[s
            "verify_ok": results["verify"]["rc"] == 0 if "verify" in results else None,
            "verify_log": str(verify) if verify.exists() else None}
     doc["targets"] = targets(doc["load"], doc["host_only"])
+    doc["profile"], doc["profile_vs_h100"] = profile_beside_shipped(out / "profile.json")
     doc["seconds"] = round(time.perf_counter() - start, 1)
     (out / "gpu_quick.json").write_text(json.dumps(doc, indent=1) + "\n")
     return doc

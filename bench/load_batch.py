@@ -80,6 +80,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="measure the auto backend's decision table here and write it (--table-out)")
     p.add_argument("--table-out", type=Path, default=None,
                    help="--calibrate: table path (default bench/results/local/auto_table_<device>.json)")
+    p.add_argument("--profile-out", type=Path, default=None,
+                   help="--calibrate: the device profile its loads and backups give (bench/device_profile.py; "
+                        "default bench/results/local/profile_<device>.json, updated when it exists)")
     p.add_argument("--models", default=None, help="comma list of MODEL[:LAYERS] (default: all four)")
     p.add_argument("--pages", default=None, help="pages per batch (default 1,16,64; quick 1,16)")
     p.add_argument("--ops", default="1,16", help="ops per batch (those dividing the pages)")

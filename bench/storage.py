@@ -11,7 +11,9 @@ Mooncake: ``batch_put_from`` / ``batch_get_into`` of one blob per object)?
 
 Files are written without fsync and read back from the page cache (the tier's default
 path); every batch uses fresh keys, so each set really writes. Writes
-``bench/results/local/storage_<device>.json`` (or ``--out``).
+``bench/results/local/storage_<device>.json`` (or ``--out``), and each backend's figures
+(get / set per pool's batch, fitted as latency + bytes / GB/s) into the machine's device
+profile, ``--profile-out`` (`bench.device_profile`; updated when it exists).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import harness  # noqa: E402
+from bench import device_profile, harness  # noqa: E402
 from hicache.models import preset  # noqa: E402
 from hicache.storage import FileBackend, StorageNamespace, page_hashes, page_view  # noqa: E402
 from host_pools.pools import HostPool  # noqa: E402
@@ -52,6 +54,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--layout", default="page_first", choices=("page_first", "layer_first"))
     p.add_argument("--dir", type=Path, default=None, help="scratch directory of the file runs (default: a fresh folder under bench/results/local/, removed at the end)")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--profile-out", type=Path, default=None,
+                   help="device profile to write the stores' figures into (default "
+                        "bench/results/local/profile_<device>.json)")
     args = p.parse_args(argv)
     args.backends = args.backends.split(",")
     args.pools = [tuple(x.split(":")) for x in args.pools.split(",")]
@@ -216,8 +221,28 @@ def main(argv: Sequence[str] | None = None) -> int:
               "note": "files without fsync, read back from the page cache; p50/p99 over one sample "
                       "per batch call (10-50 calls); raw = the same bytes through the plainest calls, same run"}
     harness.write_json(out, rows, config, device)
-    print(f"wrote {out}")
+    stores = fitted_stores(rows, args.backends)
+    if not stores:
+        print(f"wrote {out}; no device profile written (no backend's figures could be fitted)")
+        return 0
+    path = device_profile.profile_path(device, args.profile_out)
+    profile = device_profile.update(path, "h100", device, storage=stores)
+    print(f"wrote {out} and {profile}")
     return 0
+
+
+def fitted_stores(rows: list[dict], backends: Sequence[str]) -> dict:
+    """Each backend's `Store` fitted from its rows; one whose times did not grow with the
+    bytes (a loaded machine's noise on small batches) is left out, with a line saying so."""
+    stores = {}
+    for b in backends:
+        if not any(r["backend"] == b for r in rows):
+            continue
+        try:
+            stores[b] = device_profile.fit_store(rows, b)
+        except ValueError as e:
+            print(f"device profile: {b} left out: {e}")
+    return stores
 
 
 if __name__ == "__main__":

@@ -94,14 +94,16 @@ MEAN_TURN_TOKENS = TURN_TOKENS * (TURNS + 1) / 2  # a turn's sequence, on averag
 
 
 def build_tree(page_size: int, host_tier: bool, device_slots: int = DEVICE_SLOTS,
-               eviction_policy: str = "lru") -> HiRadixCache:
-    """A 1-layer MHA stack with 8-byte token rows, host tier of ratio 2, write-through."""
+               eviction_policy: str = "lru", load_gate=None) -> HiRadixCache:
+    """A 1-layer MHA stack with 8-byte token rows, host tier of ratio 2, write-through
+    (``load_gate``: the cost policy's gate, `hicache.cost.LoadGate`; None: load all found)."""
     stack = mha(1, 1, 4, dtype=torch.uint8, page_size=page_size, model="tiny-mha")
     policy = {"eviction_policy": eviction_policy} if len(EVICTION_POLICIES) > 1 else {}  # a checkout without them: LRU
     config = HiCacheConfig(hicache_ratio=2.0, write_policy="write_through", io_backend="torch", **policy)
     budget = HostBudget(1 << 40, None, 0, 1, 1 << 40)
     cache = build(stack, device_slots, config, device="cpu", budget=budget, backend=NullBackend())
-    return HiRadixCache(cache, host_tier=host_tier, storage=None)
+    gate = {} if load_gate is None else {"load_gate": load_gate}  # a checkout from before the gate: none
+    return HiRadixCache(cache, host_tier=host_tier, storage=None, **gate)
 
 
 def conversations(seed: int = 0) -> np.ndarray:

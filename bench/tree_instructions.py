@@ -18,6 +18,10 @@ valgrind's headers). Phases, per turn, as `bench/tree.py` times them:
                                                  match includes: "same work" adds it)
     insert   insert, which queues the backup    (SGLang: insert)
     step     start_writing + poll               (SGLang: check_hicache_events)
+    decide   ours only: the load-or-recompute decision of ``--hicache-load-policy cost``
+             (``load_target`` on the match, then the gate's ``end`` weighing the turn's whole prefix
+             as if it were on the host: what a request with a host hit pays), Llama-3.1-8B
+             on the h100 profile; ``decide_share`` = decide / (match + insert + step)
 
 Ours and ``--before`` run 1 layer MHA with the host tier (ratio 2, write-through, the null
 backend); SGLang's side its UnifiedRadixCache + HiCache with stubbed copy kernels (the
@@ -52,7 +56,8 @@ from bench import harness  # noqa: E402
 from bench.tree_sides import CODE_ENV  # noqa: E402
 
 HELPER_SOURCE = HERE / "native" / "callgrind_toggle.c"
-PHASES = {"ours": ("match", "insert", "step"), "sglang": ("match", "path", "insert", "step")}
+PHASES = {"ours": ("match", "insert", "step", "decide"), "before": ("match", "insert", "step"),
+          "sglang": ("match", "path", "insert", "step")}
 TURNS = 8  # the workload's turns per conversation (bench/tree.py's TURNS)
 # the anchor (SGLang's side) re-executes itself unless malloc runs with these (bench/tree.py's too)
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "4294967296"}
@@ -149,13 +154,24 @@ def _ours_turns(page: int, policy: str, conversations: int):
     import hicache
 
     convs = T.conversations()[:conversations]
-    tree = T.build_tree(page, True, eviction_policy=policy)
+    gate = None
+    if not os.environ.get(CODE_ENV):  # this checkout: the cost policy's gate (--before has none)
+        from hicache.cost import LiveBacklog, LoadGate, load_profile, make_cost
+        h100 = load_profile("h100")
+        gate = LoadGate(make_cost(h100, "llama-3.1-8b"), page)
+    tree = T.build_tree(page, True, eviction_policy=policy, load_gate=gate)
+    if gate is not None:  # a server's backlog: the tree's controller's queued loads
+        gate.backlog = LiveBacklog(tree.ctrl, None, h100.h2d, None)
     dev, ctrl = tree.device_pool, tree.ctrl
     gc.disable()  # a collection lands in whichever phase it falls: not counted in any
 
     def one(seq, n):
         yield "match"
         m = tree.match_prefix(seq)
+        if gate is not None:
+            yield "decide"
+            tree.load_target(seq, m)
+            gate.end(n, 0, m.last_host_node.end)  # the decision of a request whose prefix is on the host
         yield "alloc"
         slots = torch.cat((m.device_slots, dev.alloc(n - m.device_hit_length)))
         yield "insert"
@@ -215,6 +231,8 @@ def rows_of(counts: dict) -> list[dict]:
     for row in out:
         row["match_insert"] = row["match"] + row["insert"]
         row["same_work"] = row["match_insert"] + row.get("path", 0)
+        if "decide" in row:
+            row["decide_share"] = row["decide"] / (row["match_insert"] + row["step"])
     for row in out:
         if row["side"] != "ours":
             continue
@@ -264,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tree_instructions: {exc}", file=sys.stderr)
             return 2
         jobs = [(side, py, code, page, policy, phase) for side, py, code, page, policy in runs
-                for phase in PHASES["sglang" if side == "sglang" else "ours"]]
+                for phase in PHASES[side]]
         with ThreadPoolExecutor(args.jobs) as pool:
             got = pool.map(lambda j: count(j[0], j[1], helpers[j[1]], j[5], j[3], j[4], args.conversations,
                                            j[2], work), jobs)
@@ -276,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"config": config, "rows": rows}, indent=1))
     for row in rows:
-        phases = " ".join(f"{k} {row[k] / 1e3:.1f}k" for k in ("match", "path", "insert", "step") if k in row)
+        phases = " ".join(f"{k} {row[k] / 1e3:.1f}k" for k in ("match", "path", "insert", "step", "decide") if k in row)
         ratios = " ".join(f"{k} {v:.2f}" for k, v in row.items() if "_over_ours_" in k)
         print(f"{row['side']:7s} page {row['page_size']:2d} {row['eviction_policy']:8s} {phases}  {ratios}")
     print(f"-> {args.out}")

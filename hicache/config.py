@@ -39,6 +39,9 @@ STORAGE_PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 STORAGE_WRITE_POLICIES = ("write_through", "write_back")
 # = host_pools.host_format.HOST_DTYPES (not imported: the config stays free of torch)
 HOST_DTYPES = ("auto", "int8")
+# load or recompute a matched prefix (hicache.cost): only the part whose load beats recomputing
+# it, or everything found
+LOAD_POLICIES = ("cost", "always")
 # Upper bound of --hicache-max-copy-programs; equals transfer_kernels.tuning.MAX_COPY_PROGRAMS
 # (not imported: the config stays free of torch).
 MAX_COPY_PROGRAMS = 4096
@@ -65,6 +68,8 @@ FLAGS = {
     "io_backend": "--hicache-io-backend",
     "mem_layout": "--hicache-mem-layout",
     "host_dtype": "--hicache-host-dtype",
+    "load_policy": "--hicache-load-policy",
+    "device_profile": "--hicache-device-profile",
     "swa_full_tokens_ratio": "--swa-full-tokens-ratio",
     "state_interval": "--hicache-state-interval",
     "ranks_per_host": "--hicache-ranks-per-host",
@@ -136,6 +141,10 @@ class HiCacheConfig:
         host_dtype: host format, ``auto`` (the device dtype, byte-exact) | ``int8`` (opt-in:
             bf16/fp16 history pools as int8 + one fp32 scale per token and head, lossy;
             other pools stay exact; `host_pools.host_format`).
+        load_policy: ``cost`` (load only the part of a match whose expected load time beats
+            recomputing it, `hicache.cost`) | ``always`` (load everything found).
+        device_profile: the device whose links and prefill rates ``cost`` weighs: a shipped
+            profile (``h100``, ``h200``, ``b200``) or a profile JSON file (`hicache.cost.profile`).
         swa_full_tokens_ratio: device SWA tokens per device full token (DeepSeek-V4), in (0, 1].
         state_interval: tokens between the recurrent-state snapshots a prefill saves (besides
             the prompt's end), a multiple of the page; the device holds one snapshot per
@@ -198,6 +207,8 @@ class HiCacheConfig:
     host_dtype: str = "auto"
     max_retained_ratio: float = 0.5
     max_hint_ttl_s: float = 86400.0
+    load_policy: str = "cost"
+    device_profile: str = "h100"
 
     def __post_init__(self) -> None:
         for field, kind in _FIELD_KINDS.items():
@@ -215,7 +226,8 @@ class HiCacheConfig:
                 raise _bad(field, f"must be at most {ceiling:g}{unit} (past any machine), got {getattr(self, field):g}")
         for field, allowed in (("write_policy", WRITE_POLICIES), ("eviction_policy", EVICTION_POLICIES),
                                ("io_backend", IO_BACKENDS),
-                               ("mem_layout", MEM_LAYOUTS), ("host_dtype", HOST_DTYPES)):
+                               ("mem_layout", MEM_LAYOUTS), ("host_dtype", HOST_DTYPES),
+                               ("load_policy", LOAD_POLICIES)):
             if getattr(self, field) not in allowed:
                 raise _bad(field, f"must be one of {allowed}, got {getattr(self, field)!r}")
         if not 0 < self.swa_full_tokens_ratio <= 1:
@@ -223,6 +235,8 @@ class HiCacheConfig:
         if not 0 <= self.state_interval <= MAX_STATE_INTERVAL:
             raise _bad("state_interval", f"must be 0 (the default) or a number of tokens in [1, "
                        f"{MAX_STATE_INTERVAL:,}], a multiple of the page, got {self.state_interval:,}")
+        if not self.device_profile.strip():
+            raise _bad("device_profile", "must name a profile (h100, h200, b200) or a profile JSON file")
         if self.ranks_per_host < 1:
             raise _bad("ranks_per_host", f"must be >= 1, got {self.ranks_per_host}")
         if self.host_headroom_gb is not None and self.host_headroom_gb < 0:
@@ -354,6 +368,13 @@ def add_hicache_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                         "int8 = bf16/fp16 history KV as int8 + fp32 scale per token and head (~0.52x the bytes, "
                         "lossy; --hicache-ratio stays host tokens per device token, --hicache-size then holds "
                         "~1.9x the tokens)")
+    g.add_argument("--hicache-load-policy", dest="load_policy", default=d.load_policy,
+                   help=f"one of {', '.join(LOAD_POLICIES)}: cost = load only the part of a matched prefix whose "
+                        "expected load time beats recomputing it (on --hicache-device-profile), always = load "
+                        "everything found")
+    g.add_argument("--hicache-device-profile", dest="device_profile", default=d.device_profile,
+                   help="the device the cost policy weighs: h100, h200, b200 or a profile JSON file "
+                        "(default %(default)s)")
     g.add_argument("--swa-full-tokens-ratio", dest="swa_full_tokens_ratio", type=float,
                    default=d.swa_full_tokens_ratio, help="device SWA tokens per full token (DeepSeek-V4)")
     g.add_argument("--hicache-state-interval", dest="state_interval", type=int, default=d.state_interval,

@@ -4,8 +4,10 @@
 #        scripts/gpu_check.sh OUT_DIR [STEP...]
 # quick: bench/gpu_quick.py within BUDGET_S seconds (default 360; at most 600): the GPU tests
 # of the transfer path, DeepSeek-V4-Pro 16/64-page loads on auto, triton and dma (idle, beside
-# GEMMs, both ways), --host-only and verify-model --device cuda; ONE JSON, OUT_DIR/gpu_quick.json
-# (default OUT_DIR: bench/results/local/gpu_quick), read back by `bench/gpu_quick.py --read`.
+# GEMMs, both ways), --host-only, verify-model --device cuda and the device's measured profile
+# (bench/device_profile.py: OUT_DIR/profile.json, for `hicache replay --device-profile`, compared
+# with the shipped h100 one in the JSON); ONE JSON, OUT_DIR/gpu_quick.json (default OUT_DIR:
+# bench/results/local/gpu_quick), read back by `bench/gpu_quick.py --read`.
 # Steps (default: all but grid and suite, in this order; each fits one 10-minute device command):
 #   tests       the GPU tests (pytest -m gpu)
 #   kernel      the compiled copy kernel's resources (shared memory, registers, spills)
@@ -15,7 +17,8 @@
 #   null        bench/load_batch.py --null (host enqueue alone) on DeepSeek-V4-Pro
 #   host_only   bench/load_batch.py --host-only (each backend's preparation, no device calls)
 #   calibrate   bench/load_batch.py --calibrate: the "auto" table measured here (auto_table.json;
-#               commit it as transfer_kernels' seed or load it with HICACHE_AUTO_TABLE)
+#               commit it as transfer_kernels' seed or load it with HICACHE_AUTO_TABLE) and the
+#               device profile its loads give (profile.json)
 #   verify      hicache verify-model on CUDA: deepseek-v4 (fp32 and --kv-format fp8_ds_mla), mha
 #   controller  bench/controller.py (real launches' host cost)
 #   h2d         bench/h2d.py (per-pool curves, GPU-gated)
@@ -60,7 +63,8 @@ for s in $STEPS; do
                --out "$OUT/load_batch_null.json" ;;
     host_only) step host_only 300 python3 bench/load_batch.py --host-only --models deepseek-v4-pro \
                --layouts page_first --out "$OUT/load_batch_host_only.json" ;;
-    calibrate) step calibrate 580 python3 bench/load_batch.py --calibrate --table-out "$OUT/auto_table.json" ;;
+    calibrate) step calibrate 580 python3 bench/load_batch.py --calibrate --table-out "$OUT/auto_table.json" \
+               --profile-out "$OUT/profile.json" ;;
     verify) step verify 580 bash -c 'python3 -m hicache.cli verify-model --device cuda --json > "$0/verify_v4.json" &&
                python3 -m hicache.cli verify-model --device cuda --kv-format fp8_ds_mla --json > "$0/verify_v4_fp8.json" &&
                python3 -m hicache.cli verify-model --device cuda --arch mha --json > "$0/verify_mha.json"' "$OUT" ;;

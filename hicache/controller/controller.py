@@ -351,6 +351,13 @@ class HybridCacheController:
         with self.mutex:
             return self._queue.pending()
 
+    def backlog_bytes(self, direction: str) -> int:
+        """Bytes of the ``direction`` (``"h2d"`` / ``"d2h"``) ops queued or in flight, not yet
+        acked: what a new transfer that way waits behind (the load gate's backlog,
+        `hicache.cost.links`). Changes nothing; scheduler thread."""
+        ops = self._queue.unacked(direction)
+        return self._stats.bytes_of(ops) if ops else 0
+
     def close(self) -> None:
         """Wait for every launched copy, roll back queued ops, release host memory.
 

@@ -62,6 +62,14 @@ class OpQueue:
         return {op.op_id for queue in self._inflight.values() for batch in queue
                 if batch.freed for op in batch.ops}
 
+    def unacked(self, direction: str) -> list[Op]:
+        """Ops of ``direction`` queued or in flight (not yet acked), oldest first (read only: with
+        nothing in flight, the queue's own list)."""
+        inflight, queued = self._inflight[direction], self._queued[direction]
+        if not inflight:
+            return queued
+        return [op for batch in inflight for op in batch.ops] + queued
+
     def pending(self) -> int:
         """Operations queued or in flight (not yet acked)."""
         return (sum(len(q) for q in self._queued.values())

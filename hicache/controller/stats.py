@@ -146,6 +146,13 @@ class BatchStats:
         self._counters.record(direction, ok, tokens, nbytes, ops=len(acks))
         return acks
 
+    def bytes_of(self, ops: list) -> int:
+        """Bytes (all layers, every data pool) the ``ops`` move; counts nothing."""
+        total = 0
+        for op in ops:
+            total += sum(self._volume.volume({name: slots.numel() for name, slots in op.src.items()})[1].values())
+        return total
+
     def rolled_back(self, direction: str) -> None:
         """Count one rolled-back batch of ``direction``."""
         self._counters.rollback(direction)

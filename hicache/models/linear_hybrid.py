@@ -20,12 +20,14 @@ transformers' torch path computes it in and SGLang's default).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
 
 from host_pools.spec import BufferSpec, PoolKind, PoolSpec, Stack
+from hicache.models.shape import Attention, ModelShape, layered_shape
 
 LAYER_KINDS = ("full", "linear", "mlp")  # full attention, a linear (DeltaNet / Mamba-2) mixer, no cache
 PAGE_SIZE = 64
@@ -140,6 +142,26 @@ def mamba2(layer_kinds: Sequence[str], num_kv_heads: int, head_dim: int, heads: 
                           conv_kernel, (heads, mamba_head_dim, ssm_state), **options)
 
 
+def hybrid_shape(name: str, g: HybridGeometry, hidden: int, heads: int, mixer_out: int, mlp_params: int,
+                 vocab: int, qwen: bool) -> ModelShape:
+    """What ``g``'s model computes per token (`hicache.models.shape`), every layer.
+
+    A full layer: q/k/v/o over every token (Qwen's output gate doubles q). A linear layer:
+    its input projection into the conv channels, the ``mixer_out`` wide value path and two
+    per-head gates, the output projection back, and no attention read but its state update
+    (about 6 FLOPs per state element: decay, read, write, output) and the conv. ``qwen``:
+    every layer has an MLP of ``mlp_params`` weights; otherwise (Nemotron-H) its ``mlp``
+    layers alone. The LM head is untied (``vocab x hidden``).
+    """
+    hd, kv, mlp = g.head_dim, g.num_kv_heads, mlp_params if qwen else 0
+    full = hidden * hd * ((2 if qwen else 1) * heads + 2 * kv) + heads * hd * hidden + mlp
+    mixer = hidden * (g.conv_dim + mixer_out + 2 * g.state_shape[0]) + mixer_out * hidden + mlp
+    state = 6 * math.prod(g.state_shape) + 2 * g.conv_kernel * g.conv_dim
+    return layered_shape(name, g.layer_kinds, {"full": (Attention(heads, hd, hd), full),
+                                               "linear": (Attention(0, 0, 0, window=0, state_flops=state), mixer),
+                                               "mlp": (Attention(0, 0, 0, window=0), mlp_params)}, hidden * vocab)
+
+
 # The public configs (each cited where its numbers come from).
 # Qwen/Qwen3.5-27B config.json, text_config: 64 layers, full_attention_interval 4, 24 query /
 # 4 KV heads of 256, linear 16 key heads / 48 value heads of 128, conv kernel 4, mamba_ssm_dtype float32.
@@ -155,3 +177,15 @@ QWEN3_NEXT_80B_A3B = deltanet(every_nth_full(48, 4), 2, 256, 16, 32)
 # 128, conv kernel 4, mamba_ssm_cache_dtype float32.
 NEMOTRON_H_8B_PATTERN = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
 NEMOTRON_H_8B = mamba2(from_pattern(NEMOTRON_H_8B_PATTERN), 8, 128, 128, 64, 8, 128)
+
+
+# Per preset its geometry and what `hybrid_shape` needs beyond it, from the same configs: hidden size,
+# query heads, the linear mixer's value width, the MLP weights a token multiplies (Qwen3.5-27B:
+# a gated 17,408 MLP; the MoE models: 8 / 10 routed experts of 512 + a shared one of 512 and the
+# router; Nemotron-H: a squared-ReLU 21,504 MLP, up and down) and the vocabulary.
+HYBRIDS = {
+    "qwen3.5-27b": (QWEN3_5_27B, 5120, 24, 48 * 128, 3 * 5120 * 17408, 248320, True),
+    "qwen3.5-35b-a3b": (QWEN3_5_35B_A3B, 2048, 16, 32 * 128, 3 * 2048 * 512 * 9 + 2048 * 257, 248320, True),
+    "qwen3-next-80b-a3b": (QWEN3_NEXT_80B_A3B, 2048, 16, 32 * 128, 3 * 2048 * 512 * 11 + 2048 * 513, 151936, True),
+    "nemotron-h-8b": (NEMOTRON_H_8B, 4096, 32, 128 * 64, 2 * 4096 * 21504, 131072, False),
+}

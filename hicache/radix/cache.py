@@ -32,6 +32,7 @@ their state and talk through a few calls (composition; each part a module):
                             -> changes the tree only through       hicache.radix.landing
                                StorageEdits, at poll
     Hints                   client hints; eviction's one filter    hicache.radix.hints
+    LoadCut (optional)      where a load is cut (cost policy)      hicache.radix.loadcut
 
 The storage tier's public calls (``prefetch``, ``stop_prefetch``, ``wait_prefetch``,
 ``drain_storage``, ``close``) are thin methods here that forward to the `StorageSide`.
@@ -51,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
+from hicache.cost import live_gate
 from hicache.radix.check import check_tree
 from hicache.radix.evict import Evictor, NothingBelow
 from hicache.radix.hints import HintTicket, build_hints
@@ -58,6 +60,7 @@ from hicache.radix.hybrid import snapshot_sizes
 from hicache.radix.index import RadixIndex
 from hicache.radix.insert import Inserter
 from hicache.radix.landing import StorageEdits
+from hicache.radix.loadcut import LoadCut
 from hicache.radix.node import EMPTY_SLOTS, InsertResult, MatchResult, TreeNode, as_key, copy_slots, lock, unlock
 from hicache.radix.policies import make_policy
 from hicache.radix.policies.ghosts import tree_key
@@ -83,6 +86,11 @@ class HiRadixCache:
             ``cache.config`` asks for (``--hicache-storage-*``; needs the host tier).
         clock: the client hints' clock in seconds (retain deadlines; default ``time.monotonic``;
             a replay passes its trace's time).
+        load_gate: what cuts what `load_target` loads back and what a prefetch reads: a
+            `hicache.cost.LoadGate`, None (load all found), or ``"config"`` (default): the
+            gate ``cache.config`` asks for (``--hicache-load-policy cost`` on
+            ``--hicache-device-profile``, the controller's and the store's queued bytes as
+            backlog; `hicache.cost.live_gate`), none for a stack that is no preset with a shape.
     Raises:
         ValueError: a stack with an own-indexed pool other than the anchor that is not a
             STATE pool.
@@ -99,7 +107,8 @@ class HiRadixCache:
     """
 
     def __init__(self, cache: Any, *, host_tier: bool | None = None,
-                 storage: TierStore | str | None = "config", clock: Callable[[], float] | None = None) -> None:
+                 storage: TierStore | str | None = "config", clock: Callable[[], float] | None = None,
+                 load_gate: Any = "config") -> None:
         self.cache, self.stack, self.ctrl = cache, cache.stack, cache.controller
         # ONE lock for the tree and its controller (no lock order to keep); the per-request
         # calls take it through its bound methods: half the instructions of a `with`
@@ -131,6 +140,9 @@ class HiRadixCache:
             if self.host_enabled and cache.config.storage_backend != "none":
                 from hicache.radix.store import open_store
                 storage = open_store(cache)
+        if load_gate == "config":
+            load_gate = live_gate(cache.config, self.stack, self.ctrl, storage)
+        self._cut = None if load_gate is None else LoadCut(load_gate, self.hybrid)
         self._attach_storage(storage)
 
     def _make_order(self, name: str):
@@ -151,7 +163,7 @@ class HiRadixCache:
         side = None
         if store is not None:
             edits = StorageEdits(self._index, self._ledger, self._evictor, self.ctrl, self.policy)
-            side = StorageSide(store, edits, self.cache.host_group.pools, self.state_sizes, self.counters)
+            side = StorageSide(store, edits, self.cache.host_group.pools, self.state_sizes, self.counters, self._cut)
         self._storage = side
         self._evictor.below["host"] = NothingBelow() if side is None else side
         self._ledger.route_host_frees(None if side is None else side.free_host)
@@ -290,6 +302,21 @@ class HiRadixCache:
         return self._evictor.evict_snapshots(tier, num_slots)
 
     # ---- transfers ---------------------------------------------------------------------
+    def load_target(self, token_ids: Any, m: MatchResult) -> TreeNode:
+        """The node whose host chain to `load_back` for the match ``m`` of ``token_ids``.
+
+        Without a load gate: ``m.last_host_node`` (everything found). With one
+        (``--hicache-load-policy cost``): the deepest node up to which loading beats
+        recomputing (`hicache.radix.loadcut`); ``m.last_device_node`` when nothing pays. On a
+        non-hybrid stack a cut inside a node splits it (as `match_prefix` of the prompt's
+        first tokens does); on a hybrid one a cut is a snapshot boundary. Mutates the tree
+        only by that split; holds the tree's mutex.
+        """
+        if self._cut is None or m.last_host_node is m.last_device_node:
+            return m.last_host_node
+        with self.mutex:
+            return self._cut.node(m, len(token_ids), lambda end: self.match_prefix(token_ids[:end]).last_host_node)
+
     def load_back(self, node: TreeNode) -> dict[str, torch.Tensor] | None:
         """Queue the load of ``node``'s host-only history chain (and its host snapshot).
 

@@ -35,6 +35,10 @@ A stack without history data pools (a DeepSeek-V4 stack of sliding-window layers
 stores only snapshots: every page of the prompt is "found" (its history holds no data)
 and the lookup and the read are the snapshots'.
 
+With ``--hicache-load-policy cost`` a lookup's found pages are read only up to where loading
+them beats recomputing them (`hicache.radix.loadcut`); none: the prefetch ends ``RECOMPUTE``
+(``found_tokens`` still says what storage had). A snapshot read alone is not weighed.
+
 Policies (``--hicache-storage-prefetch-policy``): ``wait_complete`` reads everything found;
 ``timeout`` stops reading at ``--hicache-storage-prefetch-timeout`` seconds after the start;
 ``best_effort`` runs until the scheduler takes the request (`stop_prefetch`). A stopped
@@ -54,6 +58,7 @@ import torch
 
 from hicache.radix.hybrid import deepest_needed, snapshotless_tail
 from hicache.radix.landing import StorageEdits
+from hicache.radix.loadcut import LoadCut
 from hicache.radix.node import EMPTY_SLOTS, TreeNode
 
 if TYPE_CHECKING:
@@ -77,6 +82,7 @@ class PrefetchOutcome(enum.Enum):
     TIMEOUT = "timeout"  # the policy's deadline stopped it
     STOPPED = "stopped"  # stop_prefetch (the scheduler took the request)
     READ_FAILED = "read failed"  # a page missing, refused (checksum, namespace) or a store fault
+    RECOMPUTE = "recompute"  # found (what the host can take), but recomputing it is estimated faster
 
 
 class PrefetchResult(NamedTuple):
@@ -126,12 +132,15 @@ class Prefetch:
     result: PrefetchResult | None = None
     _job: Any = None
     _found: int = 0  # pages found usable
+    _wanted: int = 0  # of them, pages worth reading (all without the cost policy)
     _bounds: tuple = ()  # pages (from ``start``) with a snapshot at their end
     _host: torch.Tensor = EMPTY_SLOTS
     _snap: dict | None = None
     _stop: PrefetchOutcome | None = None
     _held: tuple = ()  # hybrid: nodes past the match end with history in the tree, no snapshot
     _target: TreeNode | None = None  # the one of them whose snapshot is being read
+    _device_end: int = 0  # cost policy: the walk's device end and the tree's cuts past it (`LoadCut.walk_ends`)
+    _tree_cuts: tuple = ()
 
     @property
     def done(self) -> bool:
@@ -152,11 +161,13 @@ class Prefetches:
         hashes_of: page hashes of a node's pages (cached on the node).
         host_pools: the host pools by name; state_sizes: slots of one snapshot per state root.
         counters: the tree's counters.
+        cut: the load gate's tree side (`LoadCut`; None: read everything found).
     """
 
     def __init__(self, store: TierStore, edits: StorageEdits, hashes_of: Callable[[TreeNode], list[str]],
-                 host_pools: Mapping[str, Any], state_sizes: Mapping[str, int], counters: Counter) -> None:
-        self.store, self.edits, self.hashes_of, self.counters = store, edits, hashes_of, counters
+                 host_pools: Mapping[str, Any], state_sizes: Mapping[str, int], counters: Counter,
+                 cut: LoadCut | None = None) -> None:
+        self.store, self.edits, self.hashes_of, self.counters, self.cut = store, edits, hashes_of, counters, cut
         self.host_pools, self.state_sizes, self.hybrid = host_pools, state_sizes, bool(state_sizes)
         self.page_size, self.anchor = store.page_size, store.stack.anchor.name
         self.active: set[Prefetch] = set()
@@ -181,6 +192,8 @@ class Prefetches:
         hashes = self.store.page_hashes(key[start:], prior) if start < key.size else []
         deadline = time.monotonic() + self.store.prefetch_timeout_s if self.store.prefetch_policy == "timeout" else None
         p = Prefetch(start, key.copy(), lock, hashes, deadline, _held=held)  # the caller's array may change later
+        if self.cut is not None:
+            p._device_end, p._tree_cuts = self.cut.walk_ends(path, partial)
         self.edits.lock(lock)  # the held nodes are its ancestors: they stay in the tree meanwhile
         p._job = self.store.lookup(hashes, self.hybrid, p, [self.hashes_of(n)[-1] for n in held])
         self.active.add(p)
@@ -225,6 +238,9 @@ class Prefetches:
         present = res["state"].ok if "state" in res else ()
         p._bounds = tuple(i + 1 for i, ok in enumerate(present) if ok and i < run)
         p._found = self._usable_pages(p, run)
+        wanted = p._found if self.cut is None or p._stop is not None else self._paying(p, p._found)
+        if p._found and not wanted:
+            return self._finish(p, PrefetchOutcome.RECOMPUTE, 0, 0)
         if p._stop is None and not p._found and p._held:
             target = deepest_needed(p._held, res["held"].ok if "held" in res else ())
             if target is not None:
@@ -232,8 +248,14 @@ class Prefetches:
         if p._stop is not None or not p._found:
             return self._finish(p, p._stop or PrefetchOutcome.NOT_FOUND, 0, 0)
         ps = self.page_size
-        self.edits.make_host_room(p._found * ps, self.hybrid)
-        pages = self._usable_pages(p, min(p._found, self.host_pools[self.anchor].available() // ps))
+        p._wanted = wanted
+        self.edits.make_host_room(wanted * ps, self.hybrid)
+        pages = self._usable_pages(p, min(wanted, self.host_pools[self.anchor].available() // ps))
+        if self.cut is not None and 0 < pages < wanted:  # the host is short: does what fits still pay?
+            fits, pages = pages, self._paying(p, pages)
+            if not pages:
+                p._found = fits  # found_tokens: what the host could take (what loading all would read)
+                return self._finish(p, PrefetchOutcome.RECOMPUTE, 0, 0)
         host = self.host_pools[self.anchor].alloc(pages * ps) if pages else None
         snap = self._alloc_snapshot() if host is not None and self.hybrid else None
         if host is None or (self.hybrid and snap is None):
@@ -253,6 +275,12 @@ class Prefetches:
         p._snap, p._target, p.state = snap, node, PrefetchState.READING
         timeout_s = None if p._deadline is None else max(0.0, p._deadline - time.monotonic())
         p._job = self.store.read_snapshot(self.hashes_of(node)[-1], snap, timeout_s, p)
+
+    def _paying(self, p: Prefetch, pages: int) -> int:
+        """Of ``pages`` found pages, those worth reading (the load gate's cut; 0: recompute)."""
+        if not pages:
+            return 0
+        return self.cut.pages(p._key.size, p._device_end, p._tree_cuts, p.start, pages, self.page_size, p._bounds)
 
     def _usable_pages(self, p: Prefetch, run: int) -> int:
         """Pages of a leading run of ``run`` a match can use (hybrid: to the deepest snapshot)."""
@@ -291,7 +319,7 @@ class Prefetches:
         if read < wanted or (self.hybrid and snap is None):
             outcome = p._stop or PrefetchOutcome.READ_FAILED
         else:
-            outcome = PrefetchOutcome.HOST_SHORT if wanted < p._found else PrefetchOutcome.COMPLETE
+            outcome = PrefetchOutcome.HOST_SHORT if wanted < p._wanted else PrefetchOutcome.COMPLETE
         self._finish(p, outcome, read * ps, added)
 
     def _publish_snapshot(self, p: Prefetch, ok: bool) -> None:

@@ -38,6 +38,7 @@ import torch
 from hicache.radix.admission import StorageAdmission
 from hicache.radix.jobs import WRITE, StoreJob
 from hicache.radix.landing import StorageEdits
+from hicache.radix.loadcut import LoadCut
 from hicache.radix.node import EMPTY_SLOTS, TreeNode
 from hicache.radix.prefetch import Prefetch, Prefetches, PrefetchOutcome, PrefetchResult
 
@@ -53,13 +54,14 @@ class StorageSide:
         edits: the calls through which it changes the tree.
         host_pools: the host pools by name; state_sizes: slots of one snapshot per state root.
         counters: the tree's counters.
+        cut: the load gate's tree side (`LoadCut`), or None: prefetches read all they find.
     """
 
     def __init__(self, store: TierStore, edits: StorageEdits, host_pools: Mapping[str, Any],
-                 state_sizes: Mapping[str, int], counters: Counter) -> None:
+                 state_sizes: Mapping[str, int], counters: Counter, cut: LoadCut | None = None) -> None:
         self.store, self.edits, self.counters = store, edits, counters
         self.state_sizes = dict(state_sizes)
-        self.prefetches = Prefetches(store, edits, self.node_hashes, host_pools, state_sizes, counters)
+        self.prefetches = Prefetches(store, edits, self.node_hashes, host_pools, state_sizes, counters, cut)
         self._to_store: list[tuple[TreeNode, bool]] = []  # (node, with its host snapshot)
         self._writing: set[TreeNode] = set()  # nodes of the write jobs in flight
         self._has_history = bool(store.history)  # pages with data to write (else only snapshots)
@@ -171,6 +173,7 @@ class StorageSide:
             self.store.write(hashes, torch.cat(slots) if slots else EMPTY_SLOTS,
                              snap_hashes, {n: torch.cat(v) for n, v in snap_slots.items() if v}, segs)
             self.counters["storage_write_pages"] += len(hashes)
+            self.counters["storage_write_snapshots"] += len(snap_hashes)
 
     def _finish_write(self, job: StoreJob) -> None:
         res, store = job.results, self.store

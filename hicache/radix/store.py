@@ -240,6 +240,10 @@ class TierStore:
         """Whether any job of this store is still running."""
         return bool(self._jobs)
 
+    def backlog_bytes(self) -> int:
+        """Bytes its I/O threads have yet to read or write (every store on them; thread-safe)."""
+        return self.io.backlog_bytes()
+
     def free_host(self, root: str, slots: torch.Tensor) -> None:
         """Free host slots of an own-indexed pool; pages a write still reads are freed when it ends."""
         self.pins.free(root, slots)

@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 
 from bounded_input import STALL_S
-from hicache.config import (EVICTION_POLICIES, HOST_DTYPES, IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES, HiCacheConfig,
-                            add_storage_args)
+from hicache.config import (EVICTION_POLICIES, HOST_DTYPES, IO_BACKENDS, LOAD_POLICIES, MEM_LAYOUTS, WRITE_POLICIES,
+                            HiCacheConfig, add_storage_args)
 
 WORKLOAD_NAMES = ("chat", "shared-prompts", "agents", "agents-hinted", "sessions")  # = builtin.WORKLOADS (no numpy here)
 HINT_MODES = ("on", "off", "wrong")  # --hints: the trace's hints, none, a bad client's (hicache.replay.hintplay)
@@ -97,6 +97,16 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hicache-state-interval", dest="state_interval", type=int, default=0,
                    help="hybrid stacks: tokens between the state snapshots a prefill saves (a multiple of the page); "
                         "0 = the measured default for recurrent state, the last 512-token boundary for DeepSeek-V4")
+    defaults = HiCacheConfig()
+    p.add_argument("--device-profile", dest="device_profile", default=defaults.device_profile, metavar="NAME|FILE",
+                   help="the device whose time to first token is estimated: h100, h200, b200 or a profile JSON "
+                        "file (hicache/cost/profiles/; default %(default)s); the estimates are of the whole model "
+                        "(every layer, whatever --layers replays)")
+    p.add_argument("--hicache-load-policy", dest="load_policy", default=defaults.load_policy, choices=LOAD_POLICIES,
+                   help="cost (default): load only the part of a match whose estimated load time beats "
+                        "recomputing it on --device-profile; always: load everything found")
+    p.add_argument("--copy-rates", action="store_true",
+                   help="also show the replay's own copy GB/s (this machine's copies, launch to completion)")
     p.add_argument("--hicache-host-headroom", dest="host_headroom_gb", type=float, default=None,
                    help="GiB of host memory left free, as a server's flag (default min(10 GiB, 10%% of RAM)); "
                         "lower it to replay on a small machine")

@@ -57,6 +57,7 @@ from hicache.replay.run import Replayer
 from hicache.replay.snapshots import SnapshotRule
 from hicache.replay.stats import RunStats, tier_tokens
 from hicache.replay.storage import fill_storage_defaults, open_run_store, probe_storage, storage_config
+from hicache.replay.timing import RunTiming
 from hicache.replay.workload import MAX_PROMPT_TOKENS, Request, TraceLimits, load_trace
 from hicache.sizing import plan_sizes
 from hicache.tmpdirs import Terminated
@@ -91,7 +92,8 @@ def _config(args: argparse.Namespace, ratio: float, policy: str | None = None) -
                            eviction_policy=policy or args.eviction_policies[0],
                            host_headroom_gb=getattr(args, "host_headroom_gb", None),
                            host_dtype=getattr(args, "host_dtype", "auto"),
-                           max_retained_ratio=getattr(args, "max_retained_ratio", 0.5))
+                           max_retained_ratio=getattr(args, "max_retained_ratio", 0.5), load_policy=args.load_policy,
+                           device_profile=args.device_profile)
     return storage_config(config, args, ratio)
 
 
@@ -103,7 +105,8 @@ def replay_one(args: argparse.Namespace, stack, requests: list[Request], ratio: 
     it with the trace's client hints as ``hints`` says (`hicache.replay.hintplay`)."""
     cache = build(stack, device_tokens, _config(args, ratio, policy), device=device)
     try:
-        replayer = Replayer(cache, ratio, storage=open_run_store(cache, ratio), hints=hints)
+        replayer = Replayer(cache, ratio, storage=open_run_store(cache, ratio), hints=hints,
+                            timing=RunTiming.from_args(args, stack.page_size))
         try:
             return replayer.run(requests, progress)
         finally:
@@ -203,6 +206,7 @@ def _run(args: argparse.Namespace) -> int:
     _check_sizes(args, stack, device_tokens, device)  # bad flag values fail before the first run
     check_storage_flags(args)  # after the values' own checks, which name a bad value first
     check_backend_usable(args.io_backend)  # a backend that cannot run here, before any run (build checks too)
+    RunTiming.from_args(args, stack.page_size)  # the profile and the model's shape, before any run
     storage = probe_storage(args, stack, _config(args, 0.0))
     bounds = TraceBounds(requests, stack.page_size, SnapshotRule.of(stack, _config(args, 0.0)))
     sweep = _Sweep(args)
@@ -299,7 +303,7 @@ class _Output:
                 doc |= {"verdict": v.word, "verdict_line": v.line.strip()}
             print(json.dumps(doc))
         elif runs:
-            print(format_table(self.stack, runs, bounds, self.device, self.storage))
+            print(format_table(self.stack, runs, bounds, self.device, self.storage, self.args.copy_rates))
 
     def stop(self, runs: list[RunStats], v: Verdict, status: int) -> int:
         """The sweep stopped: the finished rows, then the one line why (stderr)."""

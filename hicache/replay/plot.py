@@ -77,13 +77,23 @@ def _check_format(path: Path) -> None:
 
 def draw(runs: Sequence[RunStats], bounds: Sequence[Bounds], path: Path, title: str = "") -> None:
     """Hit rates vs ratio (the baseline at 0), one line per policy (one policy: also its
-    device and host parts), the bounds dashed; format from ``path``'s extension.
+    device and host parts), the bounds dashed; beside it, with ``--device-profile``'s
+    estimates, TTFT p50 / p99 with and without the cache. Format from ``path``'s extension.
 
     Raises:
         OSError: the file cannot be written.
     """
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    timed = any(st.device_profile for st in runs)
+    fig, axes = plt.subplots(1, 2 if timed else 1, figsize=(12 if timed else 6.5, 4.2), squeeze=False)
+    _hits(axes[0][0], runs, bounds, title)
+    if timed:
+        _ttft(axes[0][1], runs)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _hits(ax, runs: Sequence[RunStats], bounds: Sequence[Bounds], title: str) -> None:
     policies = list(dict.fromkeys(st.eviction_policy for st in runs))
     for policy in policies:
         mine = [st for st in runs if st.eviction_policy == policy]
@@ -107,8 +117,26 @@ def draw(runs: Sequence[RunStats], bounds: Sequence[Bounds], path: Path, title: 
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+
+
+def _ttft(ax, runs: Sequence[RunStats]) -> None:
+    """Estimated TTFT p50 / p99 vs ratio per policy, and without the cache (dashed)."""
+    for policy in dict.fromkeys(st.eviction_policy for st in runs):
+        mine = [st for st in runs if st.eviction_policy == policy]
+        xs = [st.hicache_ratio for st in mine]
+        for key, marker in (("ttft_p50_s", "o"), ("ttft_p99_s", "^")):
+            ax.plot(xs, [getattr(st, key) * 1e3 for st in mine], marker=marker,
+                    label=f"{key[5:8]} with the cache ({policy})")
+    xs = [st.hicache_ratio for st in runs]
+    for key, style in (("ttft_nocache_p50_s", "--"), ("ttft_nocache_p99_s", ":")):
+        ax.plot(xs, [getattr(st, key) * 1e3 for st in runs], linestyle=style, color="gray",
+                label=f"{key[13:16]} without a cache")
+    ax.set_xlabel("--hicache-ratio (0 = device only)")
+    ax.set_ylabel("time to first token, ms (estimated)")
+    ax.set_title(f"ESTIMATED on {runs[0].device_profile} (load policy {runs[0].load_policy})", fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 def _hit(st: RunStats) -> float:

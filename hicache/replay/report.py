@@ -7,6 +7,7 @@ import torch
 
 from hicache.replay.bounds import Bounds
 from hicache.replay.stats import UNLIMITED_TOKENS, RunStats
+from hicache.replay.timing import SUMMARY_KEYS, ttft_table
 
 JSON_KEYS = ("hicache_ratio", "eviction_policy", "hit_rate", "device_hit_rate", "host_hit_rate", "storage_hit_rate",
              "tokens_total", "tokens_recomputed", "bytes_h2d", "bytes_d2h", "bytes_storage_read",
@@ -15,7 +16,8 @@ JSON_KEYS = ("hicache_ratio", "eviction_policy", "hit_rate", "device_hit_rate", 
              "host_dtype", "host_capacity_bytes", "peak_host_bytes", "capacity_tokens", "bound_lru", "bound_belady",
              "bound_infinite", "hints", "hints_sent", "hint_states", "state_interval", "snapshots",
              "snapshot_bytes", "bytes_d2h_state", "bound_lru_snapshots", "bound_infinite_snapshots",
-             "live_score", "score_switches", "score_why", "policy_memory_bytes")
+             "live_score", "score_switches", "score_why", "policy_memory_bytes",
+             "load_policy", "device_profile", *SUMMARY_KEYS)
 HINT_SUFFIX = {"on": "+h", "wrong": "+w"}  # a policy's column label with the trace's hints, or wrong ones
 BOUNDS_LEGEND = ("bounds, from the trace alone at each row's device + host (+ storage) tokens (hicache.replay.bounds): ideal LRU = "
                  "what LRU reaches without a server's constraints; Belady = no eviction policy can beat it; "
@@ -63,7 +65,9 @@ def json_row(st: RunStats, bound: Bounds | None = None) -> dict:
             "bytes_d2h_state": st.bytes_d2h_state, "bound_lru_snapshots": bound and bound.lru_snapshots,
             "bound_infinite_snapshots": bound and bound.infinite_snapshots,
             "live_score": st.live_score, "score_switches": st.score_switches, "score_why": st.score_why,
-            "policy_memory_bytes": st.policy_memory_bytes}
+            "policy_memory_bytes": st.policy_memory_bytes,
+            "load_policy": st.load_policy, "device_profile": st.device_profile,
+            **{k: getattr(st, k) for k in SUMMARY_KEYS}}
 
 
 def run_label(st: RunStats) -> str:
@@ -72,32 +76,40 @@ def run_label(st: RunStats) -> str:
 
 
 def format_table(stack, runs: Sequence[RunStats], bounds: Sequence[Bounds], device: torch.device | str = "cpu",
-                 storage: str = "") -> str:
+                 storage: str = "", copy_rates: bool = False) -> str:
     """The runs as a text table, then the storage table (with a storage tier: ``storage``
-    says which) and the table of hit rates per policy against the bounds (one per run)."""
+    says which), the estimated time to first token (with ``--device-profile``) and the
+    table of hit rates per policy against the bounds (one per run). ``copy_rates``: also
+    this machine's copy GB/s (``--copy-rates``)."""
     with_storage = any(st.storage for st in runs)
     pw = max(8, 1 + max((len(run_label(st)) for st in runs), default=0))  # the policy column
+    rates = f"{'h2d GB/s':>10}{'d2h GB/s':>10}" if copy_rates else ""
     head = (f"{'ratio':>6} {'policy':<{pw}}{'hit':>7}{'device':>8}{'host':>8}"
             + (f"{'storage':>9}" if with_storage else "")
             + f"{'recomputed':>12}{'pages h2d':>11}{'pages d2h':>11}"
-            f"{'GB h2d':>9}{'GB d2h':>9}{'h2d GB/s':>10}{'d2h GB/s':>10}{'peak host GB':>14}{'wall s':>8}"
+            f"{'GB h2d':>9}{'GB d2h':>9}{rates}{'peak host GB':>14}{'wall s':>8}"
             f"  {'live score':<18}")
     dtypes = sorted({st.host_dtype for st in runs})
     lines = [f"model {stack.model}, page {stack.page_size} tokens, {torch.device(device).type} replay, host dtype "
-             f"{'/'.join(dtypes)} (transfer GB/s: launch to completion; GB are host-format bytes)", head, "-" * len(head)]
+             f"{'/'.join(dtypes)} (GB are host-format bytes" + ("; transfer GB/s: this machine's copies, launch to "
+                                                                "completion)" if copy_rates else ")"),
+             head, "-" * len(head)]
     for st in runs:
         r = json_row(st)
+        rates = (f"{_gbps(st.bytes_h2d, st.seconds_h2d):>10.2f}{_gbps(st.bytes_d2h, st.seconds_d2h):>10.2f}"
+                 if copy_rates else "")
         lines.append(f"{st.hicache_ratio:>6g} {run_label(st):<{pw}}{r['hit_rate']:>7.3f}{r['device_hit_rate']:>8.3f}"
                      f"{r['host_hit_rate']:>8.3f}" + (f"{r['storage_hit_rate']:>9.3f}" if with_storage else "")
                      + f"{st.tokens_recomputed:>12,}{st.pages_h2d:>11,}{st.pages_d2h:>11,}{st.bytes_h2d / 1e9:>9.3f}"
-                     f"{st.bytes_d2h / 1e9:>9.3f}{_gbps(st.bytes_h2d, st.seconds_h2d):>10.2f}"
-                     f"{_gbps(st.bytes_d2h, st.seconds_d2h):>10.2f}{st.peak_host_bytes / 1e9:>14.3f}"
-                     f"{st.wall_s:>8.1f}  {_live(st):<18}")
+                     f"{st.bytes_d2h / 1e9:>9.3f}{rates}{st.peak_host_bytes / 1e9:>14.3f}{st.wall_s:>8.1f}"
+                     f"  {_live(st):<18}")
     lines.append("every device hit and every page loaded (from host or storage) checked byte for byte: "
                  + ", ".join(f"{st.bytes_checked / 1e9:.2f} GB" for st in runs) + "; mismatches "
                  + ", ".join(str(st.mismatches) for st in runs))
     if with_storage:
         lines += ["", _storage_table(runs, storage)]
+    if any(st.device_profile for st in runs):
+        lines += ["", ttft_table(stack.model, runs)]
     return "\n".join([*lines, "", bounds_table(runs, bounds)])
 
 

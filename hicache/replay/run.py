@@ -36,10 +36,12 @@ import torch
 
 from hicache.radix import HiRadixCache
 from hicache.radix.node import EMPTY_SLOTS
+from hicache.radix.prefetch import PrefetchOutcome
 from hicache.replay.content import ContentModel, ReplayMismatch, prefix_hashes, state_seed
 from hicache.replay.hintplay import HintPlayer
 from hicache.replay.snapshots import SnapshotRule
-from hicache.replay.stats import RunStats, tier_tokens
+from hicache.replay.stats import RunStats, collect_transfers, host_bytes_used, tier_tokens
+from hicache.replay.timing import RunTiming
 from hicache.replay.workload import Request, request_tokens
 
 if TYPE_CHECKING:
@@ -55,13 +57,17 @@ class Replayer:
         verify_hits: also check device-hit pages, not only loaded ones.
         storage: the storage tier (`TierStore`, closed with the tree by `close`), or ``None``.
         hints: ``--hints`` (`hicache.replay.hintplay`).
+        timing: the run's time estimates and load gate (`RunTiming`), or ``None``: hits only,
+            everything found loaded.
     """
 
     def __init__(self, cache, hicache_ratio: float, verify_hits: bool = True,
-                 storage: TierStore | None = None, hints: str = "on") -> None:
+                 storage: TierStore | None = None, hints: str = "on", timing: RunTiming | None = None) -> None:
         self.cache, self.ctrl, self.stack = cache, cache.controller, cache.stack
         self.now = 0.0  # the hints' clock: the request's timestamp, in seconds
-        self.tree = HiRadixCache(cache, host_tier=hicache_ratio > 0, storage=storage, clock=lambda: self.now)
+        self.timing = timing
+        self.tree = HiRadixCache(cache, host_tier=hicache_ratio > 0, storage=storage, clock=lambda: self.now,
+                                 load_gate=timing.gate if timing is not None else None)
         self.hint_mode = hints
         self.content = ContentModel(cache)
         self.page = self.stack.page_size
@@ -125,9 +131,12 @@ class Replayer:
         self.tree.wait()
         self.tree.drain_storage()
         self.tree.check_integrity()
-        self._collect_transfers()
+        collect_transfers(self.stats, self.ctrl.stats(), self.tree.storage, self.stack)
         self.stats.hints_sent, self.stats.hint_states = len(self.hints.tickets), self.hints.states()
         self.stats.collect_policy(self.tree.stats()["policy"])
+        if self.timing is not None:
+            for key, value in self.timing.summary().items():
+                setattr(self.stats, key, value)
         self.stats.wall_s = time.perf_counter() - t0
         return self.stats
 
@@ -143,11 +152,13 @@ class Replayer:
         hashes = prefix_hashes(tokens, self.page) if tokens.size else []
         self.now = req.timestamp / 1000
         self.hints.send(req, tokens, "before")
-        m, first_end = tree.match_and_prefetch(tokens)
+        if self.timing is not None:
+            self.timing.arrive(req)
+        m, first_end, host_end, found_end = self._match(tokens)
         lock = m.last_host_node
         tree.inc_lock_ref(lock)
         try:
-            prefix = self._prefix(i, tokens, hashes, m, first_end)
+            prefix = self._prefix(i, tokens, hashes, m, tree.load_target(tokens, m), first_end)
             self._compute(tokens, hashes, prefix)
         finally:
             tree.dec_lock_ref(lock)
@@ -156,22 +167,42 @@ class Replayer:
             tree.drain_storage(writes_only=True)  # a hint's prefetch keeps running
         self.hints.send(req, tokens, "after")
         st.tokens_recomputed += req.input_length - prefix.numel()
-        st.peak_host_bytes = max(st.peak_host_bytes, self._host_bytes_used())
+        st.peak_host_bytes = max(st.peak_host_bytes, host_bytes_used(self.cache))
+        if self.timing is not None:
+            self.timing.record(req, m.device_hit_length, host_end, found_end, prefix.numel(), tree)
+
+    def _match(self, tokens) -> tuple:
+        """The match after any storage prefetch (`HiRadixCache.match_and_prefetch`'s steps),
+        the first match's end (tokens loaded past it came from storage), where the tree's
+        coverage ended (past it: storage) and where what could be loaded ends: what the
+        prefetch read, or what it found where the load gate declined to read it."""
+        tree = self.tree
+        m = tree.match_prefix(tokens)
+        first_end = host_end = m.last_host_node.end
+        p = tree.prefetch(tokens)
+        if p is None:
+            return m, first_end, host_end, first_end
+        got = tree.wait_prefetch(p)
+        m = tree.match_prefix(tokens)
+        cut = got.outcome in (PrefetchOutcome.RECOMPUTE, PrefetchOutcome.COMPLETE)
+        loadable = got.found_tokens if cut else got.read_tokens
+        return m, first_end, p.start, max(m.last_host_node.end, p.start + loadable)
 
     # ---- the cached prefix ---------------------------------------------------------
-    def _prefix(self, i: int, tokens, hashes: list[int], m, first_end: int) -> torch.Tensor:
-        """Device slots of the usable prefix after any load-back; checks its content.
-        Tokens loaded past ``first_end`` (the match before the prefetch) count as storage hits."""
+    def _prefix(self, i: int, tokens, hashes: list[int], m, target, first_end: int) -> torch.Tensor:
+        """Device slots of the usable prefix after loading back to ``target`` (`load_target`);
+        checks its content. Tokens loaded past ``first_end`` (the match before the prefetch)
+        count as storage hits."""
         st, tree = self.stats, self.tree
         st.device_hit_tokens += m.device_hit_length
         if self.verify_hits:
             self._check(i, m.device_slots, hashes, 0, m.last_device_node, "device hit")
-        if m.last_host_node is m.last_device_node or tree.load_back(m.last_host_node) is None:
+        if target is m.last_device_node or tree.load_back(target) is None:
             return m.device_slots
         self.ctrl.start_loading()
         tree.wait()
         again = tree.match_prefix(tokens)
-        if again.last_device_node is not m.last_host_node:  # the load failed: recompute
+        if again.last_device_node is not target:  # the load failed: recompute
             return m.device_slots
         start, end = m.device_hit_length, again.device_hit_length
         self._check(i, again.device_slots[start:], hashes, start, again.last_device_node, "loaded")
@@ -257,29 +288,3 @@ class Replayer:
         self.ctrl.start_writing()
         self.ctrl.start_loading()
         self.tree.poll()
-
-    def _host_bytes_used(self) -> int:
-        host = self.cache.host_group.pools
-        total = 0
-        for spec in self.stack.data_pools():
-            used = host[self.stack.root_of(spec.name).name].allocator.used()
-            row_bytes = host[spec.name].spec.row_bytes  # the host format's (int8 + scales when int8)
-            total += used // spec.tokens_per_row * spec.num_layers * row_bytes
-        return total
-
-    def _collect_transfers(self) -> None:
-        ctrl = self.ctrl.stats()
-        st = self.stats
-        if self.tree.storage is not None:
-            store = self.tree.storage.stats()
-            st.storage = True
-            st.bytes_storage_read, st.bytes_storage_written = store["bytes_read"], store["bytes_written"]
-            st.seconds_storage_read, st.seconds_storage_write = store["read_busy_s"], store["write_busy_s"]
-        st.transfers_ok = ctrl["d2h"]["ops"] + ctrl["h2d"]["ops"]
-        st.transfers_failed = ctrl["d2h"]["failed_ops"] + ctrl["h2d"]["failed_ops"]
-        st.bytes_d2h = sum(ctrl["d2h"]["bytes"].values())
-        st.bytes_d2h_state = sum(n for name, n in ctrl["d2h"]["bytes"].items()
-                                 if self.stack.root_of(name).name in self.stack.snapshot_slots)
-        st.bytes_h2d = sum(ctrl["h2d"]["bytes"].values())
-        st.pages_d2h = ctrl["d2h"]["tokens"].get(self.anchor, 0) // self.page
-        st.pages_h2d = ctrl["h2d"]["tokens"].get(self.anchor, 0) // self.page

@@ -1,7 +1,10 @@
-"""`RunStats`, the totals of one replay, and `tier_tokens`, the capacity its bounds take."""
+"""`RunStats`, the totals of one replay (`collect_transfers`, `host_bytes_used`: from the
+controller's, the store's and the host pools' counters), and `tier_tokens`, the capacity its
+bounds take."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from hicache.config import DEFAULT_EVICTION_POLICY
 
@@ -69,6 +72,16 @@ class RunStats:
     score_switches: int = 0  # adaptive: changes of its live score
     score_why: dict = field(default_factory=dict)  # adaptive: each candidate's hit rate in its mini caches
     policy_memory_bytes: int = 0  # the policy's ghosts, checkpoints and mini caches
+    # estimated on --device-profile (hicache.replay.timing; none without it): seconds
+    load_policy: str = ""
+    device_profile: str = ""
+    ttft_p50_s: float = 0.0
+    ttft_p99_s: float = 0.0
+    ttft_nocache_p50_s: float = 0.0
+    ttft_nocache_p99_s: float = 0.0
+    prefill_gpu_s_saved: float = 0.0
+    prefill_gpu_s_nocache: float = 0.0
+    requests_recomputing_hits: int = 0  # requests whose found tokens the cost policy recomputed in part
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -77,3 +90,33 @@ class RunStats:
         """Which score ranked at the end and why, from the tree's ``stats()["policy"]`` (mutates)."""
         self.live_score, self.score_switches = policy["live"], policy.get("switches", 0)
         self.score_why, self.policy_memory_bytes = policy.get("why", {}), policy["memory_bytes"]
+
+
+def host_bytes_used(cache: Any) -> int:
+    """Host bytes the pools of ``cache`` (a `HiCache`) hold now, in the host format (int8 +
+    scales when int8). Reads only."""
+    stack, host = cache.stack, cache.host_group.pools
+    total = 0
+    for spec in stack.data_pools():
+        used = host[stack.root_of(spec.name).name].allocator.used()
+        total += used // spec.tokens_per_row * spec.num_layers * host[spec.name].spec.row_bytes
+    return total
+
+
+def collect_transfers(st: RunStats, ctrl: dict, storage: Any, stack: Any) -> None:
+    """Set ``st``'s transfer totals from the controller's ``stats()`` (``ctrl``) and the
+    storage tier's (``storage``: the tree's, or None). Mutates ``st``."""
+    if storage is not None:
+        store = storage.stats()
+        st.storage = True
+        st.bytes_storage_read, st.bytes_storage_written = store["bytes_read"], store["bytes_written"]
+        st.seconds_storage_read, st.seconds_storage_write = store["read_busy_s"], store["write_busy_s"]
+    st.transfers_ok = ctrl["d2h"]["ops"] + ctrl["h2d"]["ops"]
+    st.transfers_failed = ctrl["d2h"]["failed_ops"] + ctrl["h2d"]["failed_ops"]
+    st.bytes_d2h = sum(ctrl["d2h"]["bytes"].values())
+    st.bytes_d2h_state = sum(n for name, n in ctrl["d2h"]["bytes"].items()
+                             if stack.root_of(name).name in stack.snapshot_slots)
+    st.bytes_h2d = sum(ctrl["h2d"]["bytes"].values())
+    anchor, page = stack.anchor.name, stack.page_size
+    st.pages_d2h = ctrl["d2h"]["tokens"].get(anchor, 0) // page
+    st.pages_h2d = ctrl["h2d"]["tokens"].get(anchor, 0) // page

@@ -141,6 +141,13 @@ class StorageIO:
         self._ids = itertools.count()
         self._default = IOChannel()
         self._closed = False
+        self._backlog = 0  # bytes of prefetches and backups submitted, not finished (`backlog_bytes`)
+        self._backlog_lock = threading.Lock()
+
+    def backlog_bytes(self) -> int:
+        """Bytes of the prefetches and backups submitted and not finished: what a new read
+        waits behind (the load gate's storage backlog, `hicache.cost.links`). Thread-safe."""
+        return self._backlog
 
     def channel(self) -> IOChannel:
         """A new channel: operations submitted with it report there, not to `poll`."""
@@ -215,20 +222,23 @@ class StorageIO:
             raise RuntimeError("StorageIO is closed")
         op = StorageOp(next(self._ids), kind, len(keys), deadline)
         out = self._default if channel is None else channel
+        nbytes = sum(p.numel() * p.element_size() for p in pages)  # queued from now: the load gate's backlog
+        with self._backlog_lock:
+            self._backlog += nbytes
         waiting = [d for d in dict.fromkeys(after) if not d.done()]
         if waiting:
-            self._start_after(waiting, op, backend, keys, pages, out)
+            self._start_after(waiting, op, backend, keys, pages, out, nbytes)
         else:
-            self._start(op, backend, keys, pages, out)
+            self._start(op, backend, keys, pages, out, nbytes)
         return op
 
     def _start(self, op: StorageOp, backend: StorageBackend, keys: list[str], pages: list[torch.Tensor],
-               out: IOChannel) -> None:
+               out: IOChannel, nbytes: int) -> None:
         inner = self._pool.submit(self._run, op, backend, keys, pages)
-        inner.add_done_callback(lambda f: self._finish(op, f, out))
+        inner.add_done_callback(lambda f: self._finish(op, f, out, nbytes))
 
     def _start_after(self, waiting: list[StorageOp], op: StorageOp, backend: StorageBackend, keys: list[str],
-                     pages: list[torch.Tensor], out: IOChannel) -> None:
+                     pages: list[torch.Tensor], out: IOChannel, nbytes: int) -> None:
         """Submit ``op`` when the last of ``waiting`` is done (on the thread that finished it;
         closed meanwhile: ``op`` ends as stopped, nothing moved)."""
         left, lock = [len(waiting)], threading.Lock()
@@ -239,15 +249,17 @@ class StorageIO:
                 if left[0]:
                     return
             try:
-                self._start(op, backend, keys, pages, out)
+                self._start(op, backend, keys, pages, out, nbytes)
             except RuntimeError:  # the pool shut down while it waited
                 never = Future()
                 never.cancel()
-                self._finish(op, never, out)
+                self._finish(op, never, out, nbytes)
         for dep in waiting:
             dep.future.add_done_callback(one_done)
 
-    def _finish(self, op: StorageOp, inner: Future, out: IOChannel) -> None:
+    def _finish(self, op: StorageOp, inner: Future, out: IOChannel, nbytes: int) -> None:
+        with self._backlog_lock:
+            self._backlog -= nbytes
         if inner.cancelled():
             res = IOResult(op.op_id, op.kind, [False] * op.num_pages, 0, True)
         elif inner.exception() is not None:

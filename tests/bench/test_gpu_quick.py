@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import gpu_quick
+from hicache.cost import load_profile, profile_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
@@ -66,20 +67,28 @@ def test_targets_read_the_rows_and_say_met_not_met_or_not_measured():
 def test_a_run_writes_one_json_that_reads_back(tmp_path, monkeypatch, capsys):
     rows = [_row("auto", "h2d", frac=0.9, e2e_us=10.0)]
 
+    measured = profile_dict(load_profile("h100"))
+    measured["h2d"]["gbps"] *= 2
+
     def commands(out, smoke):  # each step: what the real one writes, in a second or less
         write = f"import json; json.dump({{'rows': {rows!r}}}, open({str(out / 'load.json')!r}, 'w'))"
+        profile = f"import json; json.dump({measured!r}, open({str(out / 'profile.json')!r}, 'w'))"
         return {"tests": [sys.executable, "-c", "print('3 passed')"],
                 "load": [sys.executable, "-c", write],
                 "host_only": [sys.executable, "-c", "raise SystemExit(3)"],
-                "verify": [sys.executable, "-c", "raise SystemExit(1)"]}
+                "verify": [sys.executable, "-c", "raise SystemExit(1)"],
+                "profile": [sys.executable, "-c", profile]}
     monkeypatch.setattr(gpu_quick, "step_commands", commands)
     assert gpu_quick.main(["--out", str(tmp_path), "--budget-s", "600"]) == 1  # two steps failed
     doc = gpu_quick.read(tmp_path / "gpu_quick.json")
-    assert [doc["steps"][s]["rc"] for s in gpu_quick.STEPS] == [0, 0, 3, 1]
+    assert [doc["steps"][s]["rc"] for s in gpu_quick.STEPS] == [0, 0, 3, 1, 0]
     assert doc["load"] == rows and doc["host_only"] == [] and doc["verify_ok"] is False
     assert "3 passed" in doc["steps"]["tests"]["tail"]
+    assert doc["profile"]["h2d"]["gbps"] == measured["h2d"]["gbps"]  # the measured profile, beside the shipped
+    assert doc["profile_vs_h100"]["h2d.gbps"] == 2.0 and doc["profile_vs_h100"]["prefill.hbm_gbps"] == 1.0
     assert gpu_quick.main(["--read", str(tmp_path / "gpu_quick.json")]) == 0
-    assert "not measured" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "not measured" in out and "measured profile / shipped h100: h2d.gbps 2.00" in out
 
 
 def test_a_step_past_its_share_of_the_budget_is_stopped(tmp_path):

@@ -65,7 +65,7 @@ def test_no_bench_writes_to_the_shared_system_temp_folder():
 
 
 def test_every_bench_takes_out_and_hicache_bench_runs_each():
-    from hicache.cli import BENCHES
+    from hicache.cli.command import BENCHES
     assert set(BENCHES) == runnable_benches()  # was: load_batch missing
     lacking = [n for n in BENCHES if not re.search(r"""["']--out["']""", (ROOT / "bench" / f"{n}.py").read_text())]
     assert lacking == []  # was: controller

@@ -23,7 +23,7 @@ def test_summary_reads_the_collected_instructions_and_refuses_another_file(tmp_p
 
 def test_rows_sum_the_phases_and_give_the_other_sides_over_ours():
     counts = {("ours", 64, "lru", "match"): 60.0, ("ours", 64, "lru", "insert"): 120.0,
-              ("ours", 64, "lru", "step"): 80.0,
+              ("ours", 64, "lru", "step"): 80.0, ("ours", 64, "lru", "decide"): 13.0,
               ("before", 64, "lru", "match"): 60.0, ("before", 64, "lru", "insert"): 180.0,
               ("before", 64, "lru", "step"): 120.0,
               ("sglang", 64, "lru", "match"): 80.0, ("sglang", 64, "lru", "path"): 30.0,
@@ -31,6 +31,7 @@ def test_rows_sum_the_phases_and_give_the_other_sides_over_ours():
     rows = {r["side"]: r for r in ti.rows_of(counts)}
     ours = rows["ours"]
     assert (ours["match_insert"], ours["same_work"]) == (180.0, 180.0)
+    assert ours["decide_share"] == pytest.approx(13 / 260) and "decide_share" not in rows["before"]
     assert ours["before_over_ours_match_insert"] == pytest.approx(240 / 180)
     assert ours["before_over_ours_step"] == pytest.approx(1.5)
     assert ours["sglang_over_ours_match_insert"] == pytest.approx(480 / 180)
@@ -71,3 +72,10 @@ def test_one_phase_is_counted_and_only_that_phase(tmp_path):
     # a step (launch + poll of one backup) is thousands of instructions, far below the
     # whole process's (hundreds of millions: torch's import alone)
     assert 5_000 < step < 1_000_000
+
+
+def test_our_turns_weigh_the_load_decision_between_match_and_insert():
+    turns, code = ti._ours_turns(64, "lru", 1)
+    first = [name for name in next(iter(turns))]
+    assert first == ["match", "decide", "alloc", "insert", "step", None]
+    assert Path(code()) == Path(ti.ROOT)

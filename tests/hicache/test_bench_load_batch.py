@@ -88,7 +88,8 @@ def test_calibrate_writes_a_table_auto_can_load(tmp_path, monkeypatch):
     table = tmp_path / "table.json"
     rows = load_batch.run(["--calibrate"] + SMALL + ["--pages", "1", "--models", "deepseek-v4-pro:3",
                                                       "--out", str(tmp_path / "c.json"),
-                                                      "--table-out", str(table)])
+                                                      "--table-out", str(table),
+                                                      "--profile-out", str(tmp_path / "profile.json")])
     got = auto_table.load(table)
     assert got.rules[len(got.rules) - len(auto_table.SEED.rules):] == auto_table.SEED.rules
     measured = got.rules[:len(got.rules) - len(auto_table.SEED.rules)]

@@ -31,7 +31,8 @@ def test_defaults():
         "storage_master": "127.0.0.1:50051", "storage_capacity_gb": 0.0, "storage_prefetch_policy": "timeout",
         "storage_prefetch_timeout_s": 2.0, "storage_write_policy": "write_through", "storage_admission": 1,
         "storage_optional": False, "storage_model_id": "", "tp_rank": 0, "tp_size": 1, "host_dtype": "auto",
-        "max_retained_ratio": 0.5, "max_hint_ttl_s": 86400.0}
+        "max_retained_ratio": 0.5, "max_hint_ttl_s": 86400.0, "load_policy": "cost",
+        "device_profile": "h100"}
     assert c.host_headroom_bytes is None
     assert HiCacheConfig.from_args(_parse([])) == c
 
@@ -50,6 +51,8 @@ BAD = [
     ("eviction_policy", "mru", "--hicache-eviction-policy"),
     ("io_backend", "cuda", "--hicache-io-backend"),
     ("mem_layout", "row_major", "--hicache-mem-layout"),
+    ("load_policy", "never", "--hicache-load-policy"),
+    ("device_profile", "", "--hicache-device-profile"),
     ("swa_full_tokens_ratio", 0.0, "--swa-full-tokens-ratio"),
     ("swa_full_tokens_ratio", 1.5, "--swa-full-tokens-ratio"),
     ("ranks_per_host", 0, "--hicache-ranks-per-host"),
@@ -114,7 +117,8 @@ def test_every_flag_round_trips():
             "--hicache-storage-optional",
             "--hicache-storage-model-id", "org/model@rev", "--hicache-tp-rank", "1", "--hicache-tp-size", "2",
             "--hicache-host-dtype", "int8", "--hicache-eviction-policy", "lfu",
-            "--hicache-max-retained-ratio", "0.25", "--hicache-max-hint-ttl", "600"]
+            "--hicache-max-retained-ratio", "0.25", "--hicache-max-hint-ttl", "600", "--hicache-load-policy", "always",
+            "--hicache-device-profile", "b200"]
     c = HiCacheConfig.from_args(_parse(argv))
     assert c == HiCacheConfig(enable_hierarchical_cache=True, hicache_ratio=3.5, hicache_size_gb=40.0,
                               write_policy="write_through_selective", io_backend="triton",
@@ -126,7 +130,7 @@ def test_every_flag_round_trips():
                               storage_write_policy="write_back", storage_admission=3, storage_optional=True,
                               storage_model_id="org/model@rev", tp_rank=1, tp_size=2,
                               host_dtype="int8", eviction_policy="lfu", max_retained_ratio=0.25,
-                              max_hint_ttl_s=600.0)
+                              max_hint_ttl_s=600.0, load_policy="always", device_profile="b200")
     assert c.host_headroom_bytes == 6 << 30 and c.storage_capacity_bytes == 64 * 10 ** 9
     # every field has a flag, and every flag was given above
     assert set(FLAGS) == {f.name for f in dataclasses.fields(HiCacheConfig)}

@@ -42,7 +42,7 @@ VLLM_KEYS = ("spec_name", "spec_module_path", "block_size", "blocks_per_chunk",
 # hicache keys, each a HiCacheConfig field of the same name.
 HICACHE_KEYS = ("hicache_ratio", "hicache_size_gb", "io_backend", "mem_layout",
                 "ranks_per_host", "host_headroom_gb", "max_copy_programs", "host_dtype", "eviction_policy",
-                "max_retained_ratio", "max_hint_ttl_s")
+                "max_retained_ratio", "max_hint_ttl_s", "load_policy", "device_profile")
 # the plugin's own key: the typical cached prefix, which sizes windowed groups (groups.py)
 PREFIX_KEY, PREFIX_FLAG, DEFAULT_PREFIX_TOKENS = ("hicache_prefix_tokens", "--hicache-prefix-tokens",
                                                   2048)
@@ -170,7 +170,8 @@ def extra_config(config: HiCacheConfig, prefix_tokens: int | None = None) -> dic
     if config.eviction_policy == DEFAULT_EVICTION_POLICY:  # the default (the host index's order: order.py)
         del extra["eviction_policy"]
     defaults = HiCacheConfig()
-    for key in ("max_retained_ratio", "max_hint_ttl_s"):  # the client hints' limits: only when set
+    # the client hints' limits and the load gate's: only when set (the extra config stays what it was before them)
+    for key in ("max_retained_ratio", "max_hint_ttl_s", "load_policy", "device_profile"):
         if getattr(config, key) == getattr(defaults, key):
             del extra[key]
     if prefix_tokens is not None:

@@ -37,6 +37,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from hicache.integrations.vllm.gate import paying_hit
 from hicache.integrations.vllm.groups import HostLayout
 from hicache.integrations.vllm.hints import HostHints
 from hicache.integrations.vllm.index import HostBlockIndex, Lookup
@@ -63,6 +64,7 @@ _HINT_COUNTERS = {
     "hicache:hints_refused": ("hints_refused", "Client hints refused (malformed, unavailable, over the budget)."),
 }
 HIT_TOKENS = "hicache:hit_tokens"
+RECOMPUTED_TOKENS = "hicache:recomputed_hit_tokens"
 GROUP_LOADED = "hicache:group_loaded_chunks"
 USED, TOTAL = "hicache:host_blocks_used", "hicache:host_blocks_total"
 GROUP_USED, GROUP_TOTAL = "hicache:group_chunks_used", "hicache:group_chunks_total"
@@ -77,6 +79,9 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
     defs[HIT_TOKENS] = OffloadingCounterMetadata(
         documentation="Prefix tokens loaded from the host tier, counted once however many KV cache "
                       "groups' chunks served them.")
+    defs[RECOMPUTED_TOKENS] = OffloadingCounterMetadata(
+        documentation="Host-tier hit tokens recomputed instead of loaded: the load policy cost estimated "
+                      "recomputing them faster on its device profile.")
     defs[GROUP_LOADED] = OffloadingCounterMetadata(
         documentation="Host chunks handed to loads, per KV cache group.", labelnames=_GROUP)
     defs[USED] = OffloadingGaugeMetadata(documentation="Host chunks in use, all groups.")
@@ -169,6 +174,30 @@ class HiCacheOffloadingManager(OffloadingManager):
         self._info = dict(info or {})
         self._steps_since_reset: int | None = None  # vLLM 0.32: steps since an unfenced reset
         self.jobs = JobEpochs()
+        self.recomputed_tokens = 0
+        self._gate: Any = None  # `use_gate`: the load-or-recompute gate (None: load every hit)
+        self._load_bytes = 0.0  # bytes of the loads handed out and not completed (the gate's backlog)
+
+    def use_gate(self, gate: Any) -> None:
+        """Weigh each host hit with ``gate`` (`hicache.integrations.vllm.gate`); None: load all."""
+        self._gate = gate
+
+    def pending_load_bytes(self) -> float:
+        """Host bytes of the loads prepared and not completed yet."""
+        return self._load_bytes
+
+    def paying_tokens(self, prompt: int, computed: int, hit: int) -> int:
+        """Of a lookup's ``hit`` tokens past the ``computed`` ones, those to load: all when
+        loading them beats recomputing them (or without a gate), else none (counted)."""
+        if self._gate is None or hit <= 0:
+            return hit
+        keep = paying_hit(self._gate, prompt, computed, hit)
+        self.recomputed_tokens += hit - keep
+        return keep
+
+    def _chunk_bytes(self, keys: Iterable[OffloadKey]) -> float:
+        groups = self.layout.groups
+        return float(sum(groups[self.index.group(k)].bytes_per_chunk or 0 for k in keys))
 
     @property
     def lock(self) -> AbstractContextManager:
@@ -193,6 +222,7 @@ class HiCacheOffloadingManager(OffloadingManager):
         keys = list(keys)
         chunks = self.index.prepare_load(keys)
         self.jobs.add("load", req_context.req_id, keys, self.index.epoch)
+        self._load_bytes += self._chunk_bytes(keys)
         per_group = [0] * len(self.group_loaded)
         for key in keys:
             per_group[self.index.group(key)] += 1
@@ -209,6 +239,7 @@ class HiCacheOffloadingManager(OffloadingManager):
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         jobs = self.jobs.take("load", req_context.req_id, keys)  # before a fence forgets their epochs
+        self._load_bytes = max(0.0, self._load_bytes - self._chunk_bytes(keys))
         self._transfer_ended()
         for epoch, done in jobs.items():
             self.index.complete_load(done, epoch)
@@ -290,6 +321,7 @@ class HiCacheOffloadingManager(OffloadingManager):
         out = {name: self.index.counters[key] for name, (key, _) in _COUNTERS.items()}
         out |= {name: self.hints.counters[key] for name, (key, _) in _HINT_COUNTERS.items()}
         out[HIT_TOKENS] = self.hit_tokens
+        out[RECOMPUTED_TOKENS] = self.recomputed_tokens
         return out
 
     def _increase(self, stats: OffloadingConnectorStats, name: str, value: int, label: tuple = ()) -> None:

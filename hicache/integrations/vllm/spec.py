@@ -34,6 +34,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.config import OffloadingConfig
 
 from hicache.integrations.vllm.config import CONNECTOR_NAME, SpecConfig
+from hicache.integrations.vllm.gate import plugin_gate
 from hicache.integrations.vllm.groups import HostLayout, plan_groups
 from hicache.integrations.vllm.host_codec import Vector, host_block_bytes
 from hicache.integrations.vllm.index import HostBlockIndex
@@ -49,6 +50,7 @@ from transfer_kernels.quant.reference import QUANTIZABLE
 
 log = logging.getLogger("vllm.hicache")  # under vLLM's logger: printed with its own lines
 _KV_CACHE_CONFIG: ContextVar[Any] = ContextVar("hicache_kv_cache_config", default=None)
+_MODEL_CONFIG: ContextVar[Any] = ContextVar("hicache_model_config", default=None)  # the served model's, a dict
 # where vLLM keeps its own window rule (0.33: the offloading config module; 0.32: the scheduler)
 _WINDOW_RULE_MODULES = ("vllm.distributed.kv_transfer.kv_connector.v1.offloading.config",
                         "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler")
@@ -56,16 +58,28 @@ _WINDOW_RULE_MODULES = ("vllm.distributed.kv_transfer.kv_connector.v1.offloading
 
 class HiCacheOffloadingConnector(OffloadingConnector):
     """vLLM's ``OffloadingConnector`` that shows the spec vLLM's ``kv_cache_config``
-    (device block count, each group's KV cache spec), and returns a request's client-hint
-    tickets in its response (``kv_transfer_params: {"hicache": {"hints": [...]}}``:
-    vLLM's own connector returns nothing there)."""
+    (device block count, each group's KV cache spec) and model config, that answers
+    ``get_num_new_matched_tokens`` with only a host hit that pays (``hicache_load_policy``),
+    and returns a request's client-hint tickets in its response
+    (``kv_transfer_params: {"hicache": {"hints": [...]}}``: vLLM's own connector returns
+    nothing there)."""
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
-        token = _KV_CACHE_CONFIG.set(kv_cache_config)
+        tokens = _KV_CACHE_CONFIG.set(kv_cache_config), _MODEL_CONFIG.set(_model_dict(vllm_config))
         try:
             super().__init__(vllm_config, role, kv_cache_config)
         finally:
-            _KV_CACHE_CONFIG.reset(token)
+            _KV_CACHE_CONFIG.reset(tokens[0])
+            _MODEL_CONFIG.reset(tokens[1])
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """vLLM's answer, less a host hit the load gate finds slower to load than to
+        recompute (`hicache.integrations.vllm.gate`): then 0, and vLLM recomputes it."""
+        hit, load_async = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        if not hit:
+            return hit, load_async
+        keep = self.connector_scheduler.manager.paying_tokens(request.num_tokens, num_computed_tokens, hit)
+        return (keep, load_async) if keep else (0, False)
 
     def request_finished(self, request: Any, *args: Any, **kwargs: Any) -> tuple[bool, dict[str, Any] | None]:
         return self._with_tickets(request, super().request_finished(request, *args, **kwargs))
@@ -84,6 +98,13 @@ class HiCacheOffloadingConnector(OffloadingConnector):
             if tickets:
                 params = {**(params or {}), ENVELOPE_KEY: {"hints": tickets}}
         return delay, params
+
+
+def _model_dict(vllm_config: Any) -> dict | None:
+    """The served model's config as a dict (its text config for a multimodal one), or None."""
+    model = getattr(vllm_config, "model_config", None)
+    hf = getattr(model, "hf_text_config", None) or getattr(model, "hf_config", None)
+    return hf.to_dict() if hasattr(hf, "to_dict") else None
 
 
 def _window_rule():
@@ -188,6 +209,7 @@ class HiCacheOffloadingSpec(OffloadingSpec):
         super().__init__(config)
         self.settings = SpecConfig.from_extra(config.extra_config)
         kv_cache_config = _KV_CACHE_CONFIG.get()
+        self.model_config = _MODEL_CONFIG.get()
         self.device_blocks = getattr(kv_cache_config, "num_blocks", None)
         if self.device_blocks is None and self.settings.hicache.hicache_size_gb <= 0:
             raise ValueError(f"hicache_ratio: sizing by ratio needs vLLM's device block count, "
@@ -224,6 +246,7 @@ class HiCacheOffloadingSpec(OffloadingSpec):
             self._manager = HiCacheOffloadingManager(
                 index, self.layout, self.kv_events_config.enable_kv_cache_events, info,
                 (hi.max_retained_ratio, hi.max_hint_ttl_s))
+            self._manager.use_gate(plugin_gate(hi, self.model_config, self.layout, self._manager.pending_load_bytes))
             log.info("hicache host tier: %s", self.layout.describe())
             log.info("hicache %s", capability_line(self._manager.hints.capabilities()))
         return self._manager

@@ -130,3 +130,5 @@ def test_preset_replay_through_host_and_storage_cli(tmp_path, capsys):
     assert hier["storage_hit_rate"] + hier["host_hit_rate"] > 0 and hier["snapshots"] > 0
     assert hier["state_interval"] == 512 and hier["bound_infinite_snapshots"] <= hier["bound_infinite"]
     assert hier["hit_rate"] <= hier["bound_infinite_snapshots"] + 1e-9
+    # the hybrid's TTFT estimated on the default profile (its shape: hicache.models.linear_hybrid.hybrid_shape)
+    assert hier["device_profile"] == "h100" and 0 < hier["ttft_p50_s"] <= hier["ttft_nocache_p99_s"]

@@ -9,7 +9,8 @@ from bench import storage
 def test_bench_runs_and_writes_json(tmp_path):
     out = tmp_path / "storage_test.json"
     assert storage.main(["--backends", "file", "--pools", "dsv4:c128_kv,dsv4:c4_indexer", "--batch-pages", "2",
-                         "--budget-mb", "1", "--dir", str(tmp_path / "scratch"), "--out", str(out)]) == 0
+                         "--budget-mb", "1", "--dir", str(tmp_path / "scratch"), "--out", str(out),
+                         "--profile-out", str(tmp_path / "profile.json")]) == 0  # the profile too: in tmp_path
     doc = json.loads(out.read_text())
     rows = doc["rows"]
     assert doc["config"]["layout"] == "page_first" and len(rows) == 2 * 2  # 2 pools x (set, get)

@@ -33,7 +33,8 @@ def side_by_side(model: Path, vllm_args: Sequence[str], log_dir: Path, turns: tu
                          log_dir / "control.log", ports[0])
     hicache = VllmServer([sys.executable, "-m", "hicache.cli", "serve-vllm", str(model),
                           "--port", str(ports[1]), *vllm_args, "--enable-hierarchical-cache",
-                          "--hicache-ratio", "4", "--hicache-prefix-tokens", "512"],
+                          "--hicache-ratio", "4", "--hicache-prefix-tokens", "512",
+                          "--hicache-load-policy", "always"],  # every hit loaded: the prefixes come back
                          log_dir / "hicache.log", ports[1])
     servers = {"control": control, "hicache": hicache}
     try:
