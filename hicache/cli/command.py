@@ -91,7 +91,8 @@ def build_parser(command: str | None = None, *, every: bool = False) -> argparse
 
 BENCHES = ("load_batch", "dma_plan", "h2d", "allocator", "controller", "tree", "tree_instructions", "replay",
            "storage", "triton_grid", "vllm_multiturn", "host_dtype_accuracy", "host_dtype_replay", "gpu_quick",
-           "before_after", "write_policy", "evict_latency", "state_interval", "ttft", "device_profile")  # every runnable script of bench/ (a test keeps this list whole)
+           "before_after", "write_policy", "evict_latency", "state_interval", "ttft", "device_profile",
+           "policy_memory")  # every runnable script of bench/ (a test keeps this list whole)
 BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 
 
