@@ -42,7 +42,7 @@ def test_rows_sum_the_phases_and_give_the_other_sides_over_ours():
 
 @pytest.mark.parametrize("argv, message", [
     (["--hicache-eviction-policy", "nope"], "--hicache-eviction-policy: ['nope'] not in"),
-    (["--conversations", "0"], "--conversations and --jobs: need at least 1"),
+    (["--conversations", "0"], "--conversations: need at least 1"),
     (["--before", "/nonexistent/checkout"], "--before: /nonexistent/checkout is not a checkout"),
 ])
 def test_bad_arguments_are_named_without_a_traceback(argv, message, capsys):
