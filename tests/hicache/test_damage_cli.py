@@ -113,18 +113,18 @@ def test_damaged_or_stalled_input_is_one_line_naming_the_file_and_the_line(refus
 
 
 # The child holds the second run's first store write with its temporary made (counted in
-# the store) and serves no further request; the test's SIGTERM comes then, so the write is
-# always in flight when the signal arrives. The tree's close, which a stop must reach, lets
+# the store) and, at the tree's next poll (every step, and the loop a drain of the store's
+# writes runs while it waits), waits for the test's SIGTERM instead, so the write is always
+# in flight when the signal arrives. The tree's close, which a stop must reach, lets
 # the write finish: a stop waits for the writes in flight, as Ctrl-C's does.
 SIGTERM_CHILD = """
 import sys, threading, time
 from hicache.cli import main
 from hicache.radix import HiRadixCache
-from hicache.replay.run import Replayer
 from hicache.storage.file_backend import FileBackend
 
 in_flight, release = threading.Event(), threading.Event()
-write, serve, close = FileBackend._write, Replayer.serve, HiRadixCache.close
+write, poll, close = FileBackend._write, HiRadixCache.poll, HiRadixCache.close
 
 def held_write(self, res, key, page):
     if not in_flight.is_set():
@@ -132,19 +132,19 @@ def held_write(self, res, key, page):
         release.wait()
     return write(self, res, key, page)
 
-def serve_until_sigterm(self, i, req):
-    if in_flight.is_set():
+def poll_until_sigterm(self, *args, **kwargs):
+    if in_flight.is_set() and not release.is_set():
         print("test: a store write in flight", file=sys.stderr, flush=True)
         while True:
             time.sleep(0.01)
-    return serve(self, i, req)
+    return poll(self, *args, **kwargs)
 
 def close_releasing(self):  # (the device-only run's tree closes first: no write is held then)
     if in_flight.is_set():
         release.set()
     return close(self)
 
-FileBackend._write, Replayer.serve, HiRadixCache.close = held_write, serve_until_sigterm, close_releasing
+FileBackend._write, HiRadixCache.poll, HiRadixCache.close = held_write, poll_until_sigterm, close_releasing
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -168,7 +168,7 @@ class VllmServer:
         req = urllib.request.Request(f"{self.url}/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            doc = json.loads(resp.read())
+            doc = parse_json(resp.read(MAX_JSON_BYTES + 1), f"{self.url}/v1/completions")
         return tuple(doc["choices"][0].get("token_ids") or ()), doc.get("kv_transfer_params")
 
     def metrics(self) -> dict[str, float]:

@@ -55,7 +55,7 @@ def hicache_server(log_dir, host_dtype: str = "auto") -> VllmServer:
     argv = [sys.executable, "-m", "hicache.cli", "serve-vllm", str(env.model_dir()),
             "--port", str(port), *VLLM_ARGS, "--enable-hierarchical-cache", "--hicache-ratio", "4",
             "--hicache-host-dtype", host_dtype, "--hicache-load-policy", "always"]  # every hit loaded: the tier's
-    # bytes are what is checked (test_e2e_cost.py: the load policy)
+    # bytes are what is checked (the load policy has its own tests: tests/integrations/vllm/test_gate.py)
     return VllmServer(argv, log_dir / f"hicache-{host_dtype}.log", port)
 
 

@@ -35,7 +35,8 @@ RETAIN = {"hicache": {"retain_s": 7200, "priority": 90}}  # longer than the test
 def run(tmp_path_factory):
     port = free_port()
     argv = [sys.executable, "-m", "hicache.cli", "serve-vllm", str(env.model_dir()), "--port", str(port),
-            *VLLM_ARGS, "--enable-hierarchical-cache", "--hicache-ratio", "1"]
+            *VLLM_ARGS, "--enable-hierarchical-cache", "--hicache-ratio", "1",
+            "--hicache-load-policy", "always"]  # retention under test, not the load decision
     server = VllmServer(argv, tmp_path_factory.mktemp("vllm_hints") / "hicache.log", port)
     model = str(env.model_dir())
     try:
