@@ -42,7 +42,7 @@ def test_the_io_pool_counts_reads_and_writes_until_they_finish(tmp_path, gen):
     io.backup(backend, keys, pages).result(10)
     assert io.backlog_bytes() == 0
     op = io.prefetch(backend, keys, pages)
-    assert backend.entered.wait(10)  # the read is running, held at the gate
+    assert backend.entered.wait(120)  # the read is running, held at the gate
     assert io.backlog_bytes() == sum(p.numel() * p.element_size() for p in pages) > 0
     backend.gate.set()
     op.result(10)

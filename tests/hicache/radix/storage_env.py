@@ -102,7 +102,7 @@ class GatedBackend(FileBackend):
 
     def _get(self, keys, pages):
         type(self).entered.set()
-        assert type(self).gate.wait(10), "the test never opened the gate"
+        assert type(self).gate.wait(120), "the test never opened the gate"
         return super()._get(keys, pages)
 
 

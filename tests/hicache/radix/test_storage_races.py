@@ -191,7 +191,7 @@ class SlowWrites(FileBackend):
     gate = None
 
     def _set(self, keys, pages):
-        assert type(self).gate.wait(10), "the test never opened the gate"
+        assert type(self).gate.wait(120), "the test never opened the gate"
         return super()._set(keys, pages)
 
 

@@ -23,7 +23,7 @@ class GatedBackend(FileBackend):
 
     def _get(self, keys, pages):
         self.entered.set()
-        assert self.gate.wait(10), "test never opened the gate"
+        assert self.gate.wait(120), "test never opened the gate"
         return super()._get(keys, pages)
 
 
@@ -121,7 +121,7 @@ def test_deadline_and_cancel_end_early_and_say_how_far(tmp_path, gen, io):
     # 2. cancel while the first chunk runs: that chunk lands, the rest never starts
     backend.gate.clear()
     op = io.prefetch(backend, keys, pages_of(dst, NS, 6))
-    assert backend.entered.wait(10)
+    assert backend.entered.wait(120)
     op.cancel()
     assert op.result(0.05) is None and not op.done()  # still owns its pages
     backend.gate.set()
@@ -160,7 +160,7 @@ def test_close_finishes_queued_operations_as_stopped(tmp_path, gen):
     assert backend.batch_set(keys, pages_of(pool, NS, 2)) == [True, True]
     running = io.prefetch(backend, keys[:1], pages_of(pool, NS, 1))
     queued = io.prefetch(backend, keys[1:], pages_of(pool, NS, 1, first=1))
-    assert backend.entered.wait(10)
+    assert backend.entered.wait(120)
     threading.Timer(0.05, backend.gate.set).start()
     io.close(wait=True)
     assert running.result(10).ok == [True]
@@ -211,7 +211,7 @@ class GatedWrites(FileBackend):
         self.gate = threading.Event()
 
     def _set(self, keys, pages):
-        assert self.gate.wait(10), "test never opened the gate"
+        assert self.gate.wait(120), "test never opened the gate"
         return super()._set(keys, pages)
 
 
